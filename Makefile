@@ -1,0 +1,30 @@
+# Two commands for users: `make demo` and `make test`. Both build .venv from nothing.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build by default; GPU users pick their own, e.g. TORCH_SPEC="torch==2.13.0+cu128".
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+# Until the swarm demo lands, the main job is the PULSESync benchmark on a real update trace.
+demo: install
+	$(BIN)/pulse bench sync
+
+test: install
+	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check protocol node validator tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

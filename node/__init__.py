@@ -1,0 +1,9 @@
+"""The running peer: model and data, training, checkpoints, networking, the CLI.
+
+- `cli.py`         `pulse` entry point; parses flags and calls library functions
+- `model.py`       the embedded byte-level GPT and its config
+- `data.py`        the embedded corpus (the standard library's `.py` sources) and seeded batches
+- `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints)
+
+`node` may import `protocol` and `validator`; neither imports `node`.
+"""

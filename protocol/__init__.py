@@ -1,0 +1,13 @@
+"""Pure protocol code: no sockets, no files, no clocks. Everything a peer sends is parsed here.
+
+Files (each imports only the standard library, torch, numpy, codec libraries and earlier rows):
+
+- `errors.py`      one exception tree; every rejection of peer bytes is a `ProtocolError`
+- `tensorbytes.py` wire dtype names and exact bit-pattern views of float tensors
+- `statehash.py`   canonical SHA-256 of a state dict (sorted names, dtype, shape, bytes)
+- `wire.py`        bounded reader/writer for binary formats (truncation, trailing bytes, caps)
+- `positions.py`   entropy coding of sparse positions conditioned on a per-position context
+- `pulsesync.py`   PULSESync: lossless sparse BF16 weight patches between two states
+
+`protocol` imports neither `node` nor `validator`.
+"""

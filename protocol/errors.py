@@ -1,0 +1,102 @@
+"""One exception tree for everything pulse rejects.
+
+Peer bytes that fail a check raise a subclass of `ProtocolError`; the caller turns it into a
+logged rejection with `str(exc)` as the reason. Library errors (zstd, nacl) are translated at
+the boundary with `raise Mapped(...) from exc`, so callers catch only classes from here.
+"""
+
+from __future__ import annotations
+
+
+class PulseError(Exception):
+    """Root of every error pulse raises on purpose."""
+
+
+# -- local misuse: the caller's own inputs are wrong ------------------------------------------
+
+
+class IncompatibleStates(PulseError, ValueError):
+    """Two state dicts do not have the same names, shapes and dtypes."""
+
+
+class UnsupportedDtype(PulseError, TypeError):
+    """A tensor dtype the codec does not handle."""
+
+
+class ConfigError(PulseError, ValueError):
+    """A run manifest or option is invalid; the message names the field."""
+
+
+class KeyFileError(PulseError):
+    """An identity key file is missing, corrupt, the wrong length or readable by others."""
+
+
+# -- untrusted input: peer bytes that fail a check ---------------------------------------------
+
+
+class ProtocolError(PulseError):
+    """Bytes or a message from a peer failed validation. Nothing was changed."""
+
+
+class MalformedPayload(ProtocolError):
+    """A payload does not decode under its announced format."""
+
+
+class UnknownVersion(MalformedPayload):
+    """The payload's magic or format version is not one this node speaks."""
+
+
+class TruncatedPayload(MalformedPayload):
+    """The payload ends before its header says it should."""
+
+
+class TrailingBytes(MalformedPayload):
+    """Bytes remain after the last field the header announces."""
+
+
+class SizeLimitExceeded(MalformedPayload):
+    """A declared or actual size is above the announced size or the caller's cap."""
+
+
+class DecompressionBomb(SizeLimitExceeded):
+    """A compressed section expands past the size its header implies."""
+
+
+class InvalidPositions(MalformedPayload):
+    """Sparse positions out of range, duplicated or not in the order the format requires."""
+
+
+class NonFiniteValues(MalformedPayload):
+    """NaN or inf where only finite values are allowed."""
+
+
+class LayoutMismatch(MalformedPayload):
+    """The payload's tensor names, shapes or dtypes differ from the state it targets."""
+
+
+class StateHashMismatch(ProtocolError):
+    """The state a patch applies to, or produces, is not the one its header names."""
+
+
+class InvalidSignature(ProtocolError):
+    """A signature does not verify under the claimed key and domain."""
+
+
+class WrongRun(ProtocolError):
+    """A message belongs to another run."""
+
+
+class StaleRound(ProtocolError):
+    """A message is for a round this node is not accepting."""
+
+
+class ReplayedMessage(ProtocolError):
+    """A message already seen (same id) arrived again."""
+
+
+class BlobHashMismatch(ProtocolError):
+    """A fetched blob's SHA-256 is not the one it was requested by."""
+
+
+class TransferError(PulseError):
+    """A blob transfer failed: the peer vanished, stalled or refused. Nothing was stored."""

@@ -1,0 +1,56 @@
+"""Raw bytes of tensors and the dtype names used on the wire.
+
+Only fixed-width float dtypes travel; the bit patterns are viewed as unsigned integers of the
+same width so that every pattern (NaN payloads, -0.0, subnormals) survives exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from protocol.errors import UnsupportedDtype
+
+# wire name -> (torch dtype, same-width signed torch dtype, numpy unsigned view, numpy signed view)
+_DTYPES: dict[str, tuple[torch.dtype, torch.dtype, type[np.unsignedinteger], type[np.signedinteger]]] = {
+    "bfloat16": (torch.bfloat16, torch.int16, np.uint16, np.int16),
+    "float16": (torch.float16, torch.int16, np.uint16, np.int16),
+    "float32": (torch.float32, torch.int32, np.uint32, np.int32),
+}
+_BY_TORCH = {v[0]: k for k, v in _DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Wire name of a supported float dtype; raises `UnsupportedDtype` for any other."""
+    try:
+        return _BY_TORCH[dtype]
+    except KeyError:
+        raise UnsupportedDtype(f"dtype {dtype} is not supported (use bfloat16, float16 or float32)") from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a wire name; raises `UnsupportedDtype` for an unknown one."""
+    try:
+        return _DTYPES[name][0]
+    except KeyError:
+        raise UnsupportedDtype(f"unknown dtype name {name!r}") from None
+
+
+def bits(tensor: torch.Tensor) -> np.ndarray:
+    """Flat unsigned-integer view of a tensor's bit patterns (a copy only if not contiguous)."""
+    _, int_dtype, np_dtype, _ = _DTYPES[dtype_name(tensor.dtype)]
+    flat = tensor.detach().to("cpu").contiguous().view(int_dtype).reshape(-1)
+    return flat.numpy().view(np_dtype)
+
+
+def from_bits(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Tensor of dtype `name` and `shape` whose bit patterns are the unsigned ints in `raw`."""
+    dtype, _, np_dtype, np_signed = _DTYPES[name]
+    signed = np.array(raw, dtype=np_dtype, copy=True).view(np_signed)  # own copy: caller may reuse raw
+    return torch.from_numpy(signed).view(dtype).reshape(shape)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """Raw little-endian bytes of a supported float tensor."""
+    raw = bits(tensor)
+    return raw.astype(raw.dtype.newbyteorder("<"), copy=False).tobytes()

@@ -1,0 +1,4 @@
+"""Gauntlet: evaluation, ratings, selection, aggregation and the validator's round logic.
+
+`validator` imports `protocol`, never `node`.
+"""
