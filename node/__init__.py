@@ -3,6 +3,8 @@
 - `cli.py`         `pulse` entry point; parses flags and calls library functions
 - `model.py`       the embedded byte-level GPT and its config
 - `data.py`        the embedded corpus (the standard library's `.py` sources) and seeded batches
+- `keyfile.py`     identity key files on disk: atomic, mode 0600, never overwritten, checked on load
+- `keygen_command.py` `pulse keygen`
 - `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints)
 
 `node` may import `protocol` and `validator`; neither imports `node`.

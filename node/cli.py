@@ -12,6 +12,7 @@ import logging
 import sys
 
 COMMANDS = [
+    "node.keygen_command",
     "node.bench.command",
 ]
 

@@ -5,6 +5,9 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `errors.py`      one exception tree; every rejection of peer bytes is a `ProtocolError`
 - `tensorbytes.py` wire dtype names and exact bit-pattern views of float tensors
 - `statehash.py`   canonical SHA-256 of a state dict (sorted names, dtype, shape, bytes)
+- `identity.py`    Ed25519 identities (PyNaCl), signature checks, the key-file text format
+- `messages.py`    pydantic wire models, their canonical bytes and size caps; `PROTOCOL_VERSION`
+- `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays
 - `wire.py`        bounded reader/writer for binary formats (truncation, trailing bytes, caps)
 - `positions.py`   entropy coding of sparse positions conditioned on a per-position context
 - `pulsesync.py`   PULSESync: lossless sparse BF16 weight patches between two states

@@ -1,0 +1,179 @@
+"""Wire messages: pydantic v2 models for everything a node signs and publishes.
+
+Every model is `strict=True, extra="forbid", frozen=True`: a peer's bytes either parse into
+exactly these fields with these types or are rejected (3.0 is not a round, "1" is not a size).
+Lists are tuples with a hard length cap, strings have a pattern or a length cap, hashes are
+lowercase hex.
+
+Canonical bytes: JSON of `model_dump(mode="json")` with sorted keys, no whitespace, ASCII only,
+no NaN. Floats use Python's shortest round-trip repr. `from_canonical` re-encodes what it parsed
+and rejects input that is not byte-identical, so one message has exactly one encoding (the
+signature and the replay id are over these bytes). JSON rather than a binary layout because the
+bodies are small (< 56 KiB, they must fit a DHT value) and a readable body helps debugging.
+
+The size caps are chosen so that the largest valid body fits a DHT value (< 64 KiB) inside its
+signed envelope; `tests/test_messages.py` checks the worst case. A validator with more than
+`MAX_REJECTIONS` rejections in a round must publish the full result as a blob.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from protocol.errors import MalformedPayload, SizeLimitExceeded
+
+PROTOCOL_VERSION = 1
+"""The one protocol version: bump it on any change to a wire schema or the signing preimage."""
+
+MAX_ROUND = 2**62
+MAX_BLOB_BYTES = 2**40  # 1 TiB: larger than any payload, small enough to rule out overflow games
+MAX_BODY_BYTES = 56 * 1024
+MAX_SELECTED = 64
+MAX_REJECTIONS = 128
+MAX_REASON_CHARS = 100
+MAX_HELD_BLOBS = 64
+
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""A SHA-256 digest: 64 lowercase hex characters."""
+PublicKeyHex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""An Ed25519 public key: 32 bytes as 64 lowercase hex characters."""
+PeerIdText = Annotated[str, StringConstraints(pattern=r"^[1-9A-HJ-NP-Za-km-z]{32,128}$")]
+"""A libp2p peer id in base58."""
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,31}$")]
+"""A short identifier such as a codec or file format name."""
+Reason = Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]+$", max_length=MAX_REASON_CHARS)]
+"""A one-line printable ASCII reason, safe to log."""
+Round = Annotated[int, Field(ge=0, le=MAX_ROUND)]
+ByteSize = Annotated[int, Field(ge=0, le=MAX_BLOB_BYTES)]
+
+
+class WireModel(BaseModel):
+    """A signed message body. `run_id` and `round` also enter the signing preimage."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    KIND: ClassVar[str]
+
+    run_id: Sha256Hex
+    """Hash of the run manifest; a message for another run never verifies."""
+    round: Round
+    """The training round the message is about."""
+
+    def canonical_bytes(self) -> bytes:
+        return _dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def from_canonical(cls, data: bytes) -> Self:
+        """Parse a body; any schema violation or non-canonical encoding is `MalformedPayload`."""
+        if len(data) > MAX_BODY_BYTES:
+            raise SizeLimitExceeded(f"{cls.KIND} body is {len(data)} bytes, cap is {MAX_BODY_BYTES}")
+        try:
+            message = cls.model_validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "body"
+            raise MalformedPayload(f"{cls.KIND}: {where}: {first['msg']}") from exc
+        if message.canonical_bytes() != data:
+            raise MalformedPayload(f"{cls.KIND}: body is not in canonical form")
+        return message
+
+
+class SubmissionHeader(WireModel):
+    """A miner's claim: 'for round r, from state S, here is my payload'. Goes into the DHT."""
+
+    KIND: ClassVar[str] = "submission"
+
+    base_state_hash: Sha256Hex
+    """SHA-256 of the BF16 global weights the miner trained from."""
+    payload_sha256: Sha256Hex
+    """SHA-256 of the compressed pseudo-gradient payload (the blob's name)."""
+    payload_size: ByteSize
+    """Exact payload length in bytes; a receiver never reads past it."""
+    codec: Name
+    """Payload codec name, e.g. 'pulseloco' or 'sparseloco'."""
+    data_digest: Sha256Hex
+    """Digest of the sample ids the miner trained on (its data assignment)."""
+    sender: PublicKeyHex
+    """The miner's Ed25519 public key; must equal the envelope's signer."""
+
+
+class ScoredSubmission(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    sender: PublicKeyHex
+    payload_sha256: Sha256Hex
+    score: float = Field(allow_inf_nan=False)
+    """Final score the validator ranked by."""
+
+
+class Rejection(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    sender: PublicKeyHex
+    payload_sha256: Sha256Hex
+    reason: Reason
+
+
+class RoundResult(WireModel):
+    """The validator's verdict for a round and the patch that moves everyone to the next state."""
+
+    KIND: ClassVar[str] = "round_result"
+
+    selected: tuple[ScoredSubmission, ...] = Field(max_length=MAX_SELECTED)
+    """Aggregated submissions with their scores."""
+    rejections: tuple[Rejection, ...] = Field(max_length=MAX_REJECTIONS)
+    """Every submission that was not aggregated, with its reason."""
+    base_state_hash: Sha256Hex
+    """SHA-256 of W_r, the state the patch applies to."""
+    patch_sha256: Sha256Hex
+    patch_size: ByteSize
+    new_state_hash: Sha256Hex
+    """SHA-256 of W_{r+1}; a follower checks its patched weights against it."""
+
+    @model_validator(mode="after")
+    def _one_outcome_each(self) -> Self:
+        keys = [(s.sender, s.payload_sha256) for s in self.selected]
+        keys += [(r.sender, r.payload_sha256) for r in self.rejections]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a submission has more than one outcome")
+        return self
+
+
+class CheckpointAnnouncement(WireModel):
+    """A full checkpoint of the BF16 global weights after `round`, fetchable as a blob."""
+
+    KIND: ClassVar[str] = "checkpoint"
+
+    state_hash: Sha256Hex
+    """SHA-256 of the weights the checkpoint holds (see `statehash.py`)."""
+    blob_sha256: Sha256Hex
+    blob_size: ByteSize
+    format: Name
+    """File format of the blob, e.g. 'safetensors'."""
+
+
+class Heartbeat(WireModel):
+    """'I am alive at round r, reachable at this peer id, and I serve these blobs.'"""
+
+    KIND: ClassVar[str] = "heartbeat"
+
+    role: Literal["bootstrap", "miner", "validator", "follower"]
+    peer_id: PeerIdText
+    """libp2p peer id to open blob streams to."""
+    state_hash: Sha256Hex | None
+    """SHA-256 of the weights this node holds, if any."""
+    blobs: tuple[Sha256Hex, ...] = Field(max_length=MAX_HELD_BLOBS)
+    """Blobs this node re-serves, so fetchers can spread over many holders."""
+    sent_at: int = Field(ge=0, le=2**40)
+    """Sender's unix time in seconds; readers may ignore old heartbeats."""
+
+
+MESSAGE_TYPES: dict[str, type[WireModel]] = {
+    cls.KIND: cls for cls in (SubmissionHeader, RoundResult, CheckpointAnnouncement, Heartbeat)
+}
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()

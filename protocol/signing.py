@@ -1,0 +1,231 @@
+"""Signed envelopes: domain-separated Ed25519 signatures, message ids and replay detection.
+
+Preimage (what the sender signs; integers big-endian, variable fields length-prefixed):
+
+    b"pulse/signed-message\\x00" | version u16 | len u8, kind | run id (32 bytes) | round u64
+    | sender key (32 bytes) | len u32, canonical body
+
+A signature made for another protocol version, run, kind, round or sender never verifies,
+because each of them is in the preimage. The message id is the SHA-256 of the preimage: it
+names the message independently of how the envelope travelled, so a replay has the same id.
+
+Envelope (what travels; the same fields framed, then the signature):
+
+    b"PLSM" | version u16 | len u8, kind | run id | round u64 | sender | len u32, body | signature (64)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
+
+from protocol.errors import (
+    MalformedPayload,
+    ReplayedMessage,
+    SizeLimitExceeded,
+    TrailingBytes,
+    TruncatedPayload,
+    UnknownVersion,
+    WrongRun,
+)
+from protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, verify_signature
+from protocol.messages import MAX_BODY_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION, WireModel
+
+DOMAIN = b"pulse/signed-message\x00"
+MAGIC = b"PLSM"
+MAX_KIND_CHARS = 32
+MAX_ENVELOPE_BYTES = MAX_BODY_BYTES + 256  # body plus the fixed fields, well under 64 KiB
+_KIND_RE = re.compile(rb"[a-z_]{1,%d}" % MAX_KIND_CHARS)
+
+M = TypeVar("M", bound=WireModel)
+
+
+@dataclass(frozen=True)
+class SignedMessage:
+    """A body with its signature. Parsing one proves nothing; `open` verifies it."""
+
+    kind: str
+    run_id: str  # 64 hex
+    round: int
+    sender: bytes  # 32-byte Ed25519 public key
+    body: bytes  # canonical body bytes
+    signature: bytes
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def sender_hex(self) -> str:
+        return self.sender.hex()
+
+    def preimage(self) -> bytes:
+        return DOMAIN + self._fields()
+
+    @property
+    def message_id(self) -> str:
+        return hashlib.sha256(self.preimage()).hexdigest()
+
+    def to_bytes(self) -> bytes:
+        return MAGIC + self._fields() + self.signature
+
+    def _fields(self) -> bytes:
+        kind = self.kind.encode("ascii")
+        return b"".join(
+            [
+                struct.pack(">HB", self.version, len(kind)),
+                kind,
+                bytes.fromhex(self.run_id),
+                struct.pack(">Q", self.round),
+                self.sender,
+                struct.pack(">I", len(self.body)),
+                self.body,
+            ]
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes, max_bytes: int = MAX_ENVELOPE_BYTES) -> SignedMessage:
+        """Parse an envelope's framing (no signature check). Bad framing is a `MalformedPayload`."""
+        if len(data) > max_bytes:
+            raise SizeLimitExceeded(f"signed message is {len(data)} bytes, cap is {max_bytes}")
+        reader = _Reader(data)
+        if reader.take(len(MAGIC)) != MAGIC:
+            raise MalformedPayload("not a pulse signed message (bad magic)")
+        version, kind_len = struct.unpack(">HB", reader.take(3))
+        if version != PROTOCOL_VERSION:
+            raise UnknownVersion(f"protocol version {version}, this node speaks {PROTOCOL_VERSION}")
+        kind_bytes = reader.take(kind_len)
+        if not _KIND_RE.fullmatch(kind_bytes):
+            raise MalformedPayload(f"message kind {kind_bytes!r} is not a valid kind name")
+        kind = kind_bytes.decode("ascii")
+        run_id = reader.take(32).hex()
+        (round_,) = struct.unpack(">Q", reader.take(8))
+        sender = reader.take(PUBLIC_KEY_BYTES)
+        (body_len,) = struct.unpack(">I", reader.take(4))
+        if body_len > MAX_BODY_BYTES:
+            raise SizeLimitExceeded(f"message body is {body_len} bytes, cap is {MAX_BODY_BYTES}")
+        body = reader.take(body_len)
+        signature = reader.take(SIGNATURE_BYTES)
+        reader.finish()
+        return cls(kind, run_id, round_, sender, body, signature, version)
+
+    def open(self, *, run_id: str, expect: type[M]) -> M:
+        """Verify and parse: wrong run, unknown kind, bad signature or bad body all raise.
+
+        The envelope's run, round and sender must agree with the body's own fields.
+        """
+        if self.run_id != run_id:
+            raise WrongRun(f"message for run {self.run_id[:12]}..., this node is on run {run_id[:12]}...")
+        if self.kind != expect.KIND:
+            raise MalformedPayload(f"expected a {expect.KIND} message, got kind {self.kind!r}")
+        verify_signature(self.sender, self.preimage(), self.signature)
+        message = expect.from_canonical(self.body)
+        if message.run_id != self.run_id or message.round != self.round:
+            raise MalformedPayload("envelope and body disagree on run or round")
+        if getattr(message, "sender", self.sender_hex) != self.sender_hex:
+            raise MalformedPayload("body names a different sender than the signer")
+        return message
+
+
+@dataclass(frozen=True)
+class Verified(Generic[M]):
+    """A message whose signature, run and schema were checked."""
+
+    signed: SignedMessage
+    message: M
+
+    @property
+    def sender_hex(self) -> str:
+        return self.signed.sender_hex
+
+    @property
+    def message_id(self) -> str:
+        return self.signed.message_id
+
+
+def sign(identity: Identity, message: WireModel) -> SignedMessage:
+    """Sign `message` under its own kind, run and round."""
+    unsigned = SignedMessage(
+        kind=message.KIND,
+        run_id=message.run_id,
+        round=message.round,
+        sender=identity.public_key,
+        body=message.canonical_bytes(),
+        signature=b"",
+    )
+    return replace(unsigned, signature=identity.sign(unsigned.preimage()))
+
+
+def open_signed(data: bytes, *, run_id: str, expect: type[M]) -> Verified[M]:
+    """Parse and verify envelope bytes from a peer."""
+    signed = SignedMessage.from_bytes(data)
+    return Verified(signed, signed.open(run_id=run_id, expect=expect))
+
+
+def open_any(data: bytes, *, run_id: str) -> Verified[WireModel]:
+    """Like `open_signed`, for a kind taken from the envelope (it must be a known kind)."""
+    signed = SignedMessage.from_bytes(data)
+    expect = MESSAGE_TYPES.get(signed.kind)
+    if expect is None:
+        raise MalformedPayload(f"unknown message kind {signed.kind!r}")
+    return Verified(signed, signed.open(run_id=run_id, expect=expect))
+
+
+class SeenCache:
+    """Ids of messages already accepted, oldest evicted first once `capacity` is reached.
+
+    Bounded so a flood cannot grow it without limit; a replay older than the cache's memory is
+    still caught by the caller's round check (`StaleRound`). `ids()` lists the ids oldest first,
+    so a restarting node can rebuild the cache from disk.
+    """
+
+    def __init__(self, capacity: int = 100_000, ids: Iterable[str] = ()) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be positive")
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        for message_id in ids:
+            self.add(message_id)
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, message_id: str) -> bool:
+        """Record `message_id`; False if it was already there (a replay)."""
+        if message_id in self._ids:
+            return False
+        self._ids[message_id] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+        return True
+
+    def check(self, signed: SignedMessage) -> None:
+        """Record `signed`, or raise `ReplayedMessage` if it was seen before."""
+        if not self.add(signed.message_id):
+            raise ReplayedMessage(f"message {signed.message_id[:12]}... was already seen")
+
+    def ids(self) -> list[str]:
+        return list(self._ids)
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+        self._pos = 0
+
+    def take(self, n: int) -> bytes:
+        end = self._pos + n
+        if end > len(self._data):
+            raise TruncatedPayload(f"signed message ends at byte {len(self._data)}, needs {end}")
+        chunk = bytes(self._data[self._pos : end])
+        self._pos = end
+        return chunk
+
+    def finish(self) -> None:
+        if self._pos != len(self._data):
+            raise TrailingBytes(f"{len(self._data) - self._pos} bytes after the signature")
