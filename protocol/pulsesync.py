@@ -1,0 +1,436 @@
+"""PULSESync: a lossless patch from one state dict to another, for sparse BF16 updates.
+
+    patch = encode(old, new)
+    new_again = apply(old, patch)      # bit for bit equal to `new`, or an exception
+
+The receiver already holds `old`, so everything is conditioned on it (contexts.py): positions
+are gaps within the old weight's exponent class (positions.py), values are bit-pattern
+differences modeled per old exponent (values.py), all in one ANS stream (ans.py). A tensor whose
+sparse form would cost more than its dense form is sent dense (zstd of the raw new bytes).
+
+Format v1, little-endian, varints are LEB128 (wire.py):
+
+    "PSYN" u8 version | base state hash (32) | result state hash (32) | varint tensor count
+    per tensor, in sorted-name order of the base state:
+        u8 dtype code | varint numel | u8 mode (0 same, 1 sparse, 2 dense)
+        sparse: varint classes, per class: varint context delta, varint k, u8 theta (0 = all changed)
+        dense:  varint compressed length
+    varint value models, per model: varint key delta (dtype code * 256 + exponent),
+        varint symbols, per symbol: varint symbol delta, varint count
+    varint words | u32 words (the ANS stream) | dense sections in tensor order | end
+
+invariant: a patch applies only to the state whose hash it names, and `apply` returns only a
+state whose hash is the one the patch names.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import zstandard
+
+from protocol import positions, values
+from protocol.ans import AnsDecoder, AnsEncoder
+from protocol.contexts import NUM_CONTEXTS, ContextOrder, exponent_context
+from protocol.errors import (
+    DecompressionBomb,
+    IncompatibleStates,
+    LayoutMismatch,
+    MalformedPayload,
+    SizeLimitExceeded,
+    StateHashMismatch,
+    UnknownVersion,
+)
+from protocol.statehash import state_hash
+from protocol.tensorbytes import bits, dtype_name, from_bits
+from protocol.wire import Reader, Writer
+
+MAGIC = b"PSYN"
+VERSION = 1
+DTYPE_CODES = {"bfloat16": 1, "float16": 2, "float32": 3}
+_DTYPE_BY_CODE = {v: k for k, v in DTYPE_CODES.items()}
+SAME, SPARSE, DENSE = 0, 1, 2
+_HEADER_SLACK = 1 << 16
+
+State = Mapping[str, torch.Tensor]
+
+
+@dataclass
+class PatchStats:
+    """What one patch contains, and the information bounds it is measured against."""
+
+    elements: int = 0
+    changed: int = 0
+    patch_bytes: int = 0
+    dense_tensors: int = 0
+    position_bound_bits: float = 0.0  # sum over (tensor, exponent) of log2 C(n, k)
+    value_bound_bits: float = 0.0  # empirical entropy per (dtype, exponent) model + uniform extra bits
+    order0_position_bits: float = 0.0  # sum over tensors of log2 C(n, k)
+    order0_value_bits: float = 0.0  # empirical entropy of the raw bit-pattern differences, one model
+    _z_all: list[np.ndarray] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class _Sparse:
+    """One tensor's sparse part, as the encoder prepares it."""
+
+    classes: np.ndarray  # active context ids, ascending
+    k: np.ndarray  # changes per active class
+    theta: np.ndarray  # per active class, 0 = all positions changed
+    m: np.ndarray  # Golomb bucket width per active class
+    gaps: np.ndarray  # per change, class-major
+    z: np.ndarray  # value symbol per change
+    keys: np.ndarray  # value model key per change
+
+
+def check_layout(old: State, new: State) -> None:
+    """Raise IncompatibleStates unless both have the same names, shapes and supported dtypes."""
+    if set(old) != set(new):
+        missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+        raise IncompatibleStates(f"tensor names differ: only in old {missing[:5]}, only in new {extra[:5]}")
+    for name in old:
+        a, b = old[name], new[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise IncompatibleStates(
+                f"{name}: old is {a.dtype}{tuple(a.shape)}, new is {b.dtype}{tuple(b.shape)}"
+            )
+        dtype_name(a.dtype)  # raises UnsupportedDtype
+
+
+def encode(old: State, new: State, *, zstd_level: int = 1) -> bytes:
+    """A patch that turns `old` into `new` exactly."""
+    return encode_with_stats(old, new, zstd_level=zstd_level)[0]
+
+
+def encode_with_stats(old: State, new: State, *, zstd_level: int = 1) -> tuple[bytes, PatchStats]:
+    check_layout(old, new)
+    stats = PatchStats()
+    head = Writer()
+    head.raw(MAGIC)
+    head.u8(VERSION)
+    head.raw(bytes.fromhex(state_hash(old)))
+    head.raw(bytes.fromhex(state_hash(new)))
+    head.varint(len(old))
+    sparse: list[_Sparse] = []
+    dense: list[bytes] = []
+    for name in sorted(old):
+        dtype = dtype_name(old[name].dtype)
+        raw_old, raw_new = bits(old[name]), bits(new[name])
+        head.u8(DTYPE_CODES[dtype])
+        head.varint(raw_old.size)
+        stats.elements += raw_old.size
+        part = _prepare_sparse(raw_old, raw_new, dtype, stats)
+        if part is None:
+            head.u8(SAME)
+        elif _sparse_bits_estimate(part) >= 8 * raw_new.nbytes:
+            stats.dense_tensors += 1
+            dense.append(zstandard.ZstdCompressor(level=zstd_level).compress(raw_new.tobytes()))
+            head.u8(DENSE)
+            head.varint(len(dense[-1]))
+        else:
+            sparse.append(part)
+            head.u8(SPARSE)
+            _write_classes(head, part)
+    stream = _encode_stream(head, sparse, stats)
+    head.varint(stream.size)
+    head.raw(stream.astype("<u4").tobytes())
+    for section in dense:
+        head.raw(section)
+    patch = head.getvalue()
+    stats.patch_bytes = len(patch)
+    stats.order0_value_bits = _order0_value_bits(stats._z_all)
+    return patch, stats
+
+
+def _prepare_sparse(raw_old: np.ndarray, raw_new: np.ndarray, dtype: str, stats: PatchStats) -> _Sparse | None:
+    mask = raw_old != raw_new
+    k_total = int(np.count_nonzero(mask))
+    if k_total == 0:
+        return None
+    ctx = exponent_context(raw_old, dtype)
+    order = ContextOrder(ctx)
+    sidx = order.sorted_indices(mask)
+    cls, gaps = positions.split_gaps(sidx, order.starts, order.counts)
+    k_by_class = np.bincount(cls, minlength=NUM_CONTEXTS)
+    classes = np.flatnonzero(k_by_class)
+    k, n = k_by_class[classes], order.counts[classes]
+    m = positions.golomb_m(n, k)
+    local = np.repeat(np.arange(len(classes)), k)
+    q = gaps // m[local]
+    q_mean = np.bincount(local, weights=q, minlength=len(classes)) / k
+    theta = np.where(k == n, 0, np.clip(np.rint(256 * q_mean / (1 + q_mean)), 1, 255)).astype(np.int64)
+    pos = order.positions(sidx)
+    z = values.to_symbols(raw_old[pos], raw_new[pos], dtype)
+    keys = DTYPE_CODES[dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
+    stats.changed += k_total
+    stats.position_bound_bits += sum(positions.log2_binomial(int(a), int(b)) for a, b in zip(n, k, strict=True))
+    stats.order0_position_bits += positions.log2_binomial(raw_old.size, k_total)
+    stats._z_all.append(z)
+    return _Sparse(classes=classes, k=k, theta=theta, m=m, gaps=gaps, z=z, keys=keys)
+
+
+def _sparse_bits_estimate(part: _Sparse) -> float:
+    """Rough size of the sparse form: ~3 bits per gap bucket plus log2(m), ~4 bits per value."""
+    per_class = part.k * (3 + np.log2(part.m)) * (part.theta > 0)
+    return float(per_class.sum() + 4 * len(part.z) + 24 * len(part.classes))
+
+
+def _write_classes(head: Writer, part: _Sparse) -> None:
+    head.varint(len(part.classes))
+    prev = -1
+    for c, k, t in zip(part.classes.tolist(), part.k.tolist(), part.theta.tolist(), strict=True):
+        head.varint(c - prev - 1)
+        head.varint(k)
+        head.u8(t)
+        prev = c
+
+
+def _encode_stream(head: Writer, sparse: list[_Sparse], stats: PatchStats) -> np.ndarray:
+    enc = AnsEncoder()
+    if sparse:
+        k_all = np.concatenate([p.k for p in sparse])
+        positions.encode_gaps(
+            enc,
+            np.concatenate([p.gaps for p in sparse]),
+            np.repeat(np.concatenate([p.m for p in sparse]), k_all),
+            np.repeat(np.concatenate([p.theta for p in sparse]), k_all),
+        )
+        z = np.concatenate([p.z for p in sparse])
+        keys = np.concatenate([p.keys for p in sparse])
+    else:
+        z = np.zeros(0, dtype=np.uint64)
+        keys = np.zeros(0, dtype=np.int64)
+    model_keys, model_of = np.unique(keys, return_inverse=True)
+    sym, nbits = values.split(z)
+    counts = np.bincount(model_of * values.ALPHABET + sym, minlength=len(model_keys) * values.ALPHABET)
+    counts = counts.reshape(len(model_keys), values.ALPHABET)
+    _write_value_models(head, model_keys, counts)
+    values.encode_values(enc, z, model_of, counts)
+    stats.value_bound_bits += sum(values.entropy_bits(row) for row in counts) + float(nbits.sum())
+    return enc.finish()
+
+
+def _write_value_models(head: Writer, keys: np.ndarray, counts: np.ndarray) -> None:
+    head.varint(len(keys))
+    prev = -1
+    for key, row in zip(keys.tolist(), counts, strict=True):
+        head.varint(key - prev - 1)
+        prev = key
+        nz = np.flatnonzero(row)
+        head.varint(len(nz))
+        prev_sym = -1
+        for s in nz.tolist():
+            head.varint(s - prev_sym - 1)
+            head.varint(int(row[s]))
+            prev_sym = s
+
+
+def _order0_value_bits(z_parts: list[np.ndarray]) -> float:
+    if not z_parts:
+        return 0.0
+    _, counts = np.unique(np.concatenate(z_parts), return_counts=True)
+    return values.entropy_bits(counts)
+
+
+# -- decoding -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    """One tensor as the patch header describes it."""
+
+    name: str
+    dtype: str
+    mode: int
+    classes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    k: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    theta: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    dense_len: int = 0
+
+
+def default_max_bytes(state: State) -> int:
+    """The largest patch worth accepting for `state`: its dense size, plus header slack."""
+    return sum(t.numel() * t.element_size() for t in state.values()) * 11 // 10 + _HEADER_SLACK
+
+
+def apply(old: State, patch: bytes, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
+    """The state `patch` produces from `old`. `old` is never modified.
+
+    Raises a `ProtocolError` subclass for any patch that is malformed, does not apply to `old`,
+    or does not produce the state it names; nothing is returned in that case.
+    """
+    cap = default_max_bytes(old) if max_bytes is None else max_bytes
+    if len(patch) > cap:
+        raise SizeLimitExceeded(f"patch is {len(patch)} bytes, above the cap of {cap}")
+    reader = Reader(patch, "PULSESync patch")
+    base_hash, result_hash = _read_preamble(reader)
+    entries = _read_entries(reader, old)
+    models, counts = _read_value_models(reader)
+    words = reader.u32_array(reader.varint(reader.remaining // 4, "stream words"))
+    dense = [reader.raw(e.dense_len) for e in entries if e.mode == DENSE]
+    reader.expect_end()
+    if state_hash(old) != base_hash:
+        raise StateHashMismatch(f"patch applies to state {base_hash[:16]}, this state is {state_hash(old)[:16]}")
+    new = _decode_body(old, entries, models, counts, words, dense)
+    got = state_hash(new)
+    if got != result_hash:
+        raise StateHashMismatch(f"patch should produce state {result_hash[:16]} but produced {got[:16]}")
+    return new
+
+
+def _read_preamble(reader: Reader) -> tuple[str, str]:
+    if bytes(reader.raw(4)) != MAGIC:
+        raise UnknownVersion("not a PULSESync patch (bad magic)")
+    version = reader.u8()
+    if version != VERSION:
+        raise UnknownVersion(f"PULSESync patch version {version} is not supported (this node speaks {VERSION})")
+    return bytes(reader.raw(32)).hex(), bytes(reader.raw(32)).hex()
+
+
+def _read_entries(reader: Reader, old: State) -> list[_Entry]:
+    names = sorted(old)
+    count = reader.varint(1 << 32, "tensor count")
+    if count != len(names):
+        raise LayoutMismatch(f"patch has {count} tensors, this state has {len(names)}")
+    entries = []
+    for name in names:
+        dtype = dtype_name(old[name].dtype)
+        code = reader.u8()
+        numel = reader.varint(1 << 62, "numel")
+        if code != DTYPE_CODES[dtype] or numel != old[name].numel():
+            got = _DTYPE_BY_CODE.get(code, f"code {code}")
+            raise LayoutMismatch(f"{name}: patch has {got} x {numel}, state has {dtype} x {old[name].numel()}")
+        entries.append(_read_entry(reader, name, dtype, numel))
+    return entries
+
+
+def _read_entry(reader: Reader, name: str, dtype: str, numel: int) -> _Entry:
+    mode = reader.u8()
+    if mode == SAME:
+        return _Entry(name, dtype, mode)
+    if mode == DENSE:
+        return _Entry(name, dtype, mode, dense_len=reader.varint(reader.remaining, f"{name} dense length"))
+    if mode != SPARSE:
+        raise MalformedPayload(f"{name}: unknown tensor mode {mode}")
+    n_classes = reader.varint(NUM_CONTEXTS, f"{name} class count")
+    rows = []
+    cls = -1
+    for _ in range(n_classes):
+        cls += 1 + reader.varint(NUM_CONTEXTS, f"{name} context delta")
+        if cls >= NUM_CONTEXTS:
+            raise MalformedPayload(f"{name}: context {cls} out of range")
+        rows.append((cls, reader.varint(numel, f"{name} changes in context {cls}"), reader.u8()))
+    if not rows or any(k == 0 for _, k, _ in rows):
+        raise MalformedPayload(f"{name}: a sparse tensor needs classes with at least one change each")
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return _Entry(name, dtype, mode, classes=arr[:, 0], k=arr[:, 1], theta=arr[:, 2])
+
+
+def _read_value_models(reader: Reader) -> tuple[np.ndarray, np.ndarray]:
+    n_models = reader.varint(len(DTYPE_CODES) * NUM_CONTEXTS, "value models")
+    keys = np.zeros(n_models, dtype=np.int64)
+    counts = np.zeros((n_models, values.ALPHABET), dtype=np.int64)
+    key = -1
+    for i in range(n_models):
+        key += 1 + reader.varint(1 << 16, "value model key delta")
+        keys[i] = key
+        sym = -1
+        for _ in range(reader.varint(values.ALPHABET, "value model symbols")):
+            sym += 1 + reader.varint(values.ALPHABET, "value symbol delta")
+            if sym >= values.ALPHABET:
+                raise MalformedPayload(f"value model {key}: symbol {sym} out of range")
+            counts[i, sym] = reader.varint(1 << 62, "value symbol count")
+    return keys, counts
+
+
+def _decode_body(
+    old: State, entries: list[_Entry], keys: np.ndarray, counts: np.ndarray, words: np.ndarray, dense: list[memoryview]
+) -> dict[str, torch.Tensor]:
+    sparse = [e for e in entries if e.mode == SPARSE]
+    class_counts = [_class_sizes(bits(old[e.name]), e) for e in sparse]
+    k_all = np.concatenate([e.k for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
+    n_all = np.concatenate(class_counts) if sparse else np.zeros(0, dtype=np.int64)
+    theta_all = np.concatenate([e.theta for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
+    dec = AnsDecoder(words)
+    gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(n_all, k_all), k_all), np.repeat(theta_all, k_all))
+    pos_by_tensor, model_keys = [], []
+    offset = 0
+    for e, sizes in zip(sparse, class_counts, strict=True):
+        k_sum = int(e.k.sum())
+        pos, key = _positions(bits(old[e.name]), e, sizes, gaps[offset : offset + k_sum])
+        pos_by_tensor.append(pos)
+        model_keys.append(key)
+        offset += k_sum
+    key_all = np.concatenate(model_keys) if sparse else np.zeros(0, dtype=np.int64)
+    model_of = np.searchsorted(keys, key_all)
+    if len(key_all) and (np.any(model_of >= len(keys)) or np.any(keys[np.minimum(model_of, len(keys) - 1)] != key_all)):
+        raise MalformedPayload("a changed weight's exponent has no value model in the patch")
+    if not np.array_equal(np.bincount(model_of, minlength=len(keys)), counts.sum(axis=1)):
+        raise MalformedPayload("value model counts disagree with the number of changes they cover")
+    z = values.decode_values(dec, model_of, counts)
+    dec.finish()
+    return _assemble(old, entries, pos_by_tensor, z, dense)
+
+
+def _class_sizes(raw_old: np.ndarray, e: _Entry) -> np.ndarray:
+    counts = np.bincount(exponent_context(raw_old, e.dtype), minlength=NUM_CONTEXTS)[e.classes]
+    if np.any(e.k > counts):
+        raise MalformedPayload(f"{e.name}: more changes than positions in an exponent class")
+    if np.any((e.theta == 0) != (e.k == counts)):
+        raise MalformedPayload(f"{e.name}: theta 0 must mark exactly the fully changed classes")
+    return counts.astype(np.int64)
+
+
+def _positions(raw_old: np.ndarray, e: _Entry, sizes: np.ndarray, gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ctx = exponent_context(raw_old, e.dtype)
+    order = ContextOrder(ctx)
+    sidx = positions.join_gaps(gaps, order.starts[e.classes], sizes, e.k)
+    pos = order.positions(sidx)
+    return pos, DTYPE_CODES[e.dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
+
+
+def _assemble(
+    old: State, entries: list[_Entry], pos_by_tensor: list[np.ndarray], z: np.ndarray, dense: list[memoryview]
+) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    sparse_i = dense_i = offset = 0
+    for e in entries:
+        tensor = old[e.name]
+        raw = bits(tensor)
+        if e.mode == SAME:
+            new_raw = raw
+        elif e.mode == DENSE:
+            new_raw = _inflate(dense[dense_i], raw, e.name)
+            dense_i += 1
+        else:
+            pos = pos_by_tensor[sparse_i]
+            sparse_i += 1
+            new_raw = raw.copy()
+            new_raw[pos] = values.from_symbols(raw[pos], z[offset : offset + len(pos)], e.dtype)
+            offset += len(pos)
+        out[e.name] = from_bits(new_raw, e.dtype, tuple(tensor.shape))
+    return out
+
+
+def _inflate(section: memoryview, raw_old: np.ndarray, name: str) -> np.ndarray:
+    """Decompress a dense section, reading at most one byte more than the tensor's size."""
+    size = raw_old.nbytes
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(section)) as stream:
+            data = stream.read(size + 1)
+    except zstandard.ZstdError as exc:
+        raise MalformedPayload(f"{name}: dense section does not decompress: {exc}") from exc
+    if len(data) > size:
+        raise DecompressionBomb(f"{name}: dense section expands past the tensor's {size} bytes")
+    if len(data) < size:
+        raise MalformedPayload(f"{name}: dense section has {len(data)} bytes, tensor needs {size}")
+    return np.frombuffer(data, dtype=raw_old.dtype).copy()
+
+
+def bits_per_changed(stats: PatchStats) -> float:
+    return 8 * stats.patch_bytes / stats.changed if stats.changed else math.inf
