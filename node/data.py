@@ -28,7 +28,9 @@ class Corpus:
     train: torch.Tensor  # (N,) uint8
     held_out: torch.Tensor  # (M,) uint8
 
-    def batch(self, seed: int, batch_size: int, seq_len: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, seed: int, batch_size: int, seq_len: int, split: str = "train"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-byte targets, each (batch_size, seq_len) int64, drawn from `seed`."""
         data = self.train if split == "train" else self.held_out
         if len(data) <= seq_len + 1:
