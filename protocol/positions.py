@@ -56,8 +56,10 @@ def join_gaps(gaps: np.ndarray, class_start: np.ndarray, class_count: np.ndarray
     """Inverse of `split_gaps`: sorted indices from per-class gaps.
 
     `class_start`, `class_count`, `k`: per active class, in order; gaps are class-major.
-    Raises InvalidPositions if a class's last rank falls outside the class.
+    Raises InvalidPositions if any rank falls outside its class.
     """
+    if np.any(gaps >= np.repeat(class_count, k)):
+        raise InvalidPositions("a gap is longer than its whole class")
     steps = gaps + 1
     total = np.cumsum(steps)
     first_change = np.concatenate(([0], np.cumsum(k)[:-1]))

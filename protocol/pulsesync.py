@@ -68,7 +68,7 @@ class PatchStats:
     changed: int = 0
     patch_bytes: int = 0
     dense_tensors: int = 0
-    position_bound_bits: float = 0.0  # sum over (tensor, exponent) of log2 C(n, k)
+    position_bound_bits: float = 0.0  # sum over (tensor, exponent) of log2 C(n, k); dense tensors in full
     value_bound_bits: float = 0.0  # empirical entropy per (dtype, exponent) model + uniform extra bits
     order0_position_bits: float = 0.0  # sum over tensors of log2 C(n, k)
     order0_value_bits: float = 0.0  # empirical entropy of the raw bit-pattern differences, one model
@@ -86,6 +86,8 @@ class _Sparse:
     gaps: np.ndarray  # per change, class-major
     z: np.ndarray  # value symbol per change
     keys: np.ndarray  # value model key per change
+    position_bits: float  # sum over exponent classes of log2 C(n, k)
+    value_bits: float  # values at their empirical entropy, this tensor alone
 
 
 def check_layout(old: State, new: State) -> None:
@@ -130,10 +132,13 @@ def encode_with_stats(old: State, new: State, *, zstd_level: int = 1) -> tuple[b
         elif _sparse_bits_estimate(part) >= 8 * raw_new.nbytes:
             stats.dense_tensors += 1
             dense.append(zstandard.ZstdCompressor(level=zstd_level).compress(raw_new.tobytes()))
+            # a dense tensor is modeled as its compressed bytes: they count in full in the bound
+            stats.position_bound_bits += 8 * len(dense[-1])
             head.u8(DENSE)
             head.varint(len(dense[-1]))
         else:
             sparse.append(part)
+            stats.position_bound_bits += part.position_bits
             head.u8(SPARSE)
             _write_classes(head, part)
     stream = _encode_stream(head, sparse, stats)
@@ -167,17 +172,18 @@ def _prepare_sparse(raw_old: np.ndarray, raw_new: np.ndarray, dtype: str, stats:
     pos = order.positions(sidx)
     z = values.to_symbols(raw_old[pos], raw_new[pos], dtype)
     keys = DTYPE_CODES[dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
+    position_bits = sum(positions.log2_binomial(int(a), int(b)) for a, b in zip(n, k, strict=True))
+    sym, nbits = values.split(z)
+    value_bits = values.entropy_bits(values.histogram(sym)) + float(nbits.sum())
     stats.changed += k_total
-    stats.position_bound_bits += sum(positions.log2_binomial(int(a), int(b)) for a, b in zip(n, k, strict=True))
     stats.order0_position_bits += positions.log2_binomial(raw_old.size, k_total)
     stats._z_all.append(z)
-    return _Sparse(classes=classes, k=k, theta=theta, m=m, gaps=gaps, z=z, keys=keys)
+    return _Sparse(classes, k, theta, m, gaps, z, keys, position_bits, value_bits)
 
 
 def _sparse_bits_estimate(part: _Sparse) -> float:
-    """Rough size of the sparse form: ~3 bits per gap bucket plus log2(m), ~4 bits per value."""
-    per_class = part.k * (3 + np.log2(part.m)) * (part.theta > 0)
-    return float(per_class.sum() + 4 * len(part.z) + 24 * len(part.classes))
+    """Size of the sparse form: its entropy plus the class table (about 3 bytes a class)."""
+    return part.position_bits + part.value_bits + 24 * len(part.classes)
 
 
 def _write_classes(head: Writer, part: _Sparse) -> None:
@@ -271,7 +277,7 @@ def apply(old: State, patch: bytes, *, max_bytes: int | None = None) -> dict[str
     base_hash, result_hash = _read_preamble(reader)
     entries = _read_entries(reader, old)
     models, counts = _read_value_models(reader)
-    words = reader.u32_array(reader.varint(reader.remaining // 4, "stream words"))
+    words = reader.u32_array(reader.varint(1 << 40, "stream words"))  # a lie shows up as truncation
     dense = [reader.raw(e.dense_len) for e in entries if e.mode == DENSE]
     reader.expect_end()
     if state_hash(old) != base_hash:
@@ -314,7 +320,7 @@ def _read_entry(reader: Reader, name: str, dtype: str, numel: int) -> _Entry:
     if mode == SAME:
         return _Entry(name, dtype, mode)
     if mode == DENSE:
-        return _Entry(name, dtype, mode, dense_len=reader.varint(reader.remaining, f"{name} dense length"))
+        return _Entry(name, dtype, mode, dense_len=reader.varint(1 << 40, f"{name} dense length"))
     if mode != SPARSE:
         raise MalformedPayload(f"{name}: unknown tensor mode {mode}")
     n_classes = reader.varint(NUM_CONTEXTS, f"{name} class count")
