@@ -46,6 +46,7 @@ from protocol.errors import (
     StateHashMismatch,
     UnknownVersion,
 )
+from protocol.parallel import parallel_map
 from protocol.statehash import state_hash
 from protocol.tensorbytes import bits, dtype_name, from_bits
 from protocol.wire import Reader, Writer
@@ -104,29 +105,38 @@ def check_layout(old: State, new: State) -> None:
         dtype_name(a.dtype)  # raises UnsupportedDtype
 
 
-def encode(old: State, new: State, *, zstd_level: int = 1) -> bytes:
-    """A patch that turns `old` into `new` exactly."""
-    return encode_with_stats(old, new, zstd_level=zstd_level)[0]
+def encode(old: State, new: State, *, old_hash: str | None = None, new_hash: str | None = None) -> bytes:
+    """A patch that turns `old` into `new` exactly. Pass the state hashes if already known."""
+    return encode_with_stats(old, new, old_hash=old_hash, new_hash=new_hash)[0]
 
 
-def encode_with_stats(old: State, new: State, *, zstd_level: int = 1) -> tuple[bytes, PatchStats]:
+def encode_with_stats(
+    old: State, new: State, *, old_hash: str | None = None, new_hash: str | None = None, zstd_level: int = 1
+) -> tuple[bytes, PatchStats]:
     check_layout(old, new)
     stats = PatchStats()
     head = Writer()
     head.raw(MAGIC)
     head.u8(VERSION)
-    head.raw(bytes.fromhex(state_hash(old)))
-    head.raw(bytes.fromhex(state_hash(new)))
+    head.raw(bytes.fromhex(old_hash or state_hash(old)))
+    head.raw(bytes.fromhex(new_hash or state_hash(new)))
     head.varint(len(old))
     sparse: list[_Sparse] = []
     dense: list[bytes] = []
-    for name in sorted(old):
+    names = sorted(old)
+    parts = parallel_map(
+        lambda name: _prepare_sparse(bits(old[name]), bits(new[name]), dtype_name(old[name].dtype)), names
+    )
+    for name, part in zip(names, parts, strict=True):
         dtype = dtype_name(old[name].dtype)
-        raw_old, raw_new = bits(old[name]), bits(new[name])
+        raw_new = bits(new[name])
         head.u8(DTYPE_CODES[dtype])
-        head.varint(raw_old.size)
-        stats.elements += raw_old.size
-        part = _prepare_sparse(raw_old, raw_new, dtype, stats)
+        head.varint(raw_new.size)
+        stats.elements += raw_new.size
+        if part is not None:
+            stats.changed += len(part.z)
+            stats.order0_position_bits += positions.log2_binomial(raw_new.size, len(part.z))
+            stats._z_all.append(part.z)
         if part is None:
             head.u8(SAME)
         elif _sparse_bits_estimate(part) >= 8 * raw_new.nbytes:
@@ -152,7 +162,7 @@ def encode_with_stats(old: State, new: State, *, zstd_level: int = 1) -> tuple[b
     return patch, stats
 
 
-def _prepare_sparse(raw_old: np.ndarray, raw_new: np.ndarray, dtype: str, stats: PatchStats) -> _Sparse | None:
+def _prepare_sparse(raw_old: np.ndarray, raw_new: np.ndarray, dtype: str) -> _Sparse | None:
     mask = raw_old != raw_new
     k_total = int(np.count_nonzero(mask))
     if k_total == 0:
@@ -175,9 +185,6 @@ def _prepare_sparse(raw_old: np.ndarray, raw_new: np.ndarray, dtype: str, stats:
     position_bits = sum(positions.log2_binomial(int(a), int(b)) for a, b in zip(n, k, strict=True))
     sym, nbits = values.split(z)
     value_bits = values.entropy_bits(values.histogram(sym)) + float(nbits.sum())
-    stats.changed += k_total
-    stats.order0_position_bits += positions.log2_binomial(raw_old.size, k_total)
-    stats._z_all.append(z)
     return _Sparse(classes, k, theta, m, gaps, z, keys, position_bits, value_bits)
 
 
@@ -271,22 +278,45 @@ def apply(old: State, patch: bytes, *, max_bytes: int | None = None) -> dict[str
     or does not produce the state it names; nothing is returned in that case.
     """
     cap = default_max_bytes(old) if max_bytes is None else max_bytes
+    parsed = _parse(old, patch, cap)
+    held = state_hash(old)
+    if held != parsed.base_hash:
+        raise StateHashMismatch(f"patch applies to state {parsed.base_hash[:16]}, this state is {held[:16]}")
+    new = _decode_body(old, parsed)
+    got = state_hash(new)
+    if got != parsed.result_hash:
+        raise StateHashMismatch(f"patch should produce state {parsed.result_hash[:16]} but produced {got[:16]}")
+    return new
+
+
+def apply_unverified(old: State, patch: bytes, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
+    """`apply` without either state hash check: for measuring the codec alone, never for peer bytes."""
+    cap = default_max_bytes(old) if max_bytes is None else max_bytes
+    return _decode_body(old, _parse(old, patch, cap))
+
+
+@dataclass
+class _Parsed:
+    base_hash: str
+    result_hash: str
+    entries: list[_Entry]
+    model_keys: np.ndarray
+    model_counts: np.ndarray
+    words: np.ndarray
+    dense: list[memoryview]
+
+
+def _parse(old: State, patch: bytes, cap: int) -> _Parsed:
     if len(patch) > cap:
         raise SizeLimitExceeded(f"patch is {len(patch)} bytes, above the cap of {cap}")
     reader = Reader(patch, "PULSESync patch")
     base_hash, result_hash = _read_preamble(reader)
     entries = _read_entries(reader, old)
-    models, counts = _read_value_models(reader)
+    keys, counts = _read_value_models(reader)
     words = reader.u32_array(reader.varint(1 << 40, "stream words"))  # a lie shows up as truncation
     dense = [reader.raw(e.dense_len) for e in entries if e.mode == DENSE]
     reader.expect_end()
-    if state_hash(old) != base_hash:
-        raise StateHashMismatch(f"patch applies to state {base_hash[:16]}, this state is {state_hash(old)[:16]}")
-    new = _decode_body(old, entries, models, counts, words, dense)
-    got = state_hash(new)
-    if got != result_hash:
-        raise StateHashMismatch(f"patch should produce state {result_hash[:16]} but produced {got[:16]}")
-    return new
+    return _Parsed(base_hash, result_hash, entries, keys, counts, words, dense)
 
 
 def _read_preamble(reader: Reader) -> tuple[str, str]:
@@ -354,24 +384,22 @@ def _read_value_models(reader: Reader) -> tuple[np.ndarray, np.ndarray]:
     return keys, counts
 
 
-def _decode_body(
-    old: State, entries: list[_Entry], keys: np.ndarray, counts: np.ndarray, words: np.ndarray, dense: list[memoryview]
-) -> dict[str, torch.Tensor]:
+def _decode_body(old: State, parsed: _Parsed) -> dict[str, torch.Tensor]:
+    entries, keys, counts = parsed.entries, parsed.model_keys, parsed.model_counts
     sparse = [e for e in entries if e.mode == SPARSE]
-    class_counts = [_class_sizes(bits(old[e.name]), e) for e in sparse]
+    class_counts = parallel_map(lambda e: _class_sizes(bits(old[e.name]), e), sparse)
     k_all = np.concatenate([e.k for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
     n_all = np.concatenate(class_counts) if sparse else np.zeros(0, dtype=np.int64)
     theta_all = np.concatenate([e.theta for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
-    dec = AnsDecoder(words)
+    dec = AnsDecoder(parsed.words)
     gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(n_all, k_all), k_all), np.repeat(theta_all, k_all))
-    pos_by_tensor, model_keys = [], []
-    offset = 0
-    for e, sizes in zip(sparse, class_counts, strict=True):
-        k_sum = int(e.k.sum())
-        pos, key = _positions(bits(old[e.name]), e, sizes, gaps[offset : offset + k_sum])
-        pos_by_tensor.append(pos)
-        model_keys.append(key)
-        offset += k_sum
+    ends = np.cumsum([int(e.k.sum()) for e in sparse]).tolist()
+    jobs = [
+        (e, sizes, gaps[end - int(e.k.sum()) : end]) for e, sizes, end in zip(sparse, class_counts, ends, strict=True)
+    ]
+    located = parallel_map(lambda job: _positions(bits(old[job[0].name]), *job), jobs)
+    pos_by_tensor = [pos for pos, _ in located]
+    model_keys = [key for _, key in located]
     key_all = np.concatenate(model_keys) if sparse else np.zeros(0, dtype=np.int64)
     model_of = np.searchsorted(keys, key_all)
     if len(key_all) and (np.any(model_of >= len(keys)) or np.any(keys[np.minimum(model_of, len(keys) - 1)] != key_all)):
@@ -380,7 +408,7 @@ def _decode_body(
         raise MalformedPayload("value model counts disagree with the number of changes they cover")
     z = values.decode_values(dec, model_of, counts)
     dec.finish()
-    return _assemble(old, entries, pos_by_tensor, z, dense)
+    return _assemble(old, entries, pos_by_tensor, z, parsed.dense)
 
 
 def _class_sizes(raw_old: np.ndarray, e: _Entry) -> np.ndarray:
