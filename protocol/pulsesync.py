@@ -387,17 +387,19 @@ def _read_value_models(reader: Reader) -> tuple[np.ndarray, np.ndarray]:
 def _decode_body(old: State, parsed: _Parsed) -> dict[str, torch.Tensor]:
     entries, keys, counts = parsed.entries, parsed.model_keys, parsed.model_counts
     sparse = [e for e in entries if e.mode == SPARSE]
-    class_counts = parallel_map(lambda e: _class_sizes(bits(old[e.name]), e), sparse)
+    # one context order per sparse tensor, alive only during this decode (8 bytes per weight)
+    orders = parallel_map(lambda e: _context(bits(old[e.name]), e.dtype), sparse)
+    class_counts = [_class_sizes(e, ctx_order) for e, ctx_order in zip(sparse, orders, strict=True)]
     k_all = np.concatenate([e.k for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
     n_all = np.concatenate(class_counts) if sparse else np.zeros(0, dtype=np.int64)
     theta_all = np.concatenate([e.theta for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
     dec = AnsDecoder(parsed.words)
     gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(n_all, k_all), k_all), np.repeat(theta_all, k_all))
     ends = np.cumsum([int(e.k.sum()) for e in sparse]).tolist()
-    jobs = [
-        (e, sizes, gaps[end - int(e.k.sum()) : end]) for e, sizes, end in zip(sparse, class_counts, ends, strict=True)
+    located = [
+        _positions(e, ctx_order, sizes, gaps[end - int(e.k.sum()) : end])
+        for e, ctx_order, sizes, end in zip(sparse, orders, class_counts, ends, strict=True)
     ]
-    located = parallel_map(lambda job: _positions(bits(old[job[0].name]), *job), jobs)
     pos_by_tensor = [pos for pos, _ in located]
     model_keys = [key for _, key in located]
     key_all = np.concatenate(model_keys) if sparse else np.zeros(0, dtype=np.int64)
@@ -411,8 +413,13 @@ def _decode_body(old: State, parsed: _Parsed) -> dict[str, torch.Tensor]:
     return _assemble(old, entries, pos_by_tensor, z, parsed.dense)
 
 
-def _class_sizes(raw_old: np.ndarray, e: _Entry) -> np.ndarray:
-    counts = np.bincount(exponent_context(raw_old, e.dtype), minlength=NUM_CONTEXTS)[e.classes]
+def _context(raw_old: np.ndarray, dtype: str) -> tuple[np.ndarray, ContextOrder]:
+    ctx = exponent_context(raw_old, dtype)
+    return ctx, ContextOrder(ctx)
+
+
+def _class_sizes(e: _Entry, ctx_order: tuple[np.ndarray, ContextOrder]) -> np.ndarray:
+    counts = ctx_order[1].counts[e.classes]
     if np.any(e.k > counts):
         raise MalformedPayload(f"{e.name}: more changes than positions in an exponent class")
     if np.any((e.theta == 0) != (e.k == counts)):
@@ -420,9 +427,10 @@ def _class_sizes(raw_old: np.ndarray, e: _Entry) -> np.ndarray:
     return counts.astype(np.int64)
 
 
-def _positions(raw_old: np.ndarray, e: _Entry, sizes: np.ndarray, gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    ctx = exponent_context(raw_old, e.dtype)
-    order = ContextOrder(ctx)
+def _positions(
+    e: _Entry, ctx_order: tuple[np.ndarray, ContextOrder], sizes: np.ndarray, gaps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    ctx, order = ctx_order
     sidx = positions.join_gaps(gaps, order.starts[e.classes], sizes, e.k)
     pos = order.positions(sidx)
     return pos, DTYPE_CODES[e.dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)

@@ -47,10 +47,13 @@ def _bit_length(z: np.ndarray) -> np.ndarray:
 
 def split(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(symbol, extra-bit count) per z; extra bits are z below its leading one."""
-    length = _bit_length(z)
-    literal = z < LITERALS
-    sym = np.where(literal, z.astype(np.int64), LITERALS + length - 5)
-    return sym, np.where(literal, 0, length - 1)
+    sym = z.astype(np.int64)
+    nbits = np.zeros(z.shape, dtype=np.int64)
+    big = np.flatnonzero(z >= LITERALS)  # rare for optimizer updates: only these need a bit length
+    length = _bit_length(z[big])
+    sym[big] = LITERALS + length - 5
+    nbits[big] = length - 1
+    return sym, nbits
 
 
 def _piece_bits(nbits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
