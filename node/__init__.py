@@ -5,7 +5,8 @@
 - `data.py`        the embedded corpus (the standard library's `.py` sources) and seeded batches
 - `keyfile.py`     identity key files on disk: atomic, mode 0600, never overwritten, checked on load
 - `keygen_command.py` `pulse keygen`
-- `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints)
+- `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints;
+                   `sync.py` measures PULSESync against `plainpatch.py`, the plain sparse encoding)
 
 `node` may import `protocol` and `validator`; neither imports `node`.
 """

@@ -9,7 +9,11 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `messages.py`    pydantic wire models, their canonical bytes and size caps; `PROTOCOL_VERSION`
 - `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays
 - `wire.py`        bounded reader/writer for binary formats (truncation, trailing bytes, caps)
+- `parallel.py`    per-tensor codec work on all cores, results in input order
+- `ans.py`         ANS entropy coding (constriction) with integer-exact models, bounded decoding
+- `contexts.py`    the old weight's exponent as coding context, and the class-major order it induces
 - `positions.py`   entropy coding of sparse positions conditioned on a per-position context
+- `values.py`      changed values as bit-pattern differences, one model per (dtype, old exponent)
 - `pulsesync.py`   PULSESync: lossless sparse BF16 weight patches between two states
 
 `protocol` imports neither `node` nor `validator`.
