@@ -5,6 +5,10 @@
 - `data.py`        the embedded corpus (the standard library's `.py` sources) and seeded batches
 - `keyfile.py`     identity key files on disk: atomic, mode 0600, never overwritten, checked on load
 - `keygen_command.py` `pulse keygen`
+- `netconfig.py`   network start-up options (initial peers, listen/announce addrs, relays, identity)
+- `dht.py`         signed records on hivemind's DHT and the record validator every peer runs
+- `dht_command.py` `pulse dht`: a bootstrap peer that prints its multiaddrs
+- `blobstore.py`   content-addressed blobs on disk (SHA-256 names, verified atomic writes)
 - `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints;
                    `sync.py` measures PULSESync against `plainpatch.py`, the plain sparse encoding)
 

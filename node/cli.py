@@ -13,6 +13,7 @@ import sys
 
 COMMANDS = [
     "node.keygen_command",
+    "node.dht_command",
     "node.bench.command",
 ]
 

@@ -98,5 +98,24 @@ class BlobHashMismatch(ProtocolError):
     """A fetched blob's SHA-256 is not the one it was requested by."""
 
 
-class TransferError(PulseError):
+class InvalidRecord(ProtocolError):
+    """A DHT record breaks a rule of its key: stored under the wrong key, or an absurd expiration."""
+
+
+# -- the network: peers and daemons that fail, refuse or go silent -----------------------------
+
+
+class NetworkError(PulseError):
+    """The DHT or the libp2p daemon could not start, reach its peers or answer in time."""
+
+
+class TransferError(NetworkError):
     """A blob transfer failed: the peer vanished, stalled or refused. Nothing was stored."""
+
+
+class TransferTimeout(TransferError):
+    """A peer sent nothing for longer than the per-chunk timeout."""
+
+
+class BlobNotFound(TransferError):
+    """The peer (or the local store) does not hold the requested blob."""

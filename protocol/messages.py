@@ -9,10 +9,11 @@ Canonical bytes: JSON of `model_dump(mode="json")` with sorted keys, no whitespa
 no NaN. Floats use Python's shortest round-trip repr. `from_canonical` re-encodes what it parsed
 and rejects input that is not byte-identical, so one message has exactly one encoding (the
 signature and the replay id are over these bytes). JSON rather than a binary layout because the
-bodies are small (< 56 KiB, they must fit a DHT value) and a readable body helps debugging.
+bodies are small (<= 48 KiB, they must fit a DHT value) and a readable body helps debugging.
 
 The size caps are chosen so that the largest valid body fits a DHT value (< 64 KiB) inside its
-signed envelope; `tests/test_messages.py` checks the worst case. A validator with more than
+signed envelope with room to spare (hivemind's DHT process reads requests from a pipe and fails on
+messages near 64 KiB); `tests/test_messages.py` checks the worst case. A validator with more than
 `MAX_REJECTIONS` rejections in a round must publish the full result as a blob.
 """
 
@@ -30,7 +31,7 @@ PROTOCOL_VERSION = 1
 
 MAX_ROUND = 2**62
 MAX_BLOB_BYTES = 2**40  # 1 TiB: larger than any payload, small enough to rule out overflow games
-MAX_BODY_BYTES = 56 * 1024
+MAX_BODY_BYTES = 48 * 1024
 MAX_SELECTED = 64
 MAX_REJECTIONS = 128
 MAX_REASON_CHARS = 100

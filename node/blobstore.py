@@ -1,0 +1,177 @@
+"""Content-addressed blob store on disk: every blob is named by its SHA-256 and written atomically.
+
+Layout under `root`:
+
+    blobs/<sha256>      complete, verified blobs (read-only once written)
+    partial/<random>    blobs being received; removed on any failure (and by `clear_partials`)
+
+Invariant: a file in `blobs/` has exactly the SHA-256 of its name. A `BlobWriter` only renames
+its temp file into place after checking size and hash and fsyncing, so a crash or a lying peer
+leaves at most a stale file in `partial/`, never a wrong blob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+from protocol.errors import (
+    BlobHashMismatch,
+    BlobNotFound,
+    MalformedPayload,
+    SizeLimitExceeded,
+    TruncatedPayload,
+)
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def check_sha256(sha256: str) -> str:
+    """`sha256` if it is 64 lowercase hex characters (so it is also a safe file name)."""
+    if not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
+        raise MalformedPayload(f"not a SHA-256 hex digest: {sha256!r:.80}")
+    return sha256
+
+
+class BlobStore:
+    """Blobs on disk by SHA-256. Safe for concurrent writers (each has its own temp file)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._blobs = self.root / "blobs"
+        self._partial = self.root / "partial"
+        self._blobs.mkdir(parents=True, exist_ok=True)
+        self._partial.mkdir(parents=True, exist_ok=True)
+
+    def path(self, sha256: str) -> Path:
+        return self._blobs / check_sha256(sha256)
+
+    def has(self, sha256: str) -> bool:
+        return self.path(sha256).is_file()
+
+    def size(self, sha256: str) -> int:
+        try:
+            return self.path(sha256).stat().st_size
+        except FileNotFoundError as exc:
+            raise BlobNotFound(f"no blob {sha256[:12]}... in {self.root}") from exc
+
+    def open(self, sha256: str) -> BinaryIO:
+        try:
+            return self.path(sha256).open("rb")
+        except FileNotFoundError as exc:
+            raise BlobNotFound(f"no blob {sha256[:12]}... in {self.root}") from exc
+
+    def read(self, sha256: str) -> bytes:
+        with self.open(sha256) as f:
+            return f.read()
+
+    def put(self, data: bytes) -> str:
+        """Store `data` and return its SHA-256."""
+        sha256 = hashlib.sha256(data).hexdigest()
+        with self.writer(sha256, len(data)) as writer:
+            writer.write(data)
+            writer.commit()
+        return sha256
+
+    def writer(self, sha256: str, size: int) -> BlobWriter:
+        """A writer for a blob announced as (`sha256`, `size`); see `BlobWriter`."""
+        return BlobWriter(self, check_sha256(sha256), size)
+
+    def remove(self, sha256: str) -> None:
+        self.path(sha256).unlink(missing_ok=True)
+
+    def __iter__(self) -> Iterator[str]:
+        return (p.name for p in self._blobs.iterdir() if _SHA256_RE.fullmatch(p.name))
+
+    def partial_files(self) -> list[Path]:
+        """Temp files of receptions in progress (empty when nothing is being received)."""
+        return list(self._partial.iterdir())
+
+    def clear_partials(self) -> None:
+        """Remove temp files a crash left behind; call at start-up, when this process owns the store."""
+        for stale in self.partial_files():  # never trusted, never resumed
+            stale.unlink(missing_ok=True)
+
+    def _temp_file(self, sha256: str) -> tuple[int, Path]:
+        fd, name = tempfile.mkstemp(dir=self._partial, prefix=f"{sha256[:16]}.")
+        return fd, Path(name)
+
+
+class BlobWriter:
+    """Receives one blob into a temp file, hashing as it goes; `commit` checks, fsyncs and renames.
+
+    Never holds more than the announced size: a write past it raises `SizeLimitExceeded`. Use as
+    a context manager: leaving the block without `commit` (an error, a timeout, a cancel) removes
+    the temp file. `write` blocks on disk and hashing, so async callers run it in an executor.
+    """
+
+    def __init__(self, store: BlobStore, sha256: str, size: int) -> None:
+        if size < 0:
+            raise SizeLimitExceeded(f"negative blob size {size}")
+        self.sha256 = sha256
+        self.size = size
+        self.written = 0
+        self._store = store
+        self._hash = hashlib.sha256()
+        fd, self._tmp = store._temp_file(sha256)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=0)
+        self.committed = False
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        self.write_many((chunk,))
+
+    def write_many(self, chunks: Iterable[bytes | memoryview]) -> None:
+        assert self._file is not None, "writer is closed"
+        for chunk in chunks:
+            if self.written + len(chunk) > self.size:
+                name = self.sha256[:12]
+                raise SizeLimitExceeded(f"blob {name}... is longer than its announced {self.size} bytes")
+            self._hash.update(chunk)  # releases the GIL on large chunks
+            self._file.write(chunk)
+            self.written += len(chunk)
+
+    def commit(self) -> Path:
+        """Check size and hash, make the blob durable and visible under its name."""
+        assert self._file is not None, "writer is closed"
+        if self.written != self.size:
+            raise TruncatedPayload(f"blob {self.sha256[:12]}... has {self.written} of {self.size} bytes")
+        actual = self._hash.hexdigest()
+        if actual != self.sha256:
+            raise BlobHashMismatch(f"blob announced as {self.sha256[:12]}... hashes to {actual[:12]}...")
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        final = self._store.path(self.sha256)
+        os.replace(self._tmp, final)  # same content if it already existed: content-addressed
+        _fsync_dir(final.parent)
+        self.committed = True
+        return final
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if not self.committed:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> BlobWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.abort()
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

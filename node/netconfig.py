@@ -1,0 +1,117 @@
+"""Network start-up options a user sets (a config type, not a wire type) and their CLI flags.
+
+These become the keyword arguments of `hivemind.DHT`, which passes them on to its libp2p daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hivemind.utils.multiaddr import Multiaddr
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protocol.errors import ConfigError
+
+
+class NetConfig(BaseModel):
+    """How this node joins the swarm. Bad values fail at construction with the field named."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    initial_peers: tuple[str, ...] = ()
+    """Multiaddrs of peers to dial first, each ending in /p2p/<peer id> (from `pulse dht`)."""
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    """Where to listen; port 0 lets the OS pick one. A bootstrap peer wants a fixed port."""
+    announce_maddrs: tuple[str, ...] = ()
+    """Public addresses to tell others about (e.g. behind port forwarding); explicit ports only."""
+    use_relay: bool = True
+    """Allow libp2p circuit relays, so peers behind NAT can be reached through a public peer."""
+    use_auto_relay: bool = False
+    """Look for relays to become reachable when this node is itself behind NAT."""
+    client_mode: bool = False
+    """Do not serve DHT requests (for nodes that cannot accept connections); still reads and writes."""
+    identity_path: Path | None = None
+    """libp2p identity file, so the peer id survives restarts; created on first use if missing."""
+    startup_timeout: float = Field(default=30.0, gt=0, le=600)
+    """Seconds to wait for the libp2p daemon and the first DHT contact."""
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _peers_name_a_peer(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for addr in value:
+            if "p2p" not in _parse(addr):
+                raise ValueError(f"{addr!r} has no /p2p/<peer id> part; copy the full address `pulse dht` prints")
+        return value
+
+    @field_validator("host_maddrs")
+    @classmethod
+    def _hosts_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("at least one listen address is needed")
+        for addr in value:
+            _parse(addr)
+        return value
+
+    @field_validator("announce_maddrs")
+    @classmethod
+    def _announce_has_ports(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for addr in value:
+            parsed = _parse(addr)
+            if ("tcp" in parsed and parsed["tcp"] == "0") or ("udp" in parsed and parsed["udp"] == "0"):
+                raise ValueError(f"{addr!r}: announce an explicit port, not 0")
+        return value
+
+    def dht_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `hivemind.DHT(...)` (everything but the record validators)."""
+        kwargs: dict[str, Any] = {
+            "initial_peers": list(self.initial_peers),
+            "host_maddrs": list(self.host_maddrs),
+            "use_relay": self.use_relay,
+            "use_auto_relay": self.use_auto_relay,
+            "client_mode": self.client_mode,
+            "startup_timeout": self.startup_timeout,
+        }
+        if self.announce_maddrs:
+            kwargs["announce_maddrs"] = list(self.announce_maddrs)
+        if self.identity_path is not None:
+            kwargs["identity_path"] = str(self.identity_path)
+        return kwargs
+
+
+def _parse(addr: str) -> Multiaddr:
+    try:
+        return Multiaddr(addr)
+    except ValueError as exc:  # hivemind's multiaddr parse errors are ValueErrors
+        raise ValueError(f"{addr!r} is not a multiaddr: {exc}") from exc
+
+
+def add_net_arguments(parser: argparse.ArgumentParser) -> None:
+    """The network flags every long-running command shares."""
+    group = parser.add_argument_group("network")
+    group.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to dial first")
+    group.add_argument("--host", nargs="+", metavar="MADDR", help="listen multiaddrs (default /ip4/0.0.0.0/tcp/0)")
+    group.add_argument("--announce", nargs="*", default=[], metavar="MADDR", help="public multiaddrs to announce")
+    group.add_argument("--no-relay", action="store_true", help="disable libp2p circuit relays")
+    group.add_argument("--auto-relay", action="store_true", help="find a relay to be reachable behind NAT")
+    group.add_argument("--client-mode", action="store_true", help="do not serve DHT requests (behind NAT)")
+    group.add_argument("--p2p-identity", type=Path, help="libp2p identity file: keeps the peer id across restarts")
+
+
+def net_config_from_args(args: argparse.Namespace) -> NetConfig:
+    fields: dict[str, Any] = {
+        "initial_peers": tuple(args.initial_peers),
+        "announce_maddrs": tuple(args.announce),
+        "use_relay": not args.no_relay,
+        "use_auto_relay": args.auto_relay,
+        "client_mode": args.client_mode,
+        "identity_path": args.p2p_identity,
+    }
+    if args.host:
+        fields["host_maddrs"] = tuple(args.host)
+    try:
+        return NetConfig(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc

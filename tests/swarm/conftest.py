@@ -1,0 +1,25 @@
+"""Swarm tier: real libp2p daemons on 127.0.0.1 with OS-assigned ports, every process reaped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.swarm import procs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reap_processes() -> Iterator[None]:
+    """Set up before, torn down after, every other fixture of the module: nothing may outlive it.
+
+    A process started by the module and still alive after its fixtures shut down is killed (by
+    pid) and fails the module.
+    """
+    before = procs.descendants()
+    yield
+    started = {pid for pid in procs.descendants() - before if not procs.is_torch_shm_manager(pid)}
+    survivors = procs.wait_gone(started, timeout=10.0)
+    described = [procs.describe(pid) for pid in sorted(survivors)]
+    procs.kill(survivors)
+    assert not survivors, f"processes outlived their fixtures: {described}"
