@@ -186,7 +186,7 @@ def test_unknown_version_and_magic(pair_and_patch) -> None:
 
 
 def test_patch_for_another_state(pair_and_patch) -> None:
-    old, new, patch = pair_and_patch
+    old, _, patch = pair_and_patch
     other = {k: v.clone() for k, v in old.items()}
     other["ln"][0] = 2.0
     rejects(other, patch, StateHashMismatch)
@@ -224,7 +224,9 @@ def test_garbage_is_rejected(junk: bytes) -> None:
 # Hand-built patches: a lying header behind valid hashes, for each field a peer controls.
 
 
-def forge(old: dict, entry: bytes, stream: np.ndarray | None = None, models: bytes = b"\x00", tail: bytes = b"") -> bytes:
+def forge(
+    old: dict, entry: bytes, stream: np.ndarray | None = None, models: bytes = b"\x00", tail: bytes = b""
+) -> bytes:
     w = Writer()
     w.raw(pulsesync.MAGIC)
     w.u8(pulsesync.VERSION)
