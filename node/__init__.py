@@ -9,8 +9,11 @@
 - `dht.py`         signed records on hivemind's DHT and the record validator every peer runs
 - `dht_command.py` `pulse dht`: a bootstrap peer that prints its multiaddrs
 - `blobstore.py`   content-addressed blobs on disk (SHA-256 names, verified atomic writes)
+- `streams.py`     blob stream framing, limits and byte pumps (bounded reads, hashing off the loop)
+- `transfer.py`    `rpc_fetch`/`rpc_submit` handlers and `call_fetch`/`call_submit` clients over libp2p
 - `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints;
                    `sync.py` measures PULSESync against `plainpatch.py`, the plain sparse encoding)
+- `bench/transfer.py` blob fetch over libp2p versus a plain TCP copy
 
 `node` may import `protocol` and `validator`; neither imports `node`.
 """

@@ -16,6 +16,7 @@ from node.bench.report import BenchResult
 BENCHES = {
     "trace": "node.bench.trace",
     "sync": "node.bench.sync",
+    "transfer": "node.bench.transfer",
 }
 
 
