@@ -1,0 +1,233 @@
+"""trace: a real BF16 update trace of the embedded GPT and how sparse its per-step changes are.
+
+From the cached briefly pre-trained base (`node.basecache`), N AdamW steps at a constant LR on
+FP32 master weights; after each step the BF16 copy (what a node ships) is snapshotted. The trace
+for the requested LR is written as `DIR/step_0000.safetensors` (the starting state) ..
+`step_NNNN.safetensors` plus `DIR/trace.json`; the sweep over `SWEEP_LRS` runs in memory. The
+table is the fraction of BF16 weights whose bits are unchanged between step t and t+k, averaged
+over t: k = 1 is the synchronous case, larger k a peer that syncs k steps late.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save
+
+from node.atomicfile import write_atomic
+from node.basecache import DEFAULT_STEPS, CachedBase, default_cache_dir, load_or_train
+from node.bench.report import BenchResult, table
+from node.data import Corpus, stdlib_corpus
+from node.model import GPT
+from node.train import (
+    BatchFn,
+    InnerOptimConfig,
+    StepHook,
+    bf16_state,
+    corpus_batches,
+    derive_seed,
+    evaluate,
+    inner_train,
+)
+from protocol.statehash import state_hash
+
+SWEEP_LRS = (1e-6, 3e-6, 1e-5, 1e-4)
+DELAYS = (1, 8, 32)
+BATCH_SIZE = 8  # sequences of block_size bytes per step: modest, so the sweep fits 2 CPU cores
+MANIFEST = "trace.json"
+FORMAT = "pulse-trace/v1"
+EVAL_BATCHES = 8  # held-out batches for the loss column
+MASTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass
+class Trace:
+    lr: float
+    states: list[State]  # BF16, steps + 1 of them: before the first step, then after each
+    losses: list[float]  # training loss of each step
+    model: GPT  # the master weights after the last step
+
+
+def trace_states(model: GPT, lr: float, steps: int, batches: BatchFn) -> Trace:
+    """Train `model` in place for `steps` AdamW steps at a constant `lr`, snapshotting BF16 states.
+
+    The model's dtype is the master precision: FP32 accumulates sub-ulp updates until the BF16
+    copy flips; a BF16 model drops every update smaller than half a BF16 ulp.
+    """
+    states = [bf16_state(model)]
+    snapshot: StepHook = lambda _step, _loss: states.append(bf16_state(model))  # noqa: E731
+    losses = inner_train(model, InnerOptimConfig(lr=lr), batches, steps, on_step=snapshot)
+    return Trace(lr, states, losses, model)
+
+
+def unchanged_fraction(states: list[State], k: int) -> float | None:
+    """Mean over t of the fraction of weights with identical bits in states t and t+k (None if k too big)."""
+    if k >= len(states):
+        return None
+    total = sum(t.numel() for t in states[0].values())
+    fractions = [_same_bits(states[t], states[t + k]) / total for t in range(len(states) - k)]
+    return sum(fractions) / len(fractions)
+
+
+def _same_bits(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> int:
+    # compare bit patterns, not values: -0.0 == 0.0 would hide a change the patch must carry
+    return sum(int((a[n].view(torch.int16) == b[n].view(torch.int16)).sum()) for n in a)
+
+
+def write_trace(out_dir: Path, states: list[State], info: dict[str, Any]) -> None:
+    """Write `states` as step files and the manifest (last, so a present manifest means a whole trace)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    files = []
+    for i, state in enumerate(states):
+        digest = state_hash(state)
+        name = f"step_{i:04d}.safetensors"
+        write_atomic(out_dir / name, save(state, metadata={"step": str(i), "state_sha256": digest}))
+        files.append({"file": name, "sha256": digest})
+    keep = {f["file"] for f in files}
+    for stale in out_dir.glob("step_*.safetensors"):  # left by an earlier, longer trace
+        if stale.name not in keep:
+            stale.unlink()
+    manifest = {"format": FORMAT, **info, "files": files}
+    write_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+def read_manifest(trace_dir: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((trace_dir / MANIFEST).read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{trace_dir / MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def iter_trace(trace_dir: Path) -> Iterator[State]:
+    """The BF16 states of a written trace in step order, each checked against its manifest SHA-256."""
+    for entry in read_manifest(trace_dir)["files"]:
+        name = entry["file"]
+        if Path(name).name != name:
+            raise ValueError(f"trace file name {name!r} is not a plain file name")
+        state = load_file(trace_dir / name)
+        if state_hash(state) != entry["sha256"]:
+            raise ValueError(f"{trace_dir / name}: content does not match the manifest SHA-256")
+        yield state
+
+
+def load_trace(trace_dir: Path) -> list[State]:
+    """All states of a trace (steps + 1 of them, ~6.5 MB each for the default model)."""
+    return list(iter_trace(Path(trace_dir)))
+
+
+def run_lr(base: CachedBase, corpus: Corpus, lr: float, steps: int, *, seed: int = 0, master: str = "fp32") -> Trace:
+    """The trace at one LR from a copy of the base; every LR sees the same batches."""
+    model = copy.deepcopy(base.model).to(MASTER_DTYPES[master])
+    batches = corpus_batches(corpus, derive_seed("trace", seed), BATCH_SIZE, model.cfg.block_size)
+    return trace_states(model, lr, steps, batches)
+
+
+def make_trace(
+    out_dir: Path, base: CachedBase, corpus: Corpus, lr: float, steps: int, *, seed: int = 0, master: str = "fp32"
+) -> Trace:
+    """`run_lr`, then write the trace and its manifest to `out_dir`."""
+    trace = run_lr(base, corpus, lr, steps, seed=seed, master=master)
+    info = {
+        "lr": lr,
+        "steps": steps,
+        "seed": seed,
+        "master": master,
+        "batch_size": BATCH_SIZE,
+        "model": base.model.cfg.model_dump(),
+        "optim": InnerOptimConfig(lr=lr).model_dump(),
+        "base_cache_key": base.key,
+        "losses": trace.losses,
+    }
+    write_trace(out_dir, trace.states, info)
+    return trace
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None, help="trace folder (default: <cache dir>/trace)")
+    parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of the written trace")
+    parser.add_argument("--steps", type=int, default=40, help="AdamW steps per trace (>= 33 to measure k=32)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="base model cache ($PULSE_CACHE_DIR)")
+    parser.add_argument("--base-steps", type=int, default=DEFAULT_STEPS, help="pre-training steps of the base")
+    parser.add_argument(
+        "--master",
+        choices=sorted(MASTER_DTYPES),
+        default="fp32",
+        help="precision the optimizer updates: fp32 (a node's master weights) or bf16 (sub-ulp updates lost)",
+    )
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    if args.steps < 1 or args.lr <= 0:
+        raise SystemExit("--steps must be >= 1 and --lr > 0")
+    out_dir = args.out or (args.cache_dir or default_cache_dir()) / "trace"
+    corpus = stdlib_corpus()
+    base = load_or_train(None, args.base_steps, args.cache_dir, corpus=corpus)
+    seq = base.model.cfg.block_size
+    held = [corpus.batch(derive_seed("trace-eval", i), BATCH_SIZE, seq, "held_out") for i in range(EVAL_BATCHES)]
+    rows: dict[str, dict[str, Any]] = {}
+    for lr in sorted({*SWEEP_LRS, args.lr}):
+        start = time.perf_counter()
+        if lr == args.lr:
+            trace = make_trace(out_dir, base, corpus, lr, args.steps, master=args.master)
+        else:
+            trace = run_lr(base, corpus, lr, args.steps, master=args.master)
+        rows[f"{lr:g}"] = {
+            "unchanged": {str(k): unchanged_fraction(trace.states, k) for k in DELAYS},
+            "held_out_loss": evaluate(trace.model, held),
+            "seconds": time.perf_counter() - start,
+        }
+        del trace  # ~6.5 MB per state for the default model
+    return _result(args, out_dir, base, evaluate(base.model, held), rows)
+
+
+def _result(
+    args: argparse.Namespace, out_dir: Path, base: CachedBase, base_loss: float, rows: dict[str, dict[str, Any]]
+) -> BenchResult:
+    summary = {
+        "unchanged": {lr: row["unchanged"] for lr, row in rows.items()},
+        "held_out_loss": {"base": base_loss, **{lr: row["held_out_loss"] for lr, row in rows.items()}},
+        "seconds": {lr: row["seconds"] for lr, row in rows.items()},
+        "trace_dir": str(out_dir),
+        "lr": args.lr,
+        "steps": args.steps,
+        "master": args.master,
+        "batch_size": BATCH_SIZE,
+        "base": {
+            "cache_key": base.key,
+            "steps": args.base_steps,
+            "loss_before": base.loss_before,
+            "loss_after": base.loss_after,
+            "train_seconds": base.train_seconds,
+            "from_cache": base.from_cache,
+        },
+    }
+    base_table = table(
+        "base model (held-out loss, nats/byte)",
+        ["cache key", "steps", "at init", "trained", "train s", "from cache"],
+        [[base.key[:16], args.base_steps, base.loss_before, base.loss_after, base.train_seconds, base.from_cache]],
+    )
+    title = (
+        f"BF16 weights unchanged from step t to t+k ({args.master} master, {args.steps} steps, "
+        f"held-out loss {base_loss:.3f} at start; lr {args.lr:g} written to {out_dir})"
+    )
+    columns = ["lr", *(f"k={k}" for k in DELAYS), "held-out loss", "s"]
+    body = [
+        [lr, *(_pct(row["unchanged"][str(k)]) for k in DELAYS), row["held_out_loss"], row["seconds"]]
+        for lr, row in rows.items()
+    ]
+    return BenchResult(summary=summary, tables=[base_table, table(title, columns, body)])
+
+
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.2f}%"
