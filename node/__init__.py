@@ -3,6 +3,9 @@
 - `cli.py`         `pulse` entry point; parses flags and calls library functions
 - `model.py`       the embedded byte-level GPT and its config
 - `data.py`        the embedded corpus (the standard library's `.py` sources) and seeded batches
+- `train.py`       training primitives: BF16 state copy/load, H AdamW inner steps, evaluation
+- `basecache.py`   the briefly pre-trained base model, cached as safetensors keyed by its recipe
+- `atomicfile.py`  atomic whole-file writes (temp file, fsync, rename, fsync folder)
 - `keyfile.py`     identity key files on disk: atomic, mode 0600, never overwritten, checked on load
 - `keygen_command.py` `pulse keygen`
 - `netconfig.py`   network start-up options (initial peers, listen/announce addrs, relays, identity)
@@ -14,6 +17,7 @@
 - `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints;
                    `sync.py` measures PULSESync against `plainpatch.py`, the plain sparse encoding)
 - `bench/transfer.py` blob fetch over libp2p versus a plain TCP copy
+- `bench/trace.py` real BF16 update traces from the base model (`load_trace`) and their sparsity
 
 `node` may import `protocol` and `validator`; neither imports `node`.
 """
