@@ -17,9 +17,10 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from protocol.errors import (
     BlobHashMismatch,
@@ -30,6 +31,8 @@ from protocol.errors import (
 )
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_PARALLEL_BYTES = 1 << 20  # below this, hashing inline is cheaper than a thread hand-off
+_HASHER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="blob-sha256")
 
 
 def check_sha256(sha256: str) -> str:
@@ -127,14 +130,21 @@ class BlobWriter:
         self.write_many((chunk,))
 
     def write_many(self, chunks: Iterable[bytes | memoryview]) -> None:
+        """Append `chunks`; a batch that would run past the announced size is refused whole."""
         assert self._file is not None, "writer is closed"
+        chunks = list(chunks)
+        total = sum(len(chunk) for chunk in chunks)
+        if self.written + total > self.size:
+            raise SizeLimitExceeded(f"blob {self.sha256[:12]}... is longer than its announced {self.size} bytes")
+        # Hash on another thread while this one writes: both release the GIL on large buffers.
+        hashed = _HASHER.submit(_update, self._hash, chunks) if total >= _PARALLEL_BYTES else None
         for chunk in chunks:
-            if self.written + len(chunk) > self.size:
-                name = self.sha256[:12]
-                raise SizeLimitExceeded(f"blob {name}... is longer than its announced {self.size} bytes")
-            self._hash.update(chunk)  # releases the GIL on large chunks
+            if hashed is None:
+                self._hash.update(chunk)
             self._file.write(chunk)
-            self.written += len(chunk)
+        if hashed is not None:
+            hashed.result()
+        self.written += total
 
     def commit(self) -> Path:
         """Check size and hash, make the blob durable and visible under its name."""
@@ -167,6 +177,11 @@ class BlobWriter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.abort()
+
+
+def _update(hasher: Any, chunks: list[bytes | memoryview]) -> None:
+    for chunk in chunks:
+        hasher.update(chunk)
 
 
 def _fsync_dir(folder: Path) -> None:
