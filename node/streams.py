@@ -120,20 +120,27 @@ async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: T
 
 async def send_file(writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits) -> None:
     """Stream `size` bytes of `path`, reading the next chunk from disk while the last one drains."""
+    if size == 0:
+        return
     loop = asyncio.get_running_loop()
     with path.open("rb", buffering=0) as f:
         sent = 0
-        next_chunk = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size))
-        while sent < size:
-            chunk = await next_chunk
-            if not chunk:
-                raise BlobNotFound(f"{path} ended after {sent} of {size} bytes")
-            sent += len(chunk)
-            if sent < size:
-                next_chunk = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size - sent))
-            writer.write(chunk)
-            async with asyncio.timeout(limits.chunk_timeout):
-                await writer.drain()
+        next_chunk: asyncio.Future[bytes] | None = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size))
+        try:
+            while next_chunk is not None:
+                chunk = await next_chunk
+                next_chunk = None
+                if not chunk:
+                    raise BlobNotFound(f"{path} ended after {sent} of {size} bytes")
+                sent += len(chunk)
+                if sent < size:
+                    next_chunk = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size - sent))
+                writer.write(chunk)
+                async with asyncio.timeout(limits.chunk_timeout):
+                    await writer.drain()
+        finally:
+            if next_chunk is not None:
+                await asyncio.wait([next_chunk])  # a read in flight must finish before the file closes
 
 
 async def send_request(writer: asyncio.StreamWriter, request: bytes, limits: TransferLimits) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from node.blobstore import BlobStore, check_sha256
 from node.streams import (
@@ -147,10 +148,11 @@ class TransferService:
         limits: TransferLimits = DEFAULT_LIMITS,
         accept: Accept | None = None,
         on_submission: OnSubmission | None = None,
+        seen: SeenCache | None = None,
     ) -> None:
         self.p2p, self.store, self.run_id, self.limits = p2p, store, run_id, limits
         self.accept, self.on_submission = accept, on_submission
-        self.seen = SeenCache()
+        self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
         self.active = 0
         self._receiving: set[str] = set()
 
@@ -164,9 +166,10 @@ class TransferService:
         limits: TransferLimits = DEFAULT_LIMITS,
         accept: Accept | None = None,
         on_submission: OnSubmission | None = None,
+        seen: SeenCache | None = None,
     ) -> TransferService:
         """Register the handlers on `p2p` (for a DHT node: `await pulse_dht.replicate_p2p()`)."""
-        service = cls(p2p, store, run_id=run_id, limits=limits, accept=accept, on_submission=on_submission)
+        service = cls(p2p, store, run_id=run_id, limits=limits, accept=accept, on_submission=on_submission, seen=seen)
         await p2p.add_binary_stream_handler(FETCH, service.rpc_fetch)
         await p2p.add_binary_stream_handler(SUBMIT, service.rpc_submit)
         return service
@@ -175,21 +178,21 @@ class TransferService:
         for name in (FETCH, SUBMIT):
             await asyncio.wait_for(self.p2p.remove_binary_stream_handler(name), self.limits.open_timeout)
 
-    async def rpc_fetch(self, info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def rpc_fetch(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._serve("fetch", self._fetch, info, reader, writer)
 
-    async def rpc_submit(self, info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def rpc_submit(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._serve("submit", self._submit, info, reader, writer)
 
     async def _serve(
         self,
         name: str,
         handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-        info: object,
+        info: StreamInfo,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        peer = getattr(info, "peer_id", "?")
+        peer = info.peer_id
         try:
             if self.active >= self.limits.max_streams:
                 await reply(writer, Status.BUSY, reason=f"serving {self.active} streams", limits=self.limits)
@@ -248,9 +251,9 @@ class TransferService:
         finally:
             self._receiving.discard(verified.message_id)
         self.seen.add(verified.message_id)
-        await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
         if self.on_submission is not None:
             self.on_submission(verified)
+        await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
 
     def _admit(self, verified: Verified[SubmissionHeader]) -> tuple[Status, str]:
         """Decide on a verified header before reading its body."""

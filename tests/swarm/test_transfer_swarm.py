@@ -133,6 +133,7 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 def test_fetch_64_mib_verified(tmp_path: Path) -> None:
     server_store, client_store = BlobStore(tmp_path / "server"), BlobStore(tmp_path / "client")
     sha256, data = blob(server_store, 64 << 20)
+    empty = server_store.put(b"")
 
     async def scenario() -> None:
         server = await p2p_pair()
@@ -142,6 +143,7 @@ def test_fetch_64_mib_verified(tmp_path: Path) -> None:
             path = await call_fetch(client, server.peer_id, sha256, client_store, max_size=64 << 20)
             assert path == client_store.path(sha256)
             assert hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+            assert (await call_fetch(client, server.peer_id, empty, client_store, max_size=0)).read_bytes() == b""
             with pytest.raises(BlobNotFound):
                 await call_fetch(client, server.peer_id, "0" * 64, client_store, max_size=1 << 20)
         finally:
