@@ -63,8 +63,8 @@ def _check_permissions(path: Path, info: os.stat_result) -> None:
         raise KeyFileError(f"{path}: owned by uid {info.st_uid}, not by this user")
     loose = stat.S_IMODE(info.st_mode) & 0o077
     if loose:
-        mode = oct(stat.S_IMODE(info.st_mode))
-        raise KeyFileError(f"{path}: permissions {mode} let others read the key; run `chmod 600 {path}`")
+        mode = stat.S_IMODE(info.st_mode)
+        raise KeyFileError(f"{path}: permissions {mode:04o} let others read the key; run `chmod 600 {path}`")
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -141,7 +141,7 @@ def _report(size: int, repeats: int, speeds: dict[str, list[float]]) -> BenchRes
         ["bare libp2p stream (read into nothing)", median["stream"], median["stream"] / median["raw"]],
         ["plain TCP socket copy (sendfile -> file)", median["raw"], 1.0],
     ]
-    title = f"transfer: one {size >> 20} MiB blob on loopback, median of {repeats} (target: pulse >= 0.5 x raw)"
+    title = f"transfer: {size >> 20} MiB blob, loopback, median of {repeats}; target pulse >= 0.5x raw"
     return BenchResult(summary=summary, tables=[table(title, ["path", "MiB/s", "x raw"], rows)])
 
 
