@@ -124,12 +124,20 @@ class PulseDHT:
     every one is bounded by `timeout`. Start one with `PulseDHT.start(...)`; always `shutdown()`.
     """
 
-    def __init__(self, dht: hivemind.DHT, run_id: str, identity: Identity, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        dht: hivemind.DHT,
+        run_id: str,
+        identity: Identity,
+        *,
+        max_ttl: float = DEFAULT_MAX_TTL,
+        timeout: float = 30.0,
+    ) -> None:
         self.dht = dht
         self.run_id = run_id
         self.identity = identity
         self.timeout = timeout
-        self._validator = PulseRecordValidator(run_id)
+        self._validator = PulseRecordValidator(run_id, max_ttl)  # the same checks as the DHT process runs
 
     @classmethod
     def start(cls, config: NetConfig, *, run_id: str, identity: Identity, max_ttl: float = DEFAULT_MAX_TTL) -> PulseDHT:
@@ -142,7 +150,7 @@ class PulseDHT:
             dht.shutdown()
             hint = " (are the initial peers running and reachable?)" if config.initial_peers else ""
             raise NetworkError(f"could not start the DHT: {exc}{hint}") from exc
-        return cls(dht, run_id, identity)
+        return cls(dht, run_id, identity, max_ttl=max_ttl)
 
     @property
     def peer_id(self) -> PeerID:

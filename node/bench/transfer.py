@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import multiprocessing as mp
 import os
 import socket
@@ -149,6 +150,8 @@ def _report(size: int, repeats: int, speeds: dict[str, list[float]]) -> BenchRes
 
 
 def _serve(root: Path, conn: Connection) -> None:
+    logging.basicConfig(level=logging.WARNING, format="transfer bench server: %(name)s: %(message)s")
+    logging.getLogger("node").setLevel(logging.INFO)  # a failed stream is logged at INFO: show why
     uvloop.run(_serve_async(BlobStore(root), conn))
 
 
