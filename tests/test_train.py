@@ -299,3 +299,15 @@ def test_bench_sweep_reports_every_lr_and_delay(
     assert summary["unchanged"]["1e-06"]["1"] >= summary["unchanged"]["1e-06"]["32"]
     assert len(trace.load_trace(tmp_path / "t")) == 34
     assert json.loads((tmp_path / "t" / "trace.json").read_text())["lr"] == 2e-6
+
+
+def test_bf16_master_drops_sub_ulp_updates(corpus: Corpus, tiny_base: basecache.CachedBase) -> None:
+    """A BF16 master loses updates below half an ulp; an FP32 master accumulates them until a BF16 flip."""
+    bf16 = trace.run_lr(tiny_base, corpus, 1e-6, 8, master="bf16")
+    fp32 = trace.run_lr(tiny_base, corpus, 1e-6, 8, master="fp32")
+    assert bf16.model.wte.weight.dtype == torch.bfloat16
+    bf16_k1, bf16_k8 = trace.unchanged_fraction(bf16.states, 1), trace.unchanged_fraction(bf16.states, 8)
+    fp32_k1, fp32_k8 = trace.unchanged_fraction(fp32.states, 1), trace.unchanged_fraction(fp32.states, 8)
+    assert bf16_k1 is not None and bf16_k8 is not None and fp32_k1 is not None and fp32_k8 is not None
+    assert bf16_k8 > fp32_k8
+    assert bf16_k1 - bf16_k8 < fp32_k1 - fp32_k8  # the delay costs an FP32 master more sparsity
