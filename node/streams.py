@@ -31,6 +31,7 @@ from protocol.errors import BlobNotFound, MalformedPayload, SizeLimitExceeded, T
 logger = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024
+_LINGER_BYTES = 1 << 20
 _REPLY = struct.Struct(">BQH")
 # What a failed peer does to a stream: close it, reset it, or break the daemon connection.
 STREAM_ERRORS = (ConnectionError, OSError, asyncio.IncompleteReadError, P2PDaemonError, P2PHandlerError)
@@ -89,8 +90,28 @@ async def open_stream(
         writer.close()
 
 
+async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float) -> None:
+    """Close a served stream only once the peer has hung up (or `timeout` passed).
+
+    The libp2p daemon resets a stream whose local end closes while the other direction is still
+    open, and a reset can drop bytes it has not flushed yet: the tail of a body, or a final
+    reply. So the side that writes last waits for the peer's EOF first. Anything the peer still
+    sends is read into nothing (at most `_LINGER_BYTES`), never stored.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            await writer.drain()
+            discarded = 0
+            while discarded <= _LINGER_BYTES and (chunk := await reader.read(1 << 16)):
+                discarded += len(chunk)
+    except (TimeoutError, *STREAM_ERRORS) as exc:
+        logger.debug("peer did not hang up cleanly: %s", exc or type(exc).__name__)
+    finally:
+        writer.close()
+
+
 async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: TransferLimits) -> None:
-    """Read exactly `blob.size` bytes into `blob`; a read that waits past `chunk_timeout` raises TimeoutError."""
+    """Read exactly `blob.size` bytes into `blob`; a read waiting past `chunk_timeout` is a `TransferTimeout`."""
     loop = asyncio.get_running_loop()
     remaining = blob.size
     batch: list[bytes] = []
@@ -113,6 +134,11 @@ async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: T
                     batch, batched = [], 0
         if pending is not None:
             await pending
+    except TimeoutError as exc:
+        done = blob.size - remaining
+        raise TransferTimeout(
+            f"peer stalled: no data for {limits.chunk_timeout:g}s after {done} of {blob.size} bytes"
+        ) from exc
     finally:
         if pending is not None and not pending.done():
             await asyncio.wait([pending])  # the thread still writes into the temp file: let it finish first

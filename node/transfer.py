@@ -33,6 +33,7 @@ from node.streams import (
     STREAM_ERRORS,
     Status,
     TransferLimits,
+    hang_up,
     open_stream,
     read_reply,
     read_request,
@@ -192,22 +193,20 @@ class TransferService:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        peer = info.peer_id
+        if self.active >= self.limits.max_streams:
+            await try_reply(writer, Status.BUSY, f"serving {self.active} streams", self.limits)
+            await hang_up(reader, writer, timeout=1.0)
+            return
+        self.active += 1  # counts a stream until it is closed, lingering included
         try:
-            if self.active >= self.limits.max_streams:
-                await reply(writer, Status.BUSY, reason=f"serving {self.active} streams", limits=self.limits)
-                return
-            self.active += 1
-            try:
-                await handler(reader, writer)
-            finally:
-                self.active -= 1
+            await handler(reader, writer)
         except (ProtocolError, TransferError, TimeoutError, *STREAM_ERRORS) as exc:
-            logger.info("%s from %s failed: %s", name, peer, exc or type(exc).__name__)
+            logger.info("%s from %s failed: %s", name, info.peer_id, exc or type(exc).__name__)
         except Exception:  # a bug in this node: log it loudly, but one stream must not take the node down
-            logger.exception("%s handler crashed on a stream from %s", name, peer)
+            logger.exception("%s handler crashed on a stream from %s", name, info.peer_id)
         finally:
-            writer.close()
+            await hang_up(reader, writer, self.limits.open_timeout)
+            self.active -= 1
 
     async def _fetch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request = await read_request(reader, self.limits)

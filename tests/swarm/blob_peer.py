@@ -1,9 +1,12 @@
-"""A blob-serving peer in its own process, honest or faulty, for the transfer swarm tests.
+"""Blob-serving peers in their own process, honest or faulty, for the transfer swarm tests.
 
-    python -m tests.swarm.blob_peer STORE_DIR FAULT
+    python -m tests.swarm.blob_peer STORE_DIR FAULT [FAULT ...]
 
-Prints one JSON line (multiaddrs, its pid and its libp2p daemon's pid), then serves until its
-stdin closes (or it is killed: that is the point of running it in a separate process).
+Starts one libp2p peer per FAULT, all serving the one blob in STORE_DIR. Prints one JSON line
+(this process's pid; per peer its fault, multiaddrs and libp2p daemon pid), then serves until
+stdin closes, or until it is killed: that is the point of running it in a separate process.
+One process hosts several peers because starting Python with hivemind (and torch) is the
+slowest part of these tests.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import uvloop
 from hivemind.p2p import P2P
 
 from node.blobstore import BlobStore
-from node.streams import DEFAULT_LIMITS, Status, read_request, reply
+from node.streams import DEFAULT_LIMITS, Status, hang_up, read_request, reply
 from node.transfer import FETCH, TransferService
 
 CHUNK = 1 << 20
@@ -33,21 +36,33 @@ class Fault(enum.Enum):
     EXTRA_BYTES = "sends the blob, then more bytes than announced"
 
 
-async def main(root: Path, fault: Fault) -> None:
+async def main(root: Path, faults: list[Fault]) -> None:
     store = BlobStore(root)
+    peers = [await _peer(store, fault) for fault in faults]
+    info = {
+        "pid": os.getpid(),
+        "peers": [
+            {
+                "fault": fault.name,
+                "maddrs": [str(a) for a in await p2p.get_visible_maddrs()],
+                "p2pd_pid": p2p._child.pid,  # a test kills it too, to simulate a machine dying
+            }
+            for fault, p2p in zip(faults, peers, strict=True)
+        ],
+    }
+    print(json.dumps(info), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test closes stdin
+    for p2p in peers:
+        await p2p.shutdown()
+
+
+async def _peer(store: BlobStore, fault: Fault) -> P2P:
     p2p = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     if fault is Fault.NONE:
         await TransferService.create(p2p, store, run_id="0" * 64)
     else:
         await p2p.add_binary_stream_handler(FETCH, lambda _info, r, w: _faulty_fetch(store, fault, r, w))
-    info = {
-        "maddrs": [str(a) for a in await p2p.get_visible_maddrs()],
-        "pid": os.getpid(),
-        "p2pd_pid": p2p._child.pid,  # the test kills it too, to simulate a machine dying
-    }
-    print(json.dumps(info), flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test closes stdin
-    await p2p.shutdown()
+    return p2p
 
 
 async def _faulty_fetch(
@@ -79,8 +94,8 @@ async def _faulty_fetch(
     except ConnectionError:
         pass  # the reader hung up, as it should
     finally:
-        writer.close()
+        await hang_up(reader, writer, timeout=10)
 
 
 if __name__ == "__main__":
-    uvloop.run(main(Path(sys.argv[1]), Fault[sys.argv[2]]))
+    uvloop.run(main(Path(sys.argv[1]), [Fault[name] for name in sys.argv[2:]]))

@@ -70,51 +70,78 @@ def blob(store: BlobStore, size: int) -> tuple[str, bytes]:
     return store.put(data), data
 
 
-# -- a peer in another process -------------------------------------------------------------------
+# -- peers in another process -------------------------------------------------------------------
 
 
 @dataclass
 class RemotePeer:
     proc: subprocess.Popen[str]
+    pid: int  # the process that hosts the peer
     maddrs: list[str]
-    pid: int
     p2pd_pid: int
+    data: bytes
 
     @property
     def peer_id(self) -> PeerID:
         return PeerID.from_base58(self.maddrs[0].rsplit("/p2p/", 1)[1])
 
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
     def kill(self) -> None:
-        """SIGKILL the peer and its libp2p daemon: a machine that dies mid-transfer."""
+        """SIGKILL the hosting process and the peer's libp2p daemon: a machine that dies mid-transfer."""
         for pid in (self.pid, self.p2pd_pid):
             if procs.alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def remote_peer(tmp_path: Path) -> Iterator[Callable[[Fault, bytes], RemotePeer]]:
-    started: list[RemotePeer] = []
+def start_peers(root: Path, faults: list[Fault], data: bytes) -> dict[Fault, RemotePeer]:
+    """One process hosting one peer per fault, all serving `data`; stop it with `stop_peers`."""
+    BlobStore(root).put(data)
+    cmd = [sys.executable, "-m", "tests.swarm.blob_peer", str(root), *(f.name for f in faults)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(_read_line(proc, timeout=60))
+    except BaseException:
+        stop_peers([proc])
+        raise
+    return {Fault[p["fault"]]: RemotePeer(proc, info["pid"], p["maddrs"], p["p2pd_pid"], data) for p in info["peers"]}
 
-    def start(fault: Fault, data: bytes) -> RemotePeer:
-        root = tmp_path / f"peer-{len(started)}"
-        BlobStore(root).put(data)
-        cmd = [sys.executable, "-m", "tests.swarm.blob_peer", str(root), fault.name]
-        proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        info = json.loads(_read_line(proc, timeout=30))
-        peer = RemotePeer(proc, info["maddrs"], info["pid"], info["p2pd_pid"])
-        started.append(peer)
-        return peer
 
-    yield start
-    for peer in started:
-        if peer.proc.stdin is not None:
-            peer.proc.stdin.close()  # the polite stop
+def stop_peers(processes: list[subprocess.Popen[str]]) -> None:
+    for proc in processes:
+        if proc.stdin is not None:
+            proc.stdin.close()  # the polite stop
         try:
-            peer.proc.wait(timeout=10)
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            peer.proc.kill()
-            peer.proc.wait()
-        procs.kill(procs.wait_gone({peer.p2pd_pid}, timeout=10))  # an orphaned daemon of a killed peer
+            proc.kill()
+            proc.wait()
+    # A killed host leaves its daemons orphaned: the module's reaper checks that none survive.
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Fault, RemotePeer]]:
+    """Every kind of peer, in one separate process, each serving the same 4 MiB blob."""
+    peers = start_peers(tmp_path_factory.mktemp("faulty"), list(Fault), os.urandom(4 << 20))
+    try:
+        yield peers
+    finally:
+        stop_peers([next(iter(peers.values())).proc])
+        for peer in peers.values():
+            procs.kill(procs.wait_gone({peer.p2pd_pid}, timeout=10))
+
+
+@pytest.fixture
+def doomed(tmp_path: Path) -> Iterator[RemotePeer]:
+    """A stalling peer in a process of its own, for a test to SIGKILL."""
+    peer = start_peers(tmp_path / "doomed", [Fault.STALL_HALF], os.urandom(16 << 20))[Fault.STALL_HALF]
+    try:
+        yield peer
+    finally:
+        stop_peers([peer.proc])
+        procs.kill(procs.wait_gone({peer.p2pd_pid}, timeout=10))
 
 
 def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
@@ -154,21 +181,19 @@ def test_fetch_64_mib_verified(tmp_path: Path) -> None:
     assert client_store.read(sha256) == data and client_store.partial_files() == []
 
 
-def test_peer_killed_mid_transfer_is_a_clean_error(tmp_path: Path, remote_peer: Any) -> None:
-    data = os.urandom(16 << 20)
-    peer: RemotePeer = remote_peer(Fault.STALL_HALF, data)
+def test_peer_killed_mid_transfer_is_a_clean_error(tmp_path: Path, doomed: RemotePeer) -> None:
     store = BlobStore(tmp_path / "client")
-    sha256 = hashlib.sha256(data).hexdigest()
     limits = TransferLimits(batch_bytes=1 << 20, chunk_timeout=60)  # the kill, not a timeout, must end it
 
     async def scenario() -> None:
-        client = await p2p_pair(peer.maddrs)
+        client = await p2p_pair(doomed.maddrs)
         try:
+            size = len(doomed.data)
             fetch = asyncio.create_task(
-                call_fetch(client, peer.peer_id, sha256, store, max_size=len(data), limits=limits)
+                call_fetch(client, doomed.peer_id, doomed.sha256, store, max_size=size, limits=limits)
             )
             assert await poll(lambda: any(p.stat().st_size > 0 for p in store.partial_files()))  # bytes are flowing
-            peer.kill()
+            doomed.kill()
             started = time.monotonic()
             with pytest.raises(TransferError) as info:
                 await fetch
@@ -177,100 +202,64 @@ def test_peer_killed_mid_transfer_is_a_clean_error(tmp_path: Path, remote_peer: 
             await client.shutdown()
 
     run(scenario())
-    assert not store.has(sha256) and store.partial_files() == []
+    assert not store.has(doomed.sha256) and store.partial_files() == []
 
 
-def test_stalled_peer_times_out(tmp_path: Path, remote_peer: Any) -> None:
-    data = os.urandom(4 << 20)
-    peer: RemotePeer = remote_peer(Fault.STALL_HALF, data)
-    store = BlobStore(tmp_path / "client")
-    sha256 = hashlib.sha256(data).hexdigest()
-
-    async def scenario() -> None:
-        client = await p2p_pair(peer.maddrs)
-        try:
-            with pytest.raises(TransferTimeout):
-                limits = TransferLimits(chunk_timeout=1.0)
-                await call_fetch(client, peer.peer_id, sha256, store, max_size=len(data), limits=limits)
-        finally:
-            await client.shutdown()
-
-    run(scenario())
-    assert not store.has(sha256) and store.partial_files() == []
-
-
-def test_wrong_hash_is_discarded(tmp_path: Path, remote_peer: Any) -> None:
-    data = os.urandom(4 << 20)
-    peer: RemotePeer = remote_peer(Fault.WRONG_BYTES, data)
-    store = BlobStore(tmp_path / "client")
-    sha256 = hashlib.sha256(data).hexdigest()
-
-    async def scenario() -> None:
-        client = await p2p_pair(peer.maddrs)
-        try:
-            with pytest.raises(BlobHashMismatch):
-                await call_fetch(client, peer.peer_id, sha256, store, max_size=len(data))
-        finally:
-            await client.shutdown()
-
-    run(scenario())
-    assert not store.has(sha256) and store.partial_files() == [] and list(store) == []
-
-
-def test_oversized_stream_is_refused_before_reading(tmp_path: Path, remote_peer: Any) -> None:
-    data = os.urandom(1 << 20)
-    peer: RemotePeer = remote_peer(Fault.HUGE_SIZE, data)
-    store = BlobStore(tmp_path / "client")
-    sha256 = hashlib.sha256(data).hexdigest()
+def _fetch_from(
+    peer: RemotePeer, store: BlobStore, *, max_size: int | None = None, limits: TransferLimits = DEFAULT_LIMITS
+) -> float:
+    """Fetch `peer`'s blob into `store` from a fresh client; returns the seconds it took."""
 
     async def scenario() -> float:
         client = await p2p_pair(peer.maddrs)
+        started = time.monotonic()
         try:
-            started = time.monotonic()
-            with pytest.raises(SizeLimitExceeded, match="announced"):
-                await call_fetch(client, peer.peer_id, sha256, store, max_size=64 << 20)
+            cap = len(peer.data) if max_size is None else max_size
+            await call_fetch(client, peer.peer_id, peer.sha256, store, max_size=cap, limits=limits)
             return time.monotonic() - started
         finally:
             await client.shutdown()
 
-    assert run(scenario()) < 5  # it did not try to read a TiB
-    assert store.partial_files() == [] and list(store) == []
+    return run(scenario())
 
 
-def test_reader_stops_at_the_announced_size(tmp_path: Path, remote_peer: Any) -> None:
-    data = os.urandom(2 << 20)
-    peer: RemotePeer = remote_peer(Fault.EXTRA_BYTES, data)
+def test_stalled_peer_times_out(tmp_path: Path, faulty: dict[Fault, RemotePeer]) -> None:
     store = BlobStore(tmp_path / "client")
-    sha256 = hashlib.sha256(data).hexdigest()
-
-    async def scenario() -> None:
-        client = await p2p_pair(peer.maddrs)
-        try:
-            await call_fetch(client, peer.peer_id, sha256, store, max_size=len(data))
-        finally:
-            await client.shutdown()
-
-    run(scenario())
-    assert store.read(sha256) == data
+    with pytest.raises(TransferTimeout, match="stalled"):
+        _fetch_from(faulty[Fault.STALL_HALF], store, limits=TransferLimits(chunk_timeout=1.0))
+    assert list(store) == [] and store.partial_files() == []
 
 
-def test_fetch_from_a_separate_honest_process(tmp_path: Path, remote_peer: Any) -> None:
-    data = os.urandom(8 << 20)
-    peer: RemotePeer = remote_peer(Fault.NONE, data)
+def test_wrong_hash_is_discarded(tmp_path: Path, faulty: dict[Fault, RemotePeer]) -> None:
     store = BlobStore(tmp_path / "client")
-    sha256 = hashlib.sha256(data).hexdigest()
+    with pytest.raises(BlobHashMismatch):
+        _fetch_from(faulty[Fault.WRONG_BYTES], store)
+    assert list(store) == [] and store.partial_files() == []
 
-    async def scenario() -> None:
-        client = await p2p_pair(peer.maddrs)
-        try:
-            await call_fetch(client, peer.peer_id, sha256, store, max_size=len(data))
-            with pytest.raises(TransferError, match="TOO_LARGE"):  # the server enforces the client's cap too
-                await call_fetch(client, peer.peer_id, sha256, BlobStore(tmp_path / "other"), max_size=1000)
-        finally:
-            await client.shutdown()
 
-    run(scenario())
-    assert store.read(sha256) == data
+def test_oversized_stream_is_refused_before_reading(tmp_path: Path, faulty: dict[Fault, RemotePeer]) -> None:
+    store = BlobStore(tmp_path / "client")
+    started = time.monotonic()
+    with pytest.raises(SizeLimitExceeded, match="announced"):
+        _fetch_from(faulty[Fault.HUGE_SIZE], store, max_size=64 << 20)
+    assert time.monotonic() - started < 10  # it did not try to read a TiB
+    assert list(store) == [] and store.partial_files() == []
+
+
+def test_reader_stops_at_the_announced_size(tmp_path: Path, faulty: dict[Fault, RemotePeer]) -> None:
+    peer = faulty[Fault.EXTRA_BYTES]
+    store = BlobStore(tmp_path / "client")
+    _fetch_from(peer, store)
+    assert store.read(peer.sha256) == peer.data
+
+
+def test_fetch_from_a_separate_honest_process(tmp_path: Path, faulty: dict[Fault, RemotePeer]) -> None:
+    peer = faulty[Fault.NONE]
+    store = BlobStore(tmp_path / "client")
+    _fetch_from(peer, store)
+    assert store.read(peer.sha256) == peer.data
+    with pytest.raises(TransferError, match="TOO_LARGE"):  # the server enforces the client's cap too
+        _fetch_from(peer, BlobStore(tmp_path / "other"), max_size=1000)
 
 
 # -- submit --------------------------------------------------------------------------------------
@@ -376,8 +365,10 @@ def test_concurrent_stream_cap_and_recovery(tmp_path: Path) -> None:
                 assert (await read_reply(reader, 10))[0] is Status.OK
                 with pytest.raises(TransferError, match="BUSY"):
                     await call_fetch(client, server.peer_id, sha256, BlobStore(tmp_path / "c1"), max_size=1 << 20)
-                # ...until the server's per-chunk timeout frees it.
-                assert await poll(lambda: service.active == 0, timeout=10)
+                # ...until the server's per-chunk timeout ends it, with a reason.
+                status, _, reason = await read_reply(reader, 10)
+                assert status is Status.FAILED and "stalled" in reason
+            assert await poll(lambda: service.active == 0, timeout=10)
             await call_fetch(client, server.peer_id, sha256, BlobStore(tmp_path / "c2"), max_size=1 << 20)
         finally:
             await client.shutdown()
@@ -397,7 +388,7 @@ def test_garbage_requests_do_not_hurt_the_server(tmp_path: Path, garbage: bytes)
     async def scenario() -> None:
         server = await p2p_pair()
         client = await p2p_pair(await _maddrs(server))
-        service = await TransferService.create(server, store, run_id=RUN, limits=TransferLimits(open_timeout=1))
+        service = await TransferService.create(server, store, run_id=RUN, limits=TransferLimits(open_timeout=0.5))
         try:
             for name in (FETCH, SUBMIT):
                 async with open_stream(client, server.peer_id, name, DEFAULT_LIMITS) as (reader, writer):
