@@ -32,6 +32,8 @@ class Corpus:
         self, seed: int, batch_size: int, seq_len: int, split: str = "train"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-byte targets, each (batch_size, seq_len) int64, drawn from `seed`."""
+        if split not in ("train", "held_out"):
+            raise ValueError(f"split must be 'train' or 'held_out', got {split!r}")
         data = self.train if split == "train" else self.held_out
         if len(data) <= seq_len + 1:
             raise ValueError(f"{split} split has {len(data)} bytes, too few for seq_len {seq_len}")
