@@ -44,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> BenchResult:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="pulse-bench-transfer-") as tmp:
-        return _measure(Path(tmp), args.size_mib << 20, max(1, args.repeats))
+        return _measure(Path(tmp), max(1, args.size_mib) << 20, max(1, args.repeats))
 
 
 def _measure(root: Path, size: int, repeats: int) -> BenchResult:
