@@ -20,8 +20,13 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)  # the rename itself survives a crash
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename, link or unlink inside `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from node.atomicfile import fsync_dir
 from protocol.errors import (
     BlobHashMismatch,
     BlobNotFound,
@@ -159,7 +160,7 @@ class BlobWriter:
         self._file = None
         final = self._store.path(self.sha256)
         os.replace(self._tmp, final)  # same content if it already existed: content-addressed
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         self.committed = True
         return final
 
@@ -182,11 +183,3 @@ class BlobWriter:
 def _update(hasher: Any, chunks: list[bytes | memoryview]) -> None:
     for chunk in chunks:
         hasher.update(chunk)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -9,6 +9,7 @@ import os
 import stat
 from pathlib import Path
 
+from node.atomicfile import fsync_dir
 from protocol.errors import KeyFileError
 from protocol.identity import MAX_KEY_FILE_BYTES, Identity, decode_key_file, encode_key_file
 
@@ -37,7 +38,7 @@ def write_key_file(identity: Identity, path: Path) -> None:
         raise KeyFileError(f"{path} already exists; refusing to overwrite an identity key") from exc
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def load_key_file(path: Path) -> Identity:
@@ -65,11 +66,3 @@ def _check_permissions(path: Path, info: os.stat_result) -> None:
     if loose:
         mode = stat.S_IMODE(info.st_mode)
         raise KeyFileError(f"{path}: permissions {mode:04o} let others read the key; run `chmod 600 {path}`")
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
