@@ -15,6 +15,7 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `positions.py`   entropy coding of sparse positions conditioned on a per-position context
 - `values.py`      changed values as bit-pattern differences, one model per (dtype, old exponent)
 - `pulsesync.py`   PULSESync: lossless sparse BF16 weight patches between two states
+- `assignment.py`  data assignment: a miner's batch seeds from (run id, round, key), and their digest
 
 `protocol` imports neither `node` nor `validator`.
 """

@@ -31,6 +31,10 @@ class KeyFileError(PulseError):
     """An identity key file is missing, corrupt, the wrong length or readable by others."""
 
 
+class CorruptState(PulseError):
+    """The validator's saved state is missing, unreadable or inconsistent with itself."""
+
+
 # -- untrusted input: peer bytes that fail a check ---------------------------------------------
 
 
