@@ -1,4 +1,14 @@
 """Gauntlet: evaluation, ratings, selection, aggregation and the validator's round logic.
 
+Files:
+
+- `config.py`     `GauntletConfig`: every threshold of intake, scoring, selection and persistence
+- `intake.py`     cheap checks before decoding: signature, run, round, replay, duplicate, base hash, size, digest
+- `scoring.py`    the `Evaluator` interface, loss gains before/after an evaluation step, indicator, copy sketches
+- `ratings.py`    persistent OpenSkill Plackett-Luce ratings, one match per round, missing/invalid rank last
+- `gauntlet.py`   one round's pipeline: inspect, evaluate, mark copies, select the top G, aggregate
+- `state.py`      the state on disk: atomic files, one commit point per round, resume after a kill
+- `core.py`       `Validator`: owns master, ratings and replay cache; `run_round` -> signed result + patch
+
 `validator` imports `protocol`, never `node`.
 """

@@ -1,0 +1,91 @@
+"""The validator's settings: one pydantic model, one docstring per field, checked at load.
+
+Defaults follow Templar's Gauntlet where it published a number (evaluation step 0.2 x outer lr,
+indicator average 0.95/0.05, OpenSkill Plackett-Luce beta 7 and tau 0.1) and SparseLoCo's outer
+step (plain SGD, lr 1.0). The other thresholds were set on the embedded GPT; `pulse bench
+gauntlet` reports the figures they give.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from protocol.codec import REGISTRY
+from protocol.messages import MAX_REJECTIONS, MAX_SELECTED
+from validator.outer import OuterConfig
+
+
+class GauntletConfig(BaseModel):
+    """How the validator checks, scores, selects and aggregates one round's submissions."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    # -- what the run fixes (miners use the same values) -------------------------------------
+    codec: str = "sparseloco"
+    """Payload codec of the run (`protocol.codec.REGISTRY`); a header naming another is rejected."""
+    assignment_batches: int = Field(default=2, ge=1, le=1024)
+    """Batches in a miner's data assignment per round (`protocol.assignment`); miners cycle over them."""
+    outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)
+    """Outer step on the FP32 master (SparseLoCo: plain SGD, lr 1.0)."""
+
+    # -- intake ------------------------------------------------------------------------------
+    max_submissions: int = Field(default=MAX_REJECTIONS, ge=1, le=MAX_REJECTIONS)
+    """Signed submissions taken per round; later ones are ignored. Capped so every outcome fits the result."""
+    max_payload_bytes: int | None = Field(default=None, ge=1)
+    """Largest payload accepted; None means the codec's own cap (dense FP32 size plus slack)."""
+    behind_rounds: int = Field(default=8, ge=1, le=1024)
+    """How many earlier state hashes are remembered, to tell 'behind by k rounds' from 'unknown base'."""
+    seen_capacity: int = Field(default=100_000, ge=1)
+    """Message ids remembered to reject replays (oldest evicted first)."""
+
+    # -- integrity ---------------------------------------------------------------------------
+    norm_cap_multiple: float = Field(default=10.0, gt=1)
+    """An update with a norm above this multiple of the round's median norm is rejected outright."""
+    free_rider_fraction: float = Field(default=0.1, ge=0, lt=1)
+    """An update with a norm at or below this fraction of the median norm is a free rider."""
+    sketch_stride: int = Field(default=16, ge=1)
+    """Copy detection compares every stride-th coordinate (offset secret per round)."""
+    copy_overlap: float = Field(default=0.6, gt=0, le=1)
+    """Near copy: at least this fraction of the smaller update's sampled nonzero positions are shared..."""
+    copy_cosine: float = Field(default=0.9, ge=-1, le=1)
+    """...and the sampled values have at least this cosine similarity (dense updates overlap everywhere)."""
+
+    # -- scoring -----------------------------------------------------------------------------
+    eval_step_fraction: float = Field(default=0.2, gt=0)
+    """The evaluation step is W - (fraction x outer lr) x update, the update clipped to the median norm."""
+    random_batches: int = Field(default=2, ge=1, le=64)
+    """Random training batches R the validator draws each round (the same for every submission)."""
+    indicator_margin: float = Field(default=0.05, ge=0)
+    """Indicator +1 needs the own-data advantage to exceed this fraction of the reference update's gain on R."""
+    indicator_decay: float = Field(default=0.95, ge=0, lt=1)
+    """Moving average of the indicator: average = decay x average + (1 - decay) x indicator."""
+    openskill_beta: float = Field(default=7.0, gt=0)
+    """OpenSkill Plackett-Luce beta: the performance noise of one round."""
+    openskill_tau: float = Field(default=0.1, ge=0)
+    """OpenSkill tau: uncertainty added before every match, so ratings keep adapting."""
+    missing_rounds: int = Field(default=3, ge=0)
+    """A rated miner silent for up to this many rounds ranks last; after that it sits out (rating kept)."""
+
+    # -- selection ---------------------------------------------------------------------------
+    top_g: int = Field(default=8, ge=1, le=MAX_SELECTED)
+    """At most this many submissions are aggregated per round, the best by final score."""
+    min_indicator_average: float = Field(default=0.1, ge=0, le=1)
+    """Only miners whose indicator average reaches this are aggregated (three honest rounds from zero)."""
+    min_score: float = 0.0
+    """Only updates whose relative gain on random data exceeds this are aggregated."""
+
+    # -- persistence -------------------------------------------------------------------------
+    keep_rounds: int = Field(default=2, ge=1)
+    """Committed round folders kept on disk (the newest is the one a restart resumes from)."""
+
+    @model_validator(mode="after")
+    def _codec_known(self) -> Self:
+        if self.codec not in REGISTRY:
+            raise ValueError(f"codec {self.codec!r} is not one of {sorted(REGISTRY)}")
+        return self
+
+    @property
+    def eval_step(self) -> float:
+        return self.eval_step_fraction * self.outer.lr

@@ -1,0 +1,228 @@
+"""The validator: owns the FP32 master, the ratings and the replay cache, and runs rounds.
+
+    v = Validator.create(folder, cfg, run_id, identity, master, evaluator, batch_fn)   # round 0
+    v = Validator.open(folder, cfg, run_id, identity, evaluator, batch_fn)             # resume
+    report = v.run_round(submissions)   # one Outcome per submission, signed result, patch
+
+`run_round` computes everything for round r from the state of round r, commits the state of
+round r+1 (state.py) and only then adopts it in memory. Inputs are the same after a restart
+(the validator's randomness is a hash of its own signature), so re-running a round that was cut
+off before its commit gives the same result, byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from protocol import pulsesync
+from protocol.errors import ConfigError, CorruptState
+from protocol.identity import Identity
+from protocol.messages import Rejection, RoundResult, ScoredSubmission
+from protocol.signing import SeenCache, sign
+from protocol.statehash import state_hash
+from validator.config import GauntletConfig
+from validator.gauntlet import Outcome, RoundPipeline, outcomes_and_result, select
+from validator.intake import RoundContext, Submission, screen
+from validator.outer import OuterOptimizer
+from validator.ratings import Ratings
+from validator.scoring import BatchFn, Evaluator, RoundSecret, moving_average
+from validator.state import Book, CrashHook, Snapshot, StateStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    round: int
+    outcomes: tuple[Outcome, ...]  # one per submission, in arrival order
+    result: RoundResult
+    envelope: bytes  # the signed result, as published
+    patch: bytes  # PULSESync patch W_r -> W_{r+1}
+    state_hash: str  # SHA-256 of W_{r+1}
+    median_norm: float
+    seconds: float
+
+    def selected(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "selected"]
+
+
+class Validator:
+    def __init__(
+        self,
+        cfg: GauntletConfig,
+        run_id: str,
+        identity: Identity,
+        evaluator: Evaluator,
+        batch_fn: BatchFn,
+        store: StateStore,
+        snap: Snapshot,
+    ) -> None:
+        self.cfg, self.run_id, self.identity = cfg, run_id, identity
+        self.evaluator, self.batch_fn, self.store = evaluator, batch_fn, store
+        self.outer = OuterOptimizer(cfg.outer, snap.master)
+        self.outer.load_state_tensors(snap.momentum, snap.book.outer_steps)
+        self._adopt(snap.book, snap.result, snap.patch)
+        if self.state_hash != snap.book.states[-1]:
+            raise CorruptState("the saved master weights do not give the saved state hash")
+        self._broken = False
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        cfg: GauntletConfig,
+        run_id: str,
+        identity: Identity,
+        master: Mapping[str, torch.Tensor],
+        evaluator: Evaluator,
+        batch_fn: BatchFn,
+        *,
+        crash_hook: CrashHook | None = None,
+    ) -> Validator:
+        """A validator at round 0 with `master` (FP32) as W_0; refuses a folder that holds a state."""
+        store = StateStore(directory, cfg.keep_rounds, crash_hook)
+        if store.exists():
+            raise ConfigError(f"{directory} already holds a validator state: open it instead")
+        outer = OuterOptimizer(cfg.outer, master)
+        book = Book(
+            round=0, outer_steps=0, ratings={}, indicators={}, seen=[], states=[state_hash(outer.bf16_weights())]
+        )
+        snap = Snapshot(book, outer.master, outer.state_tensors(), None, None)
+        store.commit(snap)
+        return cls(cfg, run_id, identity, evaluator, batch_fn, store, snap)
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        cfg: GauntletConfig,
+        run_id: str,
+        identity: Identity,
+        evaluator: Evaluator,
+        batch_fn: BatchFn,
+        *,
+        crash_hook: CrashHook | None = None,
+    ) -> Validator:
+        """Resume from the last committed round."""
+        store = StateStore(directory, cfg.keep_rounds, crash_hook)
+        return cls(cfg, run_id, identity, evaluator, batch_fn, store, store.load())
+
+    @property
+    def round(self) -> int:
+        return self.book.round
+
+    def _adopt(self, book: Book, result: bytes | None, patch: bytes | None) -> None:
+        self.book = book
+        self.ratings = Ratings(self.cfg.openskill_beta, self.cfg.openskill_tau, self.cfg.missing_rounds, book.ratings)
+        self.seen = SeenCache(self.cfg.seen_capacity, book.seen)
+        self.weights = self.outer.bf16_weights()
+        self.state_hash = state_hash(self.weights)
+        self.last_result, self.last_patch = result, patch
+
+    def context(self, pipeline: RoundPipeline) -> RoundContext:
+        recent = self.book.states[:-1]
+        earlier = {h: self.round - len(recent) + i for i, h in enumerate(recent) if h != self.state_hash}
+        return RoundContext(
+            run_id=self.run_id,
+            round=self.round,
+            state_hash=self.state_hash,
+            earlier_states=earlier,
+            codec=self.cfg.codec,
+            assignment_batches=self.cfg.assignment_batches,
+            max_payload_bytes=pipeline.cap,
+            max_submissions=self.cfg.max_submissions,
+        )
+
+    def run_round(self, submissions: Sequence[Submission]) -> RoundReport:
+        """Score, select and aggregate this round's submissions; commit and move to the next round."""
+        if self._broken:
+            raise RuntimeError("a previous round failed midway: reopen the validator from disk")
+        start = time.perf_counter()
+        r, cfg = self.round, self.cfg
+        pipeline = RoundPipeline(cfg, self.weights, self.evaluator, self.batch_fn)
+        secret = RoundSecret.derive(self.identity, self.run_id, r)
+        screened = screen(submissions, self.context(pipeline), self.seen)
+        inspection = pipeline.inspect(screened.candidates, secret)
+        evaluated = pipeline.evaluate(inspection, secret, self.run_id, r)
+        pipeline.mark_copies(evaluated)
+
+        indicators = dict(self.book.indicators)
+        for a in evaluated:
+            indicators[a.sender] = moving_average(indicators.get(a.sender, 0.0), a.indicator, cfg.indicator_decay)
+        ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
+        last = [a.sender for a in inspection.assessments if a.problem is not None]
+        last += [f.sender for f in screened.refusals if f.penalized and f.sender is not None]
+        ratings = self.ratings.rate(r, ranked, last)
+        selected, finals, reasons = select(cfg, evaluated, ratings.ordinal, indicators)
+        outcomes, scored, rejections = outcomes_and_result(
+            screened, inspection.assessments, selected, finals, reasons, len(submissions)
+        )
+
+        self._broken = True  # from here the master changes before the commit
+        update = pipeline.aggregate(selected)
+        if update is not None:
+            self.outer.step(update)
+            del update
+        new_weights = self.outer.bf16_weights()
+        new_hash = state_hash(new_weights)
+        patch = pulsesync.encode(self.weights, new_weights, old_hash=self.state_hash, new_hash=new_hash)
+        result = self._result(scored, rejections, patch, new_hash)
+        envelope = sign(self.identity, result).to_bytes()
+        seen = SeenCache(cfg.seen_capacity, self.seen.ids())
+        for message_id in screened.message_ids:
+            seen.add(message_id)
+        book = Book(
+            round=r + 1,
+            outer_steps=self.outer.steps,
+            ratings=dict(ratings.records),
+            indicators=indicators,
+            seen=seen.ids(),
+            states=[*self.book.states, new_hash][-(cfg.behind_rounds + 1) :],
+        )
+        self.store.commit(Snapshot(book, self.outer.master, self.outer.state_tensors(), envelope, patch))
+        self._adopt(book, envelope, patch)
+        self._broken = False
+        report = RoundReport(
+            r, tuple(outcomes), result, envelope, patch, new_hash, inspection.median, time.perf_counter() - start
+        )
+        _log_report(report)
+        return report
+
+    def _result(
+        self, scored: tuple[ScoredSubmission, ...], rejections: tuple[Rejection, ...], patch: bytes, new_hash: str
+    ) -> RoundResult:
+        return RoundResult(
+            run_id=self.run_id,
+            round=self.round,
+            selected=scored,
+            rejections=rejections,
+            base_state_hash=self.state_hash,
+            patch_sha256=hashlib.sha256(patch).hexdigest(),
+            patch_size=len(patch),
+            new_state_hash=new_hash,
+        )
+
+
+def _log_report(report: RoundReport) -> None:
+    for o in report.outcomes:
+        who = (o.sender or "?")[:12]
+        if o.status == "selected":
+            log.debug("round %d: %s aggregated, final score %.4g", report.round, who, o.final or 0.0)
+        else:
+            log.debug("round %d: %s %s: %s", report.round, who, o.status, o.reason)
+    log.info(
+        "round %d: %d submissions, %d aggregated, state %s, patch %d bytes, %.2f s",
+        report.round,
+        len(report.outcomes),
+        len(report.selected()),
+        report.state_hash[:12],
+        len(report.patch),
+        report.seconds,
+    )

@@ -1,0 +1,273 @@
+"""The Gauntlet round: from a round's submissions to a signed result and the next state.
+
+    intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
+    inspect                decode one at a time: finite, norm, sketch; the round's median norm;
+                           norm far above the median -> rejected, near zero -> free rider
+    evaluate (scoring.py)  decode one at a time again: gains on A and R, indicator
+    copies                 same payload hash or overlapping sketches: one owner, the rest copies
+    rate (ratings.py)      one OpenSkill match: evaluated by score, everyone else last
+    select                 final = ordinal x max(indicator average, 0); the top G of the eligible
+    aggregate              decode the selected one at a time, clip to their median norm, mean
+    then (core.py)         outer step, BF16, PULSESync patch, signed RoundResult, commit (state.py)
+
+Memory: payloads stay compressed; at most one decoded update is alive at a time, beside the
+round's reference update and the aggregate, so a round's peak does not grow with the number of
+miners beyond their compressed bytes.
+
+Every submission gets exactly one `Outcome` in the local report. The signed result names every
+submission whose sender is proven (see intake.py): aggregated with its final score, or rejected
+with its reason. An expected peer failure is a rejection; an exception out of `run_round` is a bug
+(or a full disk), after which the object must be dropped and the validator reopened from disk.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+from protocol.assignment import Assignment
+from protocol.codec import default_max_bytes, make_codec
+from protocol.errors import ProtocolError
+from protocol.messages import Rejection, ScoredSubmission
+from validator.aggregate import aggregate, global_norm
+from validator.config import GauntletConfig
+from validator.intake import Candidate, Screened, reason_text
+from validator.scoring import (
+    BatchFn,
+    CopyCandidate,
+    Evaluator,
+    Gains,
+    RoundEvaluation,
+    RoundSecret,
+    Sketch,
+    State,
+    copy_owners,
+)
+
+
+@dataclass
+class Assessment:
+    """What the round learns about one candidate; `problem` set means rejected and penalized."""
+
+    candidate: Candidate
+    norm: float = 0.0
+    sketch: Sketch | None = None
+    gains: Gains | None = None
+    indicator: int = 0
+    problem: str | None = None
+    copy: bool = False
+
+    @property
+    def index(self) -> int:
+        return self.candidate.index
+
+    @property
+    def sender(self) -> str:
+        return self.candidate.sender
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The one outcome of one submission. 'ignored' ones are logged but not in the signed result."""
+
+    index: int
+    status: Literal["selected", "rejected", "ignored"]
+    reason: str = ""
+    sender: str | None = None
+    payload_sha256: str | None = None
+    score: float | None = None  # relative gain on random data
+    final: float | None = None  # ordinal x max(indicator average, 0)
+    indicator: int = 0
+    gains: Gains | None = None
+
+
+@dataclass
+class Inspection:
+    assessments: list[Assessment]
+    median: float
+    reference: dict[str, torch.Tensor] | None  # mean direction of the admissible updates, at the median norm
+
+
+class RoundPipeline:
+    """The stateless part of a round: decoding, checks, scores and aggregation for one set of candidates."""
+
+    def __init__(self, cfg: GauntletConfig, weights: State, evaluator: Evaluator, batch_fn: BatchFn) -> None:
+        self.cfg, self.weights, self.evaluator, self.batch_fn = cfg, weights, evaluator, batch_fn
+        self.codec = make_codec(cfg.codec)
+        self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
+
+    def decode(self, payload: bytes) -> dict[str, torch.Tensor]:
+        return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
+
+    def inspect(self, candidates: Sequence[Candidate], secret: RoundSecret) -> Inspection:
+        """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits."""
+        offset = secret.sketch_offset(self.cfg.sketch_stride)
+        first: dict[str, Assessment] = {}  # payload hash -> its first submission
+        out: list[Assessment] = []
+        directions: dict[str, torch.Tensor] | None = None  # sum of update / norm
+        for c in candidates:
+            out.append(a := Assessment(c))
+            if c.header.payload_sha256 in first:
+                continue  # an exact copy: judged with its original below
+            first[c.header.payload_sha256] = a
+            update = self._measure(a, offset)
+            if update is not None and a.norm > 0:
+                directions = _accumulate(directions, update, 1.0 / a.norm)
+            del update  # invariant: one decoded update alive at a time
+        distinct = [a for a in first.values() if a.problem is None]
+        median = statistics.median(a.norm for a in distinct) if distinct else 0.0
+        for a in distinct:
+            a.problem = self._norm_problem(a.norm, median)
+            if a.problem is not None and a.norm > 0 and directions is not None:
+                directions = _accumulate(directions, self.decode(a.candidate.payload), -1.0 / a.norm)
+        for a in out:
+            original = first[a.candidate.header.payload_sha256]
+            a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
+        kept = sum(1 for a in distinct if a.problem is None and a.norm > 0)
+        reference = None
+        if directions is not None and kept:
+            reference = {name: t.mul_(median / kept) for name, t in directions.items()}
+        return Inspection(out, median, reference)
+
+    def _measure(self, a: Assessment, offset: int) -> dict[str, torch.Tensor] | None:
+        """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
+        try:
+            update = self.decode(a.candidate.payload)
+        except ProtocolError as exc:
+            a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
+            return None
+        a.norm = global_norm(update)
+        if not math.isfinite(a.norm):
+            a.problem = "update norm overflows"
+            return None
+        a.sketch = Sketch.of(update, self.cfg.sketch_stride, offset)
+        return update
+
+    def _norm_problem(self, norm: float, median: float) -> str | None:
+        if median > 0 and norm > self.cfg.norm_cap_multiple * median:
+            return f"norm {norm:.3g} is {norm / median:.0f}x the median {median:.3g}"
+        if norm <= self.cfg.free_rider_fraction * median:
+            return f"free rider: norm {norm:.3g} <= {self.cfg.free_rider_fraction} x the median {median:.3g}"
+        return None
+
+    def evaluate(self, inspection: Inspection, secret: RoundSecret, run_id: str, round_: int) -> list[Assessment]:
+        """Gains and indicator of every admissible candidate, decoding one at a time."""
+        todo = [a for a in inspection.assessments if a.problem is None]
+        if not todo:
+            return []
+        batches = self.cfg.assignment_batches
+        assigned = {
+            a.index: self.batch_fn(
+                Assignment(run_id, round_, a.sender, batches).seeds[secret.assigned_index(a.sender, batches)]
+            )
+            for a in todo
+        }
+        randoms = [self.batch_fn(seed) for seed in secret.random_seeds(self.cfg.random_batches)]
+        ev = RoundEvaluation(self.evaluator, self.weights, self.cfg.eval_step, randoms, assigned, inspection.reference)
+        inspection.reference = None  # no longer needed: free it before decoding the rest
+        for a in todo:
+            update = self.decode(a.candidate.payload)
+            scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
+            a.gains = ev.gains(a.index, update, scale)
+            a.indicator = a.gains.indicator(self.cfg.indicator_margin)
+            del update
+        return todo
+
+    def mark_copies(self, evaluated: Sequence[Assessment]) -> None:
+        items = [
+            CopyCandidate(a.index, a.candidate.header.payload_sha256, a.sketch, a.gains.margin, a.indicator)
+            for a in evaluated
+            if a.sketch is not None and a.gains is not None
+        ]
+        owners = copy_owners(items, self.cfg.copy_overlap, self.cfg.copy_cosine)
+        sender = {a.index: a.sender for a in evaluated}
+        for a in evaluated:
+            if a.index in owners:
+                a.problem, a.copy = f"copy of {sender[owners[a.index]][:16]}'s submission", True
+
+    def aggregate(self, selected: Sequence[Assessment]) -> dict[str, torch.Tensor] | None:
+        if not selected:
+            return None
+        result = aggregate([a.candidate.payload for a in selected], self.decode, norms=[a.norm for a in selected])
+        return result.update
+
+
+def select(
+    cfg: GauntletConfig, evaluated: Sequence[Assessment], ordinal: Callable[[str], float], averages: dict[str, float]
+) -> tuple[list[Assessment], dict[int, float], dict[int, str]]:
+    """(selected, final score by index, reason by index for the evaluated ones not selected)."""
+    finals: dict[int, float] = {}
+    reasons: dict[int, str] = {}
+    eligible: list[Assessment] = []
+    for a in evaluated:
+        if a.copy or a.gains is None:
+            continue
+        average = averages[a.sender]
+        final = finals[a.index] = ordinal(a.sender) * max(average, 0.0)
+        if not a.gains.random > cfg.min_score:
+            reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
+        elif average < cfg.min_indicator_average:
+            reasons[a.index] = (
+                f"indicator average {average:.3f} below {cfg.min_indicator_average} (this round {a.indicator:+d})"
+            )
+        elif not final > 0:
+            reasons[a.index] = f"final score {final:.3g} is not positive"
+        else:
+            eligible.append(a)
+    eligible.sort(key=lambda a: (-finals[a.index], a.index))
+    for rank, a in enumerate(eligible[cfg.top_g :], start=cfg.top_g + 1):
+        reasons[a.index] = f"final score {finals[a.index]:.4g} ranks {rank}, top {cfg.top_g} aggregated"
+    return eligible[: cfg.top_g], finals, reasons
+
+
+def outcomes_and_result(
+    screened: Screened,
+    assessments: Sequence[Assessment],
+    selected: Sequence[Assessment],
+    finals: dict[int, float],
+    reasons: dict[int, str],
+    total: int,
+) -> tuple[list[Outcome], tuple[ScoredSubmission, ...], tuple[Rejection, ...]]:
+    """One outcome per input index; the selected and rejected entries of the signed result."""
+    chosen = {a.index for a in selected}
+    outcomes: dict[int, Outcome] = {}
+    for r in screened.refusals:
+        status: Literal["rejected", "ignored"] = "rejected" if r.named else "ignored"
+        outcomes[r.index] = Outcome(r.index, status, r.reason, r.sender, r.payload_sha256)
+    for a in assessments:
+        h = a.candidate.header.payload_sha256
+        base = Outcome(
+            a.index, "rejected", "", a.sender, h, a.gains.random if a.gains else None,
+            finals.get(a.index), a.indicator, a.gains,
+        )  # fmt: skip
+        if a.index in chosen:
+            outcomes[a.index] = replace(base, status="selected")
+        else:
+            outcomes[a.index] = replace(base, reason=reason_text(a.problem or reasons.get(a.index, "not selected")))
+    if sorted(outcomes) != list(range(total)):
+        raise AssertionError("every submission must get exactly one outcome")
+    ordered = [outcomes[i] for i in range(total)]
+    scored = tuple(
+        ScoredSubmission(sender=o.sender or "", payload_sha256=o.payload_sha256 or "", score=o.final or 0.0)
+        for o in ordered
+        if o.status == "selected"
+    )
+    rejections = tuple(
+        Rejection(sender=o.sender or "", payload_sha256=o.payload_sha256 or "", reason=o.reason)
+        for o in ordered
+        if o.status == "rejected"
+    )
+    return ordered, scored, rejections
+
+
+def _accumulate(total: dict[str, torch.Tensor] | None, update: State, scale: float) -> dict[str, torch.Tensor]:
+    if total is None:
+        return {name: t.mul(scale) for name, t in update.items()}
+    for name, t in update.items():
+        total[name].add_(t, alpha=scale)
+    return total

@@ -1,0 +1,165 @@
+"""Intake: the cheap checks on a round's submissions, before anything is decoded.
+
+Each submission (signed header envelope + payload bytes) either becomes a `Candidate` or a
+`Refusal` with a reason. Checks run in this order, and where a submission fails decides what
+its outcome may say about its sender:
+
+    1. envelope framing, run, signature, body schema   not provably the sender's:  ignored
+    2. round (stale or future), replay of a seen id     a replay is anyone's:        ignored
+    3. a second submission from the same key            the first one counts:        named, not penalized
+    4. codec, base state hash (behind / unknown), size, payload hash, data digest
+                                                         the sender's own doing:      named, penalized
+
+'Ignored' refusals are logged locally only: naming an unverified sender in the signed round
+result would let anyone put words in the validator's mouth. 'Named' ones appear in the signed
+result; 'penalized' ones also rank their sender last in the round's rating match.
+
+Intake changes nothing: the message ids it returns enter the replay cache when the round commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from protocol.assignment import Assignment
+from protocol.errors import ProtocolError
+from protocol.messages import SubmissionHeader
+from protocol.signing import SeenCache, SignedMessage
+
+_REASON_CHARS = 100
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What arrived for a round: the signed header envelope and the payload it names."""
+
+    envelope: bytes
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A submission that passed intake: signed by its sender, for this round and state."""
+
+    index: int  # position in the round's input
+    header: SubmissionHeader
+    message_id: str
+    payload: bytes
+
+    @property
+    def sender(self) -> str:
+        return self.header.sender
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A submission that will not be aggregated, and why."""
+
+    index: int
+    reason: str
+    sender: str | None = None
+    payload_sha256: str | None = None
+    named: bool = False  # listed in the signed round result
+    penalized: bool = False  # its sender ranks last in this round's rating match
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What intake checks a submission against."""
+
+    run_id: str
+    round: int
+    state_hash: str  # SHA-256 of W_r, the only base accepted
+    earlier_states: Mapping[str, int]  # SHA-256 of an earlier state -> its round
+    codec: str
+    assignment_batches: int
+    max_payload_bytes: int
+    max_submissions: int
+
+
+@dataclass
+class Screened:
+    candidates: list[Candidate] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    message_ids: list[str] = field(default_factory=list)  # to remember once the round commits
+    senders: list[str] = field(default_factory=list)  # signed senders of this round, first submissions only
+
+
+def reason_text(text: str) -> str:
+    """One printable-ASCII line of at most 100 characters, safe for a wire `Reason`."""
+    clean = "".join(ch if " " <= ch <= "~" else "?" for ch in text.replace("\n", " ")).strip() or "rejected"
+    return clean if len(clean) <= _REASON_CHARS else clean[: _REASON_CHARS - 3] + "..."
+
+
+def screen(submissions: Sequence[Submission], ctx: RoundContext, seen: SeenCache) -> Screened:
+    """Sort the round's submissions into candidates and refusals, in arrival order."""
+    out = Screened()
+    ids_this_round: set[str] = set()
+    keys_named: set[tuple[str, str]] = set()
+    for index, sub in enumerate(submissions):
+        verdict = _screen_one(index, sub, ctx, seen, ids_this_round, out)
+        if isinstance(verdict, Candidate):
+            keys_named.add((verdict.sender, verdict.header.payload_sha256))
+            out.candidates.append(verdict)
+            continue
+        if verdict.named:
+            key = (verdict.sender or "", verdict.payload_sha256 or "")
+            if key in keys_named:  # the same (sender, payload) cannot have two outcomes in the result
+                verdict = Refusal(index, verdict.reason, verdict.sender, verdict.payload_sha256)
+            keys_named.add(key)
+        out.refusals.append(verdict)
+    return out
+
+
+def _screen_one(
+    index: int, sub: Submission, ctx: RoundContext, seen: SeenCache, ids: set[str], out: Screened
+) -> Candidate | Refusal:
+    try:
+        signed = SignedMessage.from_bytes(sub.envelope)
+    except ProtocolError as exc:
+        return Refusal(index, reason_text(f"bad envelope: {exc}"))
+    claimed = signed.sender_hex
+    try:
+        header = signed.open(run_id=ctx.run_id, expect=SubmissionHeader)
+    except ProtocolError as exc:
+        return Refusal(index, reason_text(f"{type(exc).__name__}: {exc}"), claimed)
+    if header.round != ctx.round:
+        when = "stale" if header.round < ctx.round else "future"
+        return Refusal(index, f"{when} round {header.round}, this is round {ctx.round}", claimed)
+    message_id = signed.message_id
+    if message_id in seen or message_id in ids:
+        return Refusal(index, f"replay of message {message_id[:12]}", claimed, header.payload_sha256)
+    ids.add(message_id)
+    out.message_ids.append(message_id)
+    if claimed in out.senders:
+        return Refusal(index, "second submission from this key this round", claimed, header.payload_sha256, named=True)
+    if len(out.senders) >= ctx.max_submissions:
+        return Refusal(index, f"round is full ({ctx.max_submissions} submissions)", claimed, header.payload_sha256)
+    out.senders.append(claimed)
+    problem = _check_claims(header, sub.payload, ctx)
+    if problem:
+        return Refusal(index, problem, claimed, header.payload_sha256, named=True, penalized=True)
+    return Candidate(index, header, message_id, sub.payload)
+
+
+def _check_claims(header: SubmissionHeader, payload: bytes, ctx: RoundContext) -> str | None:
+    """The reason a signed, current submission cannot be evaluated, or None."""
+    if header.codec != ctx.codec:
+        return reason_text(f"codec {header.codec}, this run uses {ctx.codec}")
+    if header.base_state_hash != ctx.state_hash:
+        behind = ctx.earlier_states.get(header.base_state_hash)
+        if behind is not None:
+            return f"behind: trained from the state of round {behind}, {ctx.round - behind} rounds old"
+        return f"unknown base state {header.base_state_hash[:12]}"
+    if header.payload_size > ctx.max_payload_bytes:
+        return f"oversize: {header.payload_size} bytes announced, cap is {ctx.max_payload_bytes}"
+    if len(payload) != header.payload_size:
+        return f"payload is {len(payload)} bytes, header says {header.payload_size}"
+    if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
+        return "payload SHA-256 differs from the header's"
+    expected = Assignment(ctx.run_id, ctx.round, header.sender, ctx.assignment_batches).digest
+    if header.data_digest != expected:
+        return "data digest does not match the miner's assignment"
+    return None

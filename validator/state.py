@@ -1,0 +1,179 @@
+"""The validator's state on disk: written atomically, committed once per round.
+
+Layout (the folder of round r holds the state the validator runs round r from):
+
+    DIR/COMMITTED                       {"round": r, "folder": "round-<r>", "book_sha256": ...}
+    DIR/round-<r>/weights.safetensors   FP32 master weights
+    DIR/round-<r>/optimizer.safetensors outer momentum buffers
+    DIR/round-<r>/book.json             round, outer steps, ratings, indicator averages,
+                                        seen message ids, recent state hashes
+    DIR/round-<r>/result.bin            signed result of round r-1 (absent for the first state)
+    DIR/round-<r>/patch.bin             its PULSESync patch W_{r-1} -> W_r
+
+Commit protocol: every file is written to a temp file, fsynced and renamed (then the folder is
+fsynced); `COMMITTED` is replaced last, and only then are older folders removed.
+
+invariant: `COMMITTED` names a folder whose files are all complete. A validator killed at any
+point restarts from that folder: a half-written newer folder is ignored and later overwritten,
+so a round is either wholly committed (ratings, replay cache and weights together) or not at
+all, and re-running it cannot count anything twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from protocol.errors import CorruptState
+from validator.ratings import RatingRecord
+
+COMMITTED = "COMMITTED"
+STEPS = ("weights", "optimizer", "book", "result", "commit", "prune")
+"""The persistence steps of a commit, in order; a crash hook is called after each."""
+
+CrashHook = Callable[[str], None]
+
+
+class Book(BaseModel):
+    """Everything but the tensors, as stored in book.json."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    round: int = Field(ge=0)
+    """The round this state runs next."""
+    outer_steps: int = Field(ge=0)
+    ratings: dict[str, RatingRecord]
+    indicators: dict[str, float]
+    """Moving average of each miner's indicator."""
+    seen: list[str]
+    """Replay cache, oldest first."""
+    states: list[str] = Field(min_length=1)
+    """SHA-256 of recent BF16 states, oldest first; the last is the state of `round`."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    book: Book
+    master: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    result: bytes | None  # signed result of the previous round
+    patch: bytes | None
+
+
+class _Pointer(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    round: int = Field(ge=0)
+    folder: str = Field(pattern=r"^round-[0-9]{12}$")
+    book_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same folder, fsync, rename, fsync the folder.
+
+    The same steps as `node/atomicfile.py`, which the validator may not import.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StateStore:
+    """Commits and loads the validator's state under one folder."""
+
+    def __init__(self, directory: Path, keep: int = 2, crash_hook: CrashHook | None = None) -> None:
+        self.directory = Path(directory)
+        self.keep = keep
+        self.crash_hook = crash_hook
+
+    def exists(self) -> bool:
+        return (self.directory / COMMITTED).exists()
+
+    def commit(self, snap: Snapshot) -> None:
+        """Write `snap` as the new committed state (see the module docstring for the order)."""
+        folder = self.directory / f"round-{snap.book.round:012d}"
+        if folder.exists():  # left by a crash before its commit: never committed, safe to replace
+            shutil.rmtree(folder)
+        book = _dumps(snap.book.model_dump(mode="json"))
+        write_atomic(folder / "weights.safetensors", save_tensors(snap.master))
+        self._step("weights")
+        write_atomic(folder / "optimizer.safetensors", save_tensors(snap.momentum))
+        self._step("optimizer")
+        write_atomic(folder / "book.json", book)
+        self._step("book")
+        if snap.result is not None and snap.patch is not None:
+            write_atomic(folder / "patch.bin", snap.patch)
+            write_atomic(folder / "result.bin", snap.result)
+        self._step("result")
+        pointer = _Pointer(round=snap.book.round, folder=folder.name, book_sha256=hashlib.sha256(book).hexdigest())
+        write_atomic(self.directory / COMMITTED, _dumps(pointer.model_dump(mode="json")))
+        self._step("commit")
+        self._prune(snap.book.round)
+        self._step("prune")
+
+    def load(self) -> Snapshot:
+        """The committed state; `CorruptState` if it is missing, unreadable or inconsistent."""
+        try:
+            pointer = _Pointer.model_validate_json((self.directory / COMMITTED).read_bytes())
+            folder = self.directory / pointer.folder
+            book_bytes = (folder / "book.json").read_bytes()
+            if hashlib.sha256(book_bytes).hexdigest() != pointer.book_sha256:
+                raise CorruptState(f"{folder / 'book.json'} differs from the committed one")
+            book = Book.model_validate_json(book_bytes)
+            master = load_tensors((folder / "weights.safetensors").read_bytes())
+            momentum = load_tensors((folder / "optimizer.safetensors").read_bytes())
+            result, patch = _optional(folder / "result.bin"), _optional(folder / "patch.bin")
+        except (OSError, ValidationError, SafetensorError) as exc:
+            raise CorruptState(f"cannot load the validator state in {self.directory}: {exc}") from exc
+        if book.round != pointer.round:
+            raise CorruptState(f"book is for round {book.round}, COMMITTED says {pointer.round}")
+        return Snapshot(book, master, momentum, result, patch)
+
+    def _prune(self, current: int) -> None:
+        """Remove committed folders beyond `keep` and any newer (uncommitted) one."""
+        folders = sorted(p for p in self.directory.glob("round-*") if p.is_dir())
+        for p in folders:
+            r = int(p.name.removeprefix("round-"))
+            if r > current or r <= current - self.keep:
+                shutil.rmtree(p)
+
+    def _step(self, name: str) -> None:
+        if self.crash_hook is not None:
+            self.crash_hook(name)
+
+
+def _optional(path: Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
+
+
+def _dumps(obj: Mapping[str, object]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
