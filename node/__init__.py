@@ -14,10 +14,13 @@
 - `blobstore.py`   content-addressed blobs on disk (SHA-256 names, verified atomic writes)
 - `streams.py`     blob stream framing, limits and byte pumps (bounded reads, hashing off the loop)
 - `transfer.py`    `rpc_fetch`/`rpc_submit` handlers and `call_fetch`/`call_submit` clients over libp2p
+- `gpteval.py`     the GPT as the validator's `Evaluator`, and the seed -> batch source miners share
 - `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints;
                    `sync.py` measures PULSESync against `plainpatch.py`, the plain sparse encoding)
 - `bench/transfer.py` blob fetch over libp2p versus a plain TCP copy
 - `bench/trace.py` real BF16 update traces from the base model (`load_trace`) and their sparsity
+- `bench/gauntlet.py` the validator against fake miners (`fakeminers.py`, run by `arena.py`): selection,
+                   loss, time and memory
 
 `node` may import `protocol` and `validator`; neither imports `node`.
 """
