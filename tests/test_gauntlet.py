@@ -1,0 +1,293 @@
+"""The Gauntlet validator: intake checks, scoring pieces, ratings, and whole rounds against fake miners."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.bench.arena import Arena
+from node.bench.fakeminers import KINDS, Miner, RoundView, identity_for
+from protocol.assignment import Assignment, data_digest
+from protocol.messages import RoundResult, SubmissionHeader
+from protocol.signing import SeenCache, open_signed, sign
+from tests.fakeswarm import RUN_ID, make_swarm
+from validator.gauntlet import RoundPipeline
+from validator.intake import RoundContext, Submission, reason_text, screen
+from validator.ratings import Ratings
+from validator.scoring import CopyCandidate, RoundSecret, Sketch, copy_owners
+
+OTHER_RUN = hashlib.sha256(b"another run").hexdigest()
+STATE = hashlib.sha256(b"state r").hexdigest()
+OLD_STATE = hashlib.sha256(b"state r-2").hexdigest()
+
+
+# --- data assignment --------------------------------------------------------------------------
+
+
+def test_assignment_is_a_pure_function_of_run_round_and_key() -> None:
+    a = Assignment(RUN_ID, 3, "ab" * 32, 4)
+    assert a.seeds == Assignment(RUN_ID, 3, "ab" * 32, 4).seeds and len(set(a.seeds)) == 4
+    assert all(0 <= s < 2**63 for s in a.seeds)
+    assert a.step_seed(5) == a.seeds[1]
+    for other in (Assignment(RUN_ID, 4, "ab" * 32, 4), Assignment(RUN_ID, 3, "cd" * 32, 4)):
+        assert not set(other.seeds) & set(a.seeds) and other.digest != a.digest
+    assert a.digest == data_digest(a.seeds) and Assignment(RUN_ID, 3, "ab" * 32, 2).seeds == a.seeds[:2]
+    with pytest.raises(ValueError):
+        Assignment(RUN_ID, 3, "ab" * 32, 0)
+
+
+# --- intake -----------------------------------------------------------------------------------
+
+
+def context(**changes: object) -> RoundContext:
+    fields: dict[str, object] = {
+        "run_id": RUN_ID,
+        "round": 7,
+        "state_hash": STATE,
+        "earlier_states": {OLD_STATE: 5},
+        "codec": "sparseloco",
+        "assignment_batches": 2,
+        "max_payload_bytes": 1000,
+        "max_submissions": 128,
+    }
+    fields.update(changes)
+    return RoundContext(**fields)  # type: ignore[arg-type]
+
+
+def submission(label: str, payload: bytes = b"payload", **changes: object) -> Submission:
+    identity = identity_for(label)
+    fields: dict[str, object] = {
+        "run_id": RUN_ID,
+        "round": 7,
+        "base_state_hash": STATE,
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "payload_size": len(payload),
+        "codec": "sparseloco",
+        "data_digest": Assignment(RUN_ID, 7, identity.public_hex, 2).digest,
+        "sender": identity.public_hex,
+    }
+    fields.update(changes)
+    return Submission(sign(identity, SubmissionHeader(**fields)).to_bytes(), payload)  # type: ignore[arg-type]
+
+
+def test_intake_sorts_every_submission_and_changes_nothing() -> None:
+    good = submission("good")
+    tampered = bytearray(submission("forged").envelope)
+    tampered[-1] ^= 1
+    seen = SeenCache(ids=["x"])
+    subs = [
+        good,
+        Submission(bytes(tampered), b"payload"),  # bad signature
+        Submission(b"junk", b""),  # not an envelope
+        submission("other-run", run_id=OTHER_RUN),
+        submission("stale", round=6),
+        submission("future", round=8),
+        good,  # the same message again: a replay
+        submission("good", b"second payload"),  # second submission from the same key
+        submission("codec", codec="dense"),
+        submission("behind", base_state_hash=OLD_STATE),
+        submission("unknown", base_state_hash="0" * 64),
+        submission("oversize", b"x" * 1001),
+        submission("short", payload_size=3),
+        submission("hash", payload_sha256="0" * 64),
+        submission("digest", data_digest="0" * 64),
+        submission("good2"),
+    ]
+    out = screen(subs, context(), seen)
+    assert [c.index for c in out.candidates] == [0, 15]
+    by_index = {r.index: r for r in out.refusals}
+    assert sorted(by_index) == list(range(1, 15))
+    ignored = {1: "InvalidSignature", 2: "bad envelope", 3: "WrongRun", 4: "stale round 6", 5: "future round 8"}
+    ignored[6] = "replay of message"
+    for i, text in ignored.items():
+        assert text in by_index[i].reason and not by_index[i].named and not by_index[i].penalized
+    assert by_index[7].named and not by_index[7].penalized and "second submission" in by_index[7].reason
+    named = {8: "codec dense", 9: "behind: trained from the state of round 5", 10: "unknown base state"}
+    named |= {11: "oversize", 12: "payload is 7 bytes, header says 3", 13: "SHA-256", 14: "data digest"}
+    for i, text in named.items():
+        assert text in by_index[i].reason and by_index[i].named and by_index[i].penalized
+    assert len(seen) == 1 and len(out.message_ids) == 10  # ids enter the cache only when the round commits
+
+
+def test_intake_replays_across_rounds_and_the_submission_cap() -> None:
+    first = submission("a")
+    out = screen([first], context(), SeenCache())
+    seen = SeenCache(ids=out.message_ids)
+    again = screen([first], context(), seen)
+    assert not again.candidates and "replay" in again.refusals[0].reason
+    capped = screen([submission("a"), submission("b")], context(max_submissions=1), SeenCache())
+    assert len(capped.candidates) == 1 and "round is full" in capped.refusals[0].reason
+    same_payload_twice = screen([submission("a"), submission("a", data_digest="1" * 64)], context(), SeenCache())
+    assert not same_payload_twice.refusals[0].named  # same (sender, payload): it cannot have a second outcome
+
+
+def test_reason_text_is_one_safe_line() -> None:
+    assert reason_text("bad\nthing \x00é") == "bad thing ??"
+    assert len(reason_text("x" * 500)) == 100 and reason_text("") == "rejected"
+
+
+# --- scoring pieces ---------------------------------------------------------------------------
+
+
+def test_sketch_overlap_and_cosine() -> None:
+    u = {"a": torch.tensor([0.0, 1.0, 0.0, 2.0, 0.0, 3.0]), "b": torch.tensor([4.0, 0.0])}
+    s = Sketch.of(u, stride=1, offset=0)
+    assert s.positions.tolist() == [1, 3, 5, 6] and s.overlap(s) == 1.0 and s.cosine(s) == pytest.approx(1.0)
+    flipped = Sketch.of({k: -v for k, v in u.items()}, 1, 0)
+    assert flipped.cosine(s) == pytest.approx(-1.0)
+    other = Sketch.of({"a": torch.tensor([1.0, 0, 1, 0, 1, 0]), "b": torch.tensor([0.0, 1])}, 1, 0)
+    assert other.overlap(s) == 0.0 and other.cosine(s) == 0.0
+    assert Sketch.of(u, stride=2, offset=1).positions.tolist() == [0, 1, 2]  # a[1], a[3], a[5]
+
+
+def test_copy_owner_is_the_one_whose_own_data_gains() -> None:
+    sk = Sketch.of({"a": torch.ones(4)}, 1, 0)
+
+    def item(i: int, margin: float, indicator: int, payload: str = "p") -> CopyCandidate:
+        return CopyCandidate(i, payload, sk, margin, indicator)
+
+    assert copy_owners([item(0, -0.1, -1), item(1, 0.3, 1)], 0.5, 0.9) == {0: 1}  # thief first, victim second
+    assert copy_owners([item(0, 0.2, 1), item(1, 0.1, 1), item(2, 0.3, 1)], 0.5, 0.9) == {0: 2, 1: 2}
+    assert copy_owners([item(0, -0.1, -1), item(1, -0.2, -1)], 0.5, 0.9) == {1: 0}  # no evidence: earliest
+    distinct = Sketch.of({"a": torch.tensor([1.0, 0, 0, 0])}, 1, 0)
+    assert copy_owners([item(0, 0.1, 1), CopyCandidate(1, "q", distinct, 0.1, 1)], 0.5, 0.9) == {}
+
+
+def test_round_secret_is_private_but_stable() -> None:
+    a = RoundSecret.derive(identity_for("v"), RUN_ID, 3)
+    assert a == RoundSecret.derive(identity_for("v"), RUN_ID, 3)
+    assert a != RoundSecret.derive(identity_for("w"), RUN_ID, 3) != RoundSecret.derive(identity_for("v"), RUN_ID, 4)
+    assert 0 <= a.assigned_index("ab" * 32, 3) < 3 and len(set(a.random_seeds(4))) == 4
+
+
+# --- ratings ----------------------------------------------------------------------------------
+
+
+def test_ratings_rank_invalid_and_missing_last_and_survive_absence() -> None:
+    ratings = Ratings(7.0, 0.1, 2, {})
+    ratings = ratings.rate(0, [("a", 0.3), ("b", 0.1)], ["c"])
+    assert ratings.records["a"].mu > ratings.records["b"].mu > ratings.records["c"].mu
+    ratings = ratings.rate(1, [("b", 0.2), ("c", 0.1)], [])  # a is missing: ranks last
+    assert ratings.records["a"].mu < ratings.rate(0, [], []).records["a"].mu + 1e-9
+    frozen = ratings.rate(5, [("b", 0.2), ("c", 0.1)], []).records["a"]  # away > 2 rounds: sits out
+    assert frozen == ratings.records["a"]
+    back = ratings.rate(6, [("a", 0.9), ("b", 0.2)], [])
+    assert back.records["a"].last_round == 6 and back.records["a"].mu > frozen.mu
+    assert ratings.ordinal("newcomer") == pytest.approx(0.0)
+    with pytest.raises(ValueError):
+        ratings.rate(7, [("a", 0.1)], ["a"])
+
+
+# --- whole rounds -----------------------------------------------------------------------------
+
+
+class Tracked(dict[str, torch.Tensor]):
+    """A decoded update that counts how many of its kind are alive."""
+
+    alive = 0
+    peak = 0
+
+    def __init__(self, data: dict[str, torch.Tensor]) -> None:
+        super().__init__(data)
+        Tracked.alive += 1
+        Tracked.peak = max(Tracked.peak, Tracked.alive)
+        weakref.finalize(self, Tracked._gone)
+
+    @staticmethod
+    def _gone() -> None:
+        Tracked.alive -= 1
+
+
+def test_pipeline_decodes_one_update_at_a_time(tmp_path: Path) -> None:
+    swarm = make_swarm()
+    v = swarm.validator(tmp_path)
+    view = RoundView(0, v.weights, v.state_hash, None)
+    subs = [m.submit(view) for m in swarm.honest(5)]
+    screened = screen(
+        [s for s in subs if s is not None],
+        v.context(RoundPipeline(swarm.cfg, v.weights, v.evaluator, v.batch_fn)),
+        v.seen,
+    )
+
+    class Counting(RoundPipeline):
+        def decode(self, payload: bytes) -> dict[str, torch.Tensor]:
+            return Tracked(super().decode(payload))
+
+    pipeline = Counting(swarm.cfg, v.weights, v.evaluator, v.batch_fn)
+    secret = RoundSecret.derive(identity_for("validator"), RUN_ID, 0)
+    Tracked.alive = Tracked.peak = 0
+    inspection = pipeline.inspect(screened.candidates, secret)
+    evaluated = pipeline.evaluate(inspection, secret, RUN_ID, 0)
+    assert pipeline.aggregate(evaluated) is not None
+    assert len(evaluated) == 5 and Tracked.peak == 1
+
+
+@pytest.fixture(scope="module")
+def arena_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Arena, list[Miner], list[float]]:
+    swarm = make_swarm()
+    honest = swarm.honest(4)
+    attackers = swarm.adversaries(KINDS, [m.key for m in honest])
+    arena = Arena(swarm.validator(tmp_path_factory.mktemp("gauntlet")), [*honest, *attackers], seed=3)
+    losses = [swarm.held_out_loss(arena.validator.weights)]
+    for _ in range(8):
+        losses.append(swarm.held_out_loss(arena.play().weights))
+    return arena, honest, losses
+
+
+def test_only_honest_submissions_are_aggregated_and_loss_goes_down(
+    arena_run: tuple[Arena, list[Miner], list[float]],
+) -> None:
+    arena, honest, losses = arena_run
+    aggregated = [rec.senders[o.index] for rec in arena.records for o in rec.report.selected()]
+    assert {rec.kinds[o.index] for rec in arena.records for o in rec.report.selected()} == {"honest"}
+    assert {m.key for m in honest} <= set(aggregated)  # every honest miner made it at least once
+    # the first aggregation is in round 2: three honest rounds lift an indicator average to 0.14
+    assert losses[0] == losses[1] == losses[2] and losses[-1] < losses[0] - 0.5
+    assert all(after < before for before, after in itertools.pairwise(losses[2:]))
+
+
+def test_each_attack_is_stopped_for_its_own_reason(arena_run: tuple[Arena, list[Miner], list[float]]) -> None:
+    arena, _, _ = arena_run
+    expected = {
+        "signflip": ("norm ",),
+        "noise": ("norm ",),
+        "nan": ("undecodable: NonFiniteValues",),
+        "freerider": ("free rider",),
+        "replay": ("replay of message", "stale round"),
+        "behind": ("behind: trained from", "unknown base state"),
+        "copycat": ("copy of", "indicator average"),
+        "thief": ("copy of", "indicator average", "final score"),
+    }
+    for rec in arena.records:
+        for o in rec.report.outcomes:
+            kind = rec.kinds[o.index]
+            if kind != "honest":
+                assert o.status != "selected" and o.reason.startswith(expected[kind]), (kind, o.reason)
+    behind = [o.reason for rec in arena.records for o in rec.report.outcomes if rec.kinds[o.index] == "behind"]
+    assert any(r.startswith("behind: trained from the state of round") for r in behind)
+    copies = [o.reason for rec in arena.records for o in rec.report.outcomes if rec.kinds[o.index] == "copycat"]
+    assert sum(r.startswith("copy of") for r in copies) >= len(copies) // 2  # exact and near copies both caught
+
+
+def test_every_submission_gets_exactly_one_outcome(arena_run: tuple[Arena, list[Miner], list[float]]) -> None:
+    arena, _, _ = arena_run
+    previous = None
+    for rec in arena.records:
+        report = rec.report
+        assert [o.index for o in report.outcomes] == list(range(len(rec.kinds)))
+        signed = open_signed(report.envelope, run_id=RUN_ID, expect=RoundResult)
+        assert signed.message == report.result and signed.sender_hex == identity_for("validator").public_hex
+        named = {(o.sender, o.payload_sha256) for o in report.outcomes if o.status != "ignored"}
+        listed = [(s.sender, s.payload_sha256) for s in report.result.selected]
+        listed += [(r.sender, r.payload_sha256) for r in report.result.rejections]
+        assert len(listed) == len(set(listed)) and set(listed) == named
+        assert all(rec.kinds[o.index] in ("replay",) for o in report.outcomes if o.status == "ignored")
+        assert report.result.patch_sha256 == hashlib.sha256(report.patch).hexdigest()
+        if previous is not None:
+            assert report.result.base_state_hash == previous
+        previous = report.state_hash
