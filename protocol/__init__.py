@@ -16,6 +16,10 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `values.py`      changed values as bit-pattern differences, one model per (dtype, old exponent)
 - `pulsesync.py`   PULSESync: lossless sparse BF16 weight patches between two states
 - `assignment.py`  data assignment: a miner's batch seeds from (run id, round, key), and their digest
+- `floatcode.py`   FP32 values as sign + exponent relative to a context exponent (entropy-coded) + raw mantissa
+- `codec.py`       pseudo-gradient codec interface, the dense (DiLoCo) codec, the registry by name
+- `pulseloco.py`   PULSELoCo: send what would change the BF16 forward pass, keep the rest as error feedback
+- `sparseloco.py`  SparseLoCo: top-k per 4096-element chunk, 2-bit values, error feedback
 
 `protocol` imports neither `node` nor `validator`.
 """

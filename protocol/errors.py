@@ -27,6 +27,10 @@ class ConfigError(PulseError, ValueError):
     """A run manifest or option is invalid; the message names the field."""
 
 
+class NonFiniteUpdate(PulseError, ValueError):
+    """A local pseudo-gradient or error-feedback buffer has NaN or inf values (training diverged)."""
+
+
 class KeyFileError(PulseError):
     """An identity key file is missing, corrupt, the wrong length or readable by others."""
 

@@ -1,0 +1,224 @@
+"""Swappable pseudo-gradient codecs: the interface, the dense (no-op) codec, and the registry.
+
+A miner turns its pseudo-gradient Delta (FP32, per tensor) into payload bytes; the validator
+turns payload bytes back into FP32 tensors. The pattern is hivemind's `compression/base.py`
+(`CompressionBase` beside `NoCompression`):
+
+    codec = make_codec("sparseloco")
+    payload, error, stats = codec.compress(delta, error, weights)   # error: the new buffer
+    update = codec.decompress(payload, weights, max_bytes=cap)     # or a ProtocolError
+
+`weights` are the BF16 global weights every node holds for the round: they give the layout
+(sorted names and shapes) and PULSELoCo conditions its coding on their values.
+
+invariant (error feedback): decompress(payload) + error_new == carried + Delta, where carried is
+the part of the old buffer the codec keeps (all of it for dense and PULSELoCo, beta times it
+for SparseLoCo); each codec's docstring says how exact the equality is.
+
+Every payload starts with: 4-byte magic | u8 version | varint tensor count | 8-byte layout digest.
+Decoding never allocates beyond the layout and the caller's cap, and raises a `ProtocolError`
+subclass for each kind of bad input; it never modifies its arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from protocol.errors import (
+    IncompatibleStates,
+    InvalidPositions,
+    LayoutMismatch,
+    NonFiniteUpdate,
+    NonFiniteValues,
+    SizeLimitExceeded,
+    UnknownVersion,
+)
+from protocol.wire import Reader, Writer
+
+State = Mapping[str, torch.Tensor]
+_HEADER_SLACK = 1 << 16
+_DIGEST_BYTES = 8
+
+# name -> "module:Class"; imported on first use so codec modules can import this one
+REGISTRY = {
+    "dense": "protocol.codec:DenseCodec",
+    "pulseloco": "protocol.pulseloco:PulseLoCoCodec",
+    "sparseloco": "protocol.sparseloco:SparseLoCoCodec",
+}
+
+
+@dataclass(frozen=True)
+class CodecStats:
+    """What one payload carries. `sent` counts every value on the wire, dense ones included."""
+
+    elements: int
+    sent: int
+    payload_bytes: int
+    position_bytes: int = 0  # the entropy-coded positions stream
+    value_bytes: int = 0  # value streams and value models
+
+    @property
+    def bits_per_value(self) -> float:
+        return 8 * self.payload_bytes / self.sent if self.sent else float("inf")
+
+    @property
+    def density(self) -> float:
+        return self.sent / self.elements if self.elements else 0.0
+
+
+class Codec(ABC):
+    """A pseudo-gradient codec. Subclasses set `name`, `magic`, `version` and the two hooks."""
+
+    name: ClassVar[str]
+    magic: ClassVar[bytes]
+    version: ClassVar[int]
+
+    def compress(
+        self, delta: State, error: State | None, weights: State
+    ) -> tuple[bytes, dict[str, torch.Tensor], CodecStats]:
+        """(payload, new error buffer, stats). Reads its arguments, never modifies them."""
+        check_inputs(delta, error, weights)
+        err = error if error is not None else zeros_like(weights)
+        w = Writer()
+        w.raw(self.magic)
+        w.u8(self.version)
+        w.varint(len(weights))
+        w.raw(layout_digest(weights))
+        new_error, stats = self._encode(w, delta, err, weights)
+        payload = w.getvalue()
+        return payload, new_error, _with_size(stats, len(payload))
+
+    def decompress(self, payload: bytes, weights: State, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
+        """The FP32 update the payload carries, one dense tensor per name of `weights`."""
+        cap = default_max_bytes(weights) if max_bytes is None else max_bytes
+        if len(payload) > cap:
+            raise SizeLimitExceeded(f"{self.name} payload is {len(payload)} bytes, above the cap of {cap}")
+        r = Reader(payload, f"{self.name} payload")
+        if bytes(r.raw(len(self.magic))) != self.magic:
+            raise UnknownVersion(f"not a {self.name} payload (bad magic)")
+        version = r.u8()
+        if version != self.version:
+            raise UnknownVersion(f"{self.name} payload version {version} is not supported (speaks {self.version})")
+        count = r.varint(1 << 32, "tensor count")
+        if count != len(weights) or bytes(r.raw(_DIGEST_BYTES)) != layout_digest(weights):
+            raise LayoutMismatch(f"{self.name} payload was made for another layout ({count} tensors)")
+        return self._decode(r, weights)
+
+    def initial_error(self, weights: State) -> dict[str, torch.Tensor]:
+        return zeros_like(weights)
+
+    @abstractmethod
+    def _encode(
+        self, w: Writer, delta: State, error: State, weights: State
+    ) -> tuple[dict[str, torch.Tensor], CodecStats]:
+        """Append the body; return the new error buffer and stats (payload_bytes filled in later)."""
+
+    @abstractmethod
+    def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
+        """Read the whole body (ending with `r.expect_end()`), then decode it."""
+
+
+class DenseCodec(Codec):
+    """Dense DiLoCo: every FP32 value of e + Delta, raw little-endian. The new buffer is zero, so the
+    invariant is exact."""
+
+    name = "dense"
+    magic = b"DLOC"
+    version = 1
+
+    def _encode(
+        self, w: Writer, delta: State, error: State, weights: State
+    ) -> tuple[dict[str, torch.Tensor], CodecStats]:
+        for name in sorted(weights):
+            s = (error[name] + delta[name]).reshape(-1)
+            w.raw(s.numpy().astype("<f4", copy=False).tobytes())
+        n = numel(weights)
+        return zeros_like(weights), CodecStats(elements=n, sent=n, payload_bytes=0, value_bytes=4 * n)
+
+    def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
+        sections = [(name, r.raw(4 * weights[name].numel())) for name in sorted(weights)]
+        r.expect_end()
+        return {name: f32_tensor(np.frombuffer(raw, dtype="<f4"), weights[name], name) for name, raw in sections}
+
+
+def make_codec(name: str, **options: object) -> Codec:
+    """The codec registered under `name`, built with `options` (its constructor's keywords)."""
+    try:
+        module, cls = REGISTRY[name].split(":")
+    except KeyError:
+        raise KeyError(f"unknown codec {name!r}; known: {sorted(REGISTRY)}") from None
+    codec: Codec = getattr(importlib.import_module(module), cls)(**options)
+    return codec
+
+
+# -- helpers shared by the codecs -------------------------------------------------------------
+
+
+def layout_digest(weights: State) -> bytes:
+    """8 bytes naming the sorted tensor names and shapes the payload is laid out for."""
+    text = ";".join(f"{name}:{tuple(weights[name].shape)}" for name in sorted(weights))
+    return hashlib.sha256(text.encode()).digest()[:_DIGEST_BYTES]
+
+
+def numel(weights: State) -> int:
+    return sum(t.numel() for t in weights.values())
+
+
+def default_max_bytes(weights: State) -> int:
+    """The largest payload worth accepting: the dense FP32 size plus header slack."""
+    return 4 * numel(weights) * 11 // 10 + _HEADER_SLACK
+
+
+def zeros_like(weights: State) -> dict[str, torch.Tensor]:
+    return {name: torch.zeros(t.shape, dtype=torch.float32) for name, t in weights.items()}
+
+
+def check_inputs(delta: State, error: State | None, weights: State) -> None:
+    """Raise unless delta (and error) are FP32 with the weights' names and shapes, and finite."""
+    for label, state in (("delta", delta), ("error", error)):
+        if state is None:
+            continue
+        if set(state) != set(weights):
+            raise IncompatibleStates(f"{label} names differ from the weights': {sorted(set(state) ^ set(weights))[:5]}")
+        for name, t in state.items():
+            if t.dtype != torch.float32 or t.shape != weights[name].shape:
+                raise IncompatibleStates(
+                    f"{label} {name}: {t.dtype}{tuple(t.shape)}, weights are {tuple(weights[name].shape)}"
+                )
+            if not bool(torch.isfinite(t).all()):
+                raise NonFiniteUpdate(f"{label} {name} has NaN or inf values")
+
+
+def f32_tensor(flat: np.ndarray, like: torch.Tensor, name: str) -> torch.Tensor:
+    """A finite FP32 tensor shaped like `like` from decoded values (copied)."""
+    if not np.isfinite(flat).all():
+        raise NonFiniteValues(f"{name}: NaN or inf in the payload")
+    return torch.from_numpy(np.array(flat, dtype=np.float32)).reshape(like.shape)
+
+
+def write_words(w: Writer, words: np.ndarray) -> None:
+    w.varint(words.size)
+    w.raw(words.astype("<u4").tobytes())
+
+
+def read_words(r: Reader) -> np.ndarray:
+    # the count only bounds a view of bytes already in hand: a short payload is truncated, not oversized
+    return r.u32_array(r.varint(1 << 40, "stream words"))
+
+
+def check_gaps(gaps: np.ndarray, class_size: np.ndarray) -> None:
+    """Each gap must fit in its class: rejects hostile gaps before any sum of them can overflow."""
+    if np.any(gaps >= class_size):
+        raise InvalidPositions("a position gap is larger than its class")
+
+
+def _with_size(stats: CodecStats, size: int) -> CodecStats:
+    return CodecStats(stats.elements, stats.sent, size, stats.position_bytes, stats.value_bytes)

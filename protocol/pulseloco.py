@@ -1,0 +1,231 @@
+"""PULSELoCo: send a pseudo-gradient only where it would change the BF16 forward pass.
+
+Per tensor, with W the BF16 global weights, Delta the FP32 pseudo-gradient, e the FP32 buffer:
+
+    s = e + Delta
+    mask = bf16(W - s) != W                 # compute-visible gating, elementwise
+    send v = s[mask] (FP32, or rounded to BF16);  e_new = s - v at the mask, s elsewhere
+
+invariant (exact, in real arithmetic): v + e_new == s everywhere. For BF16 values s - v is exact
+in FP32 (Sterbenz: v is s rounded to 8 significant bits, so both have the same sign and are
+within a factor 2), so nothing is lost, only delayed.
+
+The receiver knows W, so positions are coded as gaps within W's exponent classes
+(contexts.py, positions.py) and values as sign + exponent relative to W's exponent plus raw
+mantissa bits (floatcode.py). BF16 values are the default: they cost ~10 bits instead of ~26
+with the same training result, the rounding residual waiting in e (`pulse bench loco` measures both).
+
+Format v1 (after the common header of codec.py), varints are LEB128:
+
+    u8 value format (0 FP32, 1 BF16)
+    per tensor, sorted by name: varint classes, per class: varint context delta, varint k,
+        u8 theta (0 = every position of the class is sent)
+    value models, one per W exponent that occurs (floatcode.write_models)
+    varint words | u32 words    positions stream
+    varint words | u32 words    values stream
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from protocol import floatcode, positions
+from protocol.ans import AnsDecoder, AnsEncoder
+from protocol.codec import Codec, CodecStats, State, check_gaps, f32_tensor, numel, read_words, write_words
+from protocol.contexts import NUM_CONTEXTS, ContextOrder, exponent_context
+from protocol.errors import InvalidPositions, MalformedPayload
+from protocol.tensorbytes import bits, dtype_name
+from protocol.wire import Reader, Writer
+
+VALUE_FORMATS = {"fp32": (0, floatcode.FP32_MANTISSA), "bf16": (1, floatcode.BF16_MANTISSA)}
+_MANTISSA_BY_CODE = {code: mant for code, mant in VALUE_FORMATS.values()}
+
+
+def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """(n,) bool: where bf16(W - s) differs from W (in W's own dtype), i.e. where sending s is visible."""
+    w = weights.reshape(-1)
+    return (w.float() - s.reshape(-1)).to(w.dtype) != w
+
+
+@dataclass
+class _Part:
+    """One tensor's sparse part, positions in class-major order."""
+
+    classes: np.ndarray  # active exponent classes, ascending
+    k: np.ndarray  # sent per active class
+    theta: np.ndarray  # per active class, 0 = all positions sent
+    m: np.ndarray  # Golomb bucket width per active class
+    gaps: np.ndarray  # per sent position, class-major
+    ctx: np.ndarray  # W's exponent per sent position
+    values: np.ndarray  # FP32 value per sent position
+
+
+def write_classes(w: Writer, classes: np.ndarray, k: np.ndarray, theta: np.ndarray) -> None:
+    w.varint(len(classes))
+    prev = -1
+    for c, kc, t in zip(classes.tolist(), k.tolist(), theta.tolist(), strict=True):
+        w.varint(c - prev - 1)
+        w.varint(kc)
+        w.u8(t)
+        prev = c
+
+
+def read_classes(r: Reader, name: str, numel: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = []
+    cls = -1
+    for _ in range(r.varint(NUM_CONTEXTS, f"{name} class count")):
+        cls += 1 + r.varint(NUM_CONTEXTS, f"{name} context delta")
+        if cls >= NUM_CONTEXTS:
+            raise MalformedPayload(f"{name}: context {cls} out of range")
+        k = r.varint(numel, f"{name} sent in context {cls}")
+        if k == 0:
+            raise MalformedPayload(f"{name}: class {cls} is listed with nothing sent")
+        rows.append((cls, k, r.u8()))
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+class PulseLoCoCodec(Codec):
+    name = "pulseloco"
+    magic = b"PLOC"
+    version = 1
+
+    def __init__(self, value_format: str = "bf16") -> None:
+        if value_format not in VALUE_FORMATS:
+            raise ValueError(f"value_format must be one of {sorted(VALUE_FORMATS)}, got {value_format!r}")
+        self.value_format = value_format
+
+    def _encode(
+        self, w: Writer, delta: State, error: State, weights: State
+    ) -> tuple[dict[str, torch.Tensor], CodecStats]:
+        code, mantissa_bits = VALUE_FORMATS[self.value_format]
+        w.u8(code)
+        new_error: dict[str, torch.Tensor] = {}
+        parts = []
+        for name in sorted(weights):
+            part, new_error[name] = self._sparsify(weights[name], error[name] + delta[name])
+            write_classes(w, part.classes, part.k, part.theta)
+            parts.append(part)
+        values = np.concatenate([p.values for p in parts])
+        ctx = np.concatenate([p.ctx for p in parts])
+        coded = floatcode.split(values, ctx, mantissa_bits)
+        before_model = len(w.getvalue())
+        floatcode.write_models(w, coded.models)
+        model_bytes = len(w.getvalue()) - before_model
+        pos_enc = AnsEncoder()
+        k_all = np.concatenate([p.k for p in parts])
+        positions.encode_gaps(
+            pos_enc,
+            np.concatenate([p.gaps for p in parts]),
+            np.repeat(np.concatenate([p.m for p in parts]), k_all),
+            np.repeat(np.concatenate([p.theta for p in parts]), k_all),
+        )
+        pos_words = pos_enc.finish()
+        val_enc = AnsEncoder()
+        floatcode.encode(val_enc, coded, mantissa_bits)
+        val_words = val_enc.finish()
+        write_words(w, pos_words)
+        write_words(w, val_words)
+        stats = CodecStats(
+            elements=numel(weights),
+            sent=len(values),
+            payload_bytes=0,
+            position_bytes=4 * pos_words.size,
+            value_bytes=4 * val_words.size + model_bytes,
+        )
+        return new_error, stats
+
+    def _sparsify(self, weights: torch.Tensor, s: torch.Tensor) -> tuple[_Part, torch.Tensor]:
+        """Gate s against W; the part to send (class-major) and the new buffer."""
+        flat = s.reshape(-1)
+        mask = gate(weights, flat).numpy()
+        raw = bits(weights)
+        ctx = exponent_context(raw, dtype_name(weights.dtype))
+        order = ContextOrder(ctx)
+        sidx = order.sorted_indices(mask)
+        pos = order.positions(sidx)
+        sent = flat[torch.from_numpy(pos)]
+        if self.value_format == "bf16":
+            sent = sent.to(torch.bfloat16).float()
+        e_new = flat.clone()
+        e_new[torch.from_numpy(pos)] = flat[torch.from_numpy(pos)] - sent  # exact: see the invariant
+        cls, gaps = positions.split_gaps(sidx, order.starts, order.counts)
+        k_by_class = np.bincount(cls, minlength=NUM_CONTEXTS)
+        classes = np.flatnonzero(k_by_class)
+        k, n = k_by_class[classes], order.counts[classes]
+        m = positions.golomb_m(n, k)
+        local = np.repeat(np.arange(len(classes)), k)
+        q_mean = np.bincount(local, weights=gaps // m[local], minlength=len(classes)) / np.maximum(k, 1)
+        theta = np.where(k == n, 0, np.clip(np.rint(256 * q_mean / (1 + q_mean)), 1, 255)).astype(np.int64)
+        part = _Part(classes, k, theta, m, gaps, ctx[pos], sent.numpy())
+        return part, e_new.reshape(s.shape)
+
+    def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
+        code = r.u8()
+        if code not in _MANTISSA_BY_CODE:
+            raise MalformedPayload(f"unknown value format {code}")
+        names = sorted(weights)
+        headers = [read_classes(r, name, weights[name].numel()) for name in names]
+        models = floatcode.read_models(r, sum(int(k.sum()) for _, k, _ in headers))
+        pos_words, val_words = read_words(r), read_words(r)
+        r.expect_end()
+        tensors = [_Tensor.check(name, weights[name], *h) for name, h in zip(names, headers, strict=True)]
+        pos_by_tensor = _decode_positions(pos_words, tensors)
+        dec = AnsDecoder(val_words)
+        ctx = np.concatenate([np.zeros(0, np.uint8)] + [t.ctx[p] for t, p in zip(tensors, pos_by_tensor, strict=True)])
+        values = floatcode.decode(dec, ctx, models, _MANTISSA_BY_CODE[code])
+        dec.finish()
+        out, offset = {}, 0
+        for name, pos in zip(names, pos_by_tensor, strict=True):
+            flat = np.zeros(weights[name].numel(), dtype=np.float32)
+            flat[pos] = values[offset : offset + len(pos)]
+            offset += len(pos)
+            out[name] = f32_tensor(flat, weights[name], name)
+        return out
+
+
+@dataclass
+class _Tensor:
+    """One tensor as the receiver sees it: W's exponent classes and what the header claims about them."""
+
+    ctx: np.ndarray  # (numel,) uint8 exponent of W
+    order: ContextOrder
+    classes: np.ndarray
+    k: np.ndarray
+    theta: np.ndarray
+    n: np.ndarray  # class sizes
+
+    @classmethod
+    def check(cls, name: str, weights: torch.Tensor, classes: np.ndarray, k: np.ndarray, theta: np.ndarray) -> _Tensor:
+        ctx = exponent_context(bits(weights), dtype_name(weights.dtype))
+        order = ContextOrder(ctx)
+        n = order.counts[classes]
+        if np.any(k > n):
+            raise InvalidPositions(f"{name}: more positions than an exponent class holds")
+        if np.any((theta == 0) != (k == n)):
+            raise MalformedPayload(f"{name}: theta 0 must mark exactly the fully sent classes")
+        return cls(ctx, order, classes, k, theta, n)
+
+
+def _decode_positions(words: np.ndarray, tensors: list[_Tensor]) -> list[np.ndarray]:
+    """Sent positions per tensor, class-major (the order values come in)."""
+    cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
+    k, n, theta = cat([t.k for t in tensors]), cat([t.n for t in tensors]), cat([t.theta for t in tensors])
+    dec = AnsDecoder(words)
+    gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(n, k), k), np.repeat(theta, k))
+    dec.finish()
+    check_gaps(gaps, np.repeat(n, k))
+    out, offset = [], 0
+    for t in tensors:
+        total = int(t.k.sum())
+        sidx = (
+            positions.join_gaps(gaps[offset : offset + total], t.order.starts[t.classes], t.n, t.k)
+            if total
+            else gaps[:0]
+        )
+        out.append(t.order.positions(sidx))
+        offset += total
+    return out

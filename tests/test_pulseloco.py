@@ -1,0 +1,246 @@
+"""PULSELoCo and the dense codec: gating, the exact error-feedback invariant, round trips, hostile payloads."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import floatcode, positions
+from protocol.ans import AnsEncoder
+from protocol.codec import CodecStats, DenseCodec, layout_digest, make_codec, write_words
+from protocol.errors import (
+    IncompatibleStates,
+    InvalidPositions,
+    LayoutMismatch,
+    MalformedPayload,
+    NonFiniteUpdate,
+    NonFiniteValues,
+    SizeLimitExceeded,
+    TrailingBytes,
+    TruncatedPayload,
+    UnknownVersion,
+)
+from protocol.pulseloco import PulseLoCoCodec, gate, write_classes
+from protocol.wire import Writer
+
+State = dict[str, torch.Tensor]
+
+
+def make_case(seed: int, scale: float) -> tuple[State, State, State]:
+    """(weights BF16, delta, error) for a small model-shaped layout."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a.weight": (64, 48), "b.bias": (48,), "c.weight": (3, 5, 7)}
+    weights = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in shapes.items()}
+    weights["b.bias"][:5] = 0  # zeros: every nonzero update is visible there
+    delta = {n: torch.randn(s, generator=g) * scale for n, s in shapes.items()}
+    error = {n: torch.randn(s, generator=g) * scale / 4 for n, s in shapes.items()}
+    return weights, delta, error
+
+
+def clone(state: State) -> State:
+    return {n: t.clone() for n, t in state.items()}
+
+
+def same(a: State, b: State) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def bf16_round(x: np.float32) -> int:
+    """Round-to-nearest-even of an FP32 to BF16 bits, by hand (an independent brute force)."""
+    u = struct.unpack("<I", struct.pack("<f", float(x)))[0]
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def brute_gate(w_bits: np.ndarray, s: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(s), dtype=bool)
+    for i, (wb, si) in enumerate(zip(w_bits.tolist(), s.tolist(), strict=True)):
+        w = struct.unpack("<f", struct.pack("<I", wb << 16))[0]
+        new = bf16_round(np.float32(w) - np.float32(si))
+        out[i] = struct.unpack("<f", struct.pack("<I", new << 16))[0] != w  # value compare: -0 == 0
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    w_bits=st.lists(st.integers(0, 0xFFFF).filter(lambda b: (b >> 7) & 0xFF != 0xFF), min_size=1, max_size=64),
+    log_scale=st.floats(-12, 2),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_gate_agrees_with_brute_force(w_bits: list[int], log_scale: float, seed: int) -> None:
+    bits16 = np.array(w_bits, dtype=np.uint16)
+    w = torch.from_numpy(bits16.view(np.int16).copy()).view(torch.bfloat16)
+    rng = np.random.default_rng(seed)
+    s = (rng.standard_normal(len(bits16)) * 10.0**log_scale * np.abs(w.float().numpy() + 1e-30)).astype(np.float32)
+    assert np.array_equal(gate(w, torch.from_numpy(s)).numpy(), brute_gate(bits16, s))
+
+
+@pytest.mark.parametrize("value_format", ["bf16", "fp32"])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), log_scale=st.floats(-7, -1))
+def test_error_feedback_invariant_is_exact(value_format: str, seed: int, log_scale: float) -> None:
+    weights, delta, error = make_case(seed, 10.0**log_scale)
+    codec = PulseLoCoCodec(value_format)
+    payload, new_error, stats = codec.compress(delta, error, weights)
+    sent = codec.decompress(payload, weights)
+    for n in weights:
+        s = error[n] + delta[n]
+        assert torch.equal(sent[n].double() + new_error[n].double(), s.double())  # exact in real arithmetic
+        mask = gate(weights[n], s).reshape(s.shape)
+        assert torch.equal(sent[n] != 0, mask & (s != 0))  # sent exactly where gating says
+        assert torch.equal(new_error[n][~mask], s[~mask])
+        if value_format == "fp32":
+            assert torch.equal(sent[n][mask], s[mask])
+        else:
+            assert torch.equal(sent[n][mask], s[mask].to(torch.bfloat16).float())
+    assert stats.sent == sum(int(gate(weights[n], error[n] + delta[n]).sum()) for n in weights)
+    assert stats.payload_bytes == len(payload)
+
+
+def test_compress_leaves_its_inputs_alone() -> None:
+    weights, delta, error = make_case(1, 1e-4)
+    copies = clone(weights), clone(delta), clone(error)
+    PulseLoCoCodec().compress(delta, error, weights)
+    assert same(weights, copies[0]) and same(delta, copies[1]) and same(error, copies[2])
+
+
+def test_nothing_visible_sends_nothing() -> None:
+    weights, delta, _ = make_case(2, 1e-4)
+    zero = {n: torch.zeros_like(t) for n, t in delta.items()}
+    payload, new_error, stats = PulseLoCoCodec().compress(zero, None, weights)
+    assert stats.sent == 0
+    assert same(PulseLoCoCodec().decompress(payload, weights), zero)
+    assert same(new_error, zero)
+
+
+def test_bf16_values_cost_about_ten_bits() -> None:
+    weights, delta, error = make_case(3, 1e-3)
+    bf16 = PulseLoCoCodec("bf16").compress(delta, error, weights)[2]
+    fp32 = PulseLoCoCodec("fp32").compress(delta, error, weights)[2]
+    assert 8 * bf16.value_bytes / bf16.sent < 12 < 24 < 8 * fp32.value_bytes / fp32.sent
+
+
+def test_dense_codec_round_trip_and_registry() -> None:
+    weights, delta, error = make_case(4, 1e-3)
+    codec = make_codec("dense")
+    assert isinstance(codec, DenseCodec)
+    payload, new_error, stats = codec.compress(delta, error, weights)
+    out = codec.decompress(payload, weights)
+    assert all(torch.equal(out[n], error[n] + delta[n]) and not new_error[n].any() for n in weights)
+    assert stats == CodecStats(stats.elements, stats.elements, len(payload), 0, 4 * stats.elements)
+    with pytest.raises(KeyError):
+        make_codec("nope")
+
+
+def test_bad_local_inputs_raise() -> None:
+    weights, delta, error = make_case(5, 1e-3)
+    with pytest.raises(IncompatibleStates):
+        PulseLoCoCodec().compress({**delta, "a.weight": delta["a.weight"][:1]}, error, weights)
+    with pytest.raises(IncompatibleStates):
+        PulseLoCoCodec().compress({**delta, "extra": delta["b.bias"]}, error, weights)
+    bad = clone(delta)
+    bad["b.bias"][0] = float("nan")
+    with pytest.raises(NonFiniteUpdate):
+        PulseLoCoCodec().compress(bad, error, weights)
+
+
+# -- hostile payloads: the specific exception, and nothing the caller owns changes ----------------
+
+
+@pytest.fixture(scope="module")
+def case() -> tuple[State, bytes]:
+    weights, delta, error = make_case(6, 3e-4)
+    return weights, PulseLoCoCodec().compress(delta, error, weights)[0]
+
+
+def rejects(payload: bytes, weights: State, exc: type[Exception], **kw: int) -> None:
+    before = clone(weights)
+    with pytest.raises(exc) as info:
+        PulseLoCoCodec().decompress(payload, weights, **kw)
+    assert info.type is exc, f"expected {exc.__name__}, got {info.type.__name__}: {info.value}"
+    assert same(weights, before)
+
+
+def test_truncation_anywhere_is_truncation(case: tuple[State, bytes]) -> None:
+    weights, payload = case
+    for cut in sorted({*range(0, 40), *range(len(payload) - 40, len(payload)), len(payload) // 2}):
+        rejects(payload[:cut], weights, TruncatedPayload)
+
+
+def test_header_and_framing_errors(case: tuple[State, bytes]) -> None:
+    weights, payload = case
+    rejects(payload + b"\x00", weights, TrailingBytes)
+    rejects(b"XLOC" + payload[4:], weights, UnknownVersion)
+    rejects(payload[:4] + b"\x02" + payload[5:], weights, UnknownVersion)
+    rejects(payload, weights, SizeLimitExceeded, max_bytes=len(payload) - 1)
+    digest_at = 6  # magic, version, one-byte tensor count
+    rejects(payload[:digest_at] + bytes(8) + payload[digest_at + 8 :], weights, LayoutMismatch)
+    rejects(payload[:14] + b"\x07" + payload[15:], weights, MalformedPayload)  # value format byte
+    other = {**weights, "a.weight": torch.zeros(48, 64, dtype=torch.bfloat16)}
+    rejects(payload, other, LayoutMismatch)
+    rejects(DenseCodec().compress(*make_case(6, 3e-4)[1:], weights)[0], weights, UnknownVersion)
+
+
+def craft(weights: State, gaps: np.ndarray, values: np.ndarray, theta: int = 200, k_claim: int | None = None) -> bytes:
+    """A PULSELoCo payload sending positions (gaps in context class 0..) of the first tensor only."""
+    w = Writer()
+    w.raw(b"PLOC")
+    w.u8(1)
+    w.varint(len(weights))
+    w.raw(layout_digest(weights))
+    w.u8(0)  # FP32 values
+    names = sorted(weights)
+    ctx0 = int((weights[names[0]].reshape(-1)[0].view(torch.int16).item() >> 7) & 0xFF)
+    write_classes(w, np.array([ctx0]), np.array([k_claim or len(gaps)]), np.array([theta]))
+    for _ in names[1:]:
+        w.varint(0)
+    raw = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
+    ctx = np.full(len(values), ctx0)
+    sym = (raw >> 31) * 256 + ((ctx - ((raw >> 23) & 0xFF)) & 0xFF)  # by hand: split() refuses inf/NaN
+    models = floatcode.Models(np.array([ctx0]), np.bincount(sym, minlength=floatcode.ALPHABET)[None, :])
+    floatcode.write_models(w, models)
+    enc = AnsEncoder()
+    n = int((weights[names[0]].view(torch.int16) >> 7 & 0xFF).eq(ctx0).sum())  # size of class ctx0
+    m = positions.golomb_m(np.array([n]), np.array([k_claim or len(gaps)]))
+    positions.encode_gaps(enc, gaps, np.repeat(m, len(gaps)), np.full(len(gaps), theta))
+    write_words(w, enc.finish())
+    enc = AnsEncoder()
+    floatcode.encode(enc, floatcode.Coded(sym, raw & 0x7FFFFF, ctx, models), 23)
+    write_words(w, enc.finish())
+    return w.getvalue()
+
+
+def test_out_of_range_positions_and_non_finite_values() -> None:
+    a = torch.tensor([0.5] * 8 + [1.0] * 8, dtype=torch.bfloat16)  # two exponent classes of 8
+    weights = {"a": a, "b": torch.ones(4, dtype=torch.bfloat16)}
+    ok = np.array([1.0, 2.0], dtype=np.float32)
+    out = PulseLoCoCodec().decompress(craft(weights, np.array([0, 3]), ok), weights)  # the crafter itself works
+    assert out["a"][0] == 1.0 and out["a"][4] == 2.0
+    rejects(craft(weights, np.array([0, 40]), ok), weights, InvalidPositions)  # gap past the class
+    rejects(craft(weights, np.array([5, 5]), ok), weights, InvalidPositions)  # last rank past the class
+    rejects(craft(weights, np.zeros(9, dtype=np.int64), np.ones(9, np.float32)), weights, InvalidPositions)
+    rejects(craft(weights, np.zeros(17, dtype=np.int64), np.ones(17, np.float32)), weights, SizeLimitExceeded)
+    rejects(craft(weights, np.array([0, 3]), np.array([1.0, np.inf], np.float32)), weights, NonFiniteValues)
+    rejects(craft(weights, np.array([0, 3]), np.array([np.nan, 1.0], np.float32)), weights, NonFiniteValues)
+    rejects(craft(weights, np.zeros(8, dtype=np.int64), np.ones(8, np.float32)), weights, MalformedPayload)  # theta
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_corruption_never_escapes_the_error_tree(case: tuple[State, bytes], data: st.DataObject) -> None:
+    weights, payload = case
+    at = data.draw(st.integers(0, len(payload) - 1))
+    byte = data.draw(st.integers(0, 255))
+    bad = payload[:at] + bytes([byte]) + payload[at + 1 :]
+    before = clone(weights)
+    try:
+        out = PulseLoCoCodec().decompress(bad, weights)
+    except MalformedPayload:
+        pass
+    else:
+        assert all(bool(torch.isfinite(t).all()) for t in out.values())
+    assert same(weights, before)

@@ -1,0 +1,91 @@
+"""The outer optimizer: SGD (optionally with Nesterov momentum) on the validator's FP32 master.
+
+Pseudo-gradients point like gradients (Delta = W - W_local), so a step subtracts:
+
+    buf = momentum * buf + g               (buf starts at zero; momentum 0 means plain SGD)
+    d   = g + momentum * buf  if nesterov  else buf
+    master -= lr * d
+
+This is `torch.optim.SGD`'s rule, written out so the state is two plain dicts the validator
+can save and load (`state_tensors` / `load_state_tensors`). Deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.errors import IncompatibleStates
+
+_PREFIX = "momentum/"
+
+
+class OuterConfig(BaseModel):
+    """Outer step settings. Defaults are DiLoCo's (lr 0.7, Nesterov momentum 0.9)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    lr: float = Field(default=0.7, gt=0)
+    """Outer learning rate: how far the master moves along the averaged pseudo-gradient."""
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    """Momentum of the outer step; 0 gives plain SGD (SparseLoCo's choice)."""
+    nesterov: bool = True
+    """Use Nesterov momentum (look-ahead); ignored when momentum is 0."""
+
+
+class OuterOptimizer:
+    """Owns the FP32 master weights and the momentum buffers."""
+
+    def __init__(self, cfg: OuterConfig, master: Mapping[str, torch.Tensor]) -> None:
+        wrong = sorted(name for name, t in master.items() if t.dtype != torch.float32)
+        if wrong:
+            raise IncompatibleStates(f"the master weights must be float32: {wrong[:5]}")
+        self.cfg = cfg
+        self.master = {name: t.detach().clone() for name, t in master.items()}
+        self.momentum = {name: torch.zeros_like(t) for name, t in self.master.items()}
+        self.steps = 0
+
+    def step(self, update: Mapping[str, torch.Tensor]) -> None:
+        """Apply one averaged pseudo-gradient (same names and shapes as the master)."""
+        if set(update) != set(self.master):
+            raise IncompatibleStates(
+                f"update names differ from the master's: {sorted(set(update) ^ set(self.master))[:5]}"
+            )
+        for name in sorted(self.master):
+            g = update[name].to(torch.float32)
+            if g.shape != self.master[name].shape:
+                raise IncompatibleStates(f"{name}: update {tuple(g.shape)}, master {tuple(self.master[name].shape)}")
+        mu = self.cfg.momentum
+        for name in sorted(self.master):
+            g = update[name].to(torch.float32)
+            if mu == 0:
+                direction = g
+            else:
+                buf = self.momentum[name].mul_(mu).add_(g)
+                direction = g + mu * buf if self.cfg.nesterov else buf
+            self.master[name].sub_(direction, alpha=self.cfg.lr)
+        self.steps += 1
+
+    def bf16_weights(self) -> dict[str, torch.Tensor]:
+        """The BF16 global weights nodes train from: the master rounded to nearest."""
+        return {name: t.to(torch.bfloat16) for name, t in self.master.items()}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Momentum buffers as flat tensors (`momentum/<name>`), for a safetensors file."""
+        return {_PREFIX + name: t.clone() for name, t in self.momentum.items()}
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor], steps: int) -> None:
+        """Restore momentum saved by `state_tensors`; checks every name and shape before changing anything."""
+        expected = {_PREFIX + name: t for name, t in self.momentum.items()}
+        if set(tensors) != set(expected):
+            raise IncompatibleStates(f"saved outer state names differ: {sorted(set(tensors) ^ set(expected))[:5]}")
+        for key, t in tensors.items():
+            if t.shape != expected[key].shape or t.dtype != torch.float32:
+                raise IncompatibleStates(
+                    f"{key}: saved {t.dtype}{tuple(t.shape)}, expected float32{tuple(expected[key].shape)}"
+                )
+        for key, t in tensors.items():
+            expected[key].copy_(t)
+        self.steps = steps
