@@ -14,6 +14,8 @@ import sys
 COMMANDS = [
     "node.keygen_command",
     "node.dht_command",
+    "node.roles_command",
+    "node.demo_command",
     "node.bench.command",
 ]
 

@@ -1,0 +1,188 @@
+"""The miner and the follower on the network.
+
+A follower keeps bit-identical BF16 weights: it joins from the newest checkpoint, then applies
+every round's PULSESync patch, verifying each state hash (`catchup.py`).
+
+A miner does the same and, in every round r it holds W_r for while the round is open:
+announces itself (heartbeat), trains H AdamW steps on its assignment from W_r (DESIGN.md
+section 3), compresses Delta + error feedback with the run's codec, and pushes the signed header
+and payload to the validator over `rpc_submit`. It holds its model, its optimizer, one error
+buffer, the BF16 global weights and the payload it is sending: nothing grows with the number
+of peers. Busy fraction = seconds spent training and compressing / wall seconds since the first
+round it trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from node.catchup import Held, advance, join
+from node.netconfig import NetConfig
+from node.peer import Peer, Role
+from node.runtime import Events, RunSetup, mb
+from node.train import inner_train, load_bf16_state, make_optimizer, unique_state
+from node.transfer import call_submit
+from protocol.assignment import Assignment
+from protocol.codec import make_codec
+from protocol.errors import ProtocolError, TransferError
+from protocol.identity import Identity
+from protocol.messages import SubmissionHeader
+from protocol.signing import sign
+
+log = logging.getLogger(__name__)
+POLL_SECONDS = 0.5
+State = dict[str, torch.Tensor]
+
+
+class Trainer:
+    """H inner steps from W_r on this miner's assignment, compressed with error feedback."""
+
+    def __init__(self, setup: RunSetup, identity: Identity) -> None:
+        self.setup, self.identity = setup, identity
+        m = setup.manifest
+        self.codec = make_codec(m.train.codec)
+        self.model = setup.new_model()
+        self.optimizer = make_optimizer(self.model, m.train.inner)
+        self.error: State | None = None
+        self.steps_done = 0
+        self.last_loss = float("nan")
+
+    def submission(self, round_: int, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
+        m = self.setup.manifest
+        assignment = Assignment(self.setup.run_id, round_, self.identity.public_hex, m.selection.assignment_batches)
+        load_bf16_state(self.model, weights)
+        first = self.steps_done
+        losses = inner_train(
+            self.model,
+            m.train.inner,
+            lambda step: self.setup.batch(assignment.step_seed(step - first)),
+            m.train.inner_steps,
+            optimizer=self.optimizer,
+            first_step=first,
+        )
+        self.steps_done += m.train.inner_steps
+        self.last_loss = sum(losses) / len(losses)
+        local = unique_state(self.model)
+        delta = {name: weights[name].float() - local[name].detach() for name in weights}
+        payload, self.error, _ = self.codec.compress(delta, self.error, weights)
+        header = SubmissionHeader(
+            run_id=self.setup.run_id,
+            round=round_,
+            base_state_hash=base_hash,
+            payload_sha256=hashlib.sha256(payload).hexdigest(),
+            payload_size=len(payload),
+            codec=m.train.codec,
+            data_digest=assignment.digest,
+            sender=self.identity.public_hex,
+        )
+        return header, payload
+
+
+class Node:
+    """A follower; with a `Trainer`, a miner."""
+
+    def __init__(
+        self, setup: RunSetup, identity: Identity, peer: Peer, events: Events, trainer: Trainer | None
+    ) -> None:
+        self.setup, self.identity, self.peer, self.events, self.trainer = setup, identity, peer, events, trainer
+        self.held: Held | None = None
+        self.busy_seconds = 0.0
+        self.started: float | None = None
+        self.submitted: set[int] = set()
+        self.dense_bytes = setup.dense_bytes()
+
+    @classmethod
+    async def create(
+        cls, setup: RunSetup, identity: Identity, folder: Path, config: NetConfig, events: Events, *, mine: bool
+    ) -> Node:
+        role: Role = "miner" if mine else "follower"
+        trainer = Trainer(setup, identity) if mine else None
+        peer = await Peer.create(config, setup.manifest, identity, folder, role=role)
+        events.emit(
+            "start", f"{role} {identity.public_hex[:12]} joined, peer id {peer.peer_id}", sender=identity.public_hex
+        )
+        return cls(setup, identity, peer, events, trainer)
+
+    @property
+    def busy_fraction(self) -> float:
+        if self.started is None:
+            return 0.0
+        return self.busy_seconds / max(time.monotonic() - self.started, 1e-9)
+
+    async def run(self, rounds: int | None = None) -> Held:
+        """Follow (and mine) until holding W_rounds (None: forever)."""
+        self.held = await join(self.peer, self.events)
+        while rounds is None or self.held.round < rounds:
+            self.held = await advance(self.peer, self.held, self.events)
+            if rounds is not None and self.held.round >= rounds:
+                break
+            if self.trainer is not None and self.held.round not in self.submitted:
+                await self._mine(self.held)
+            else:
+                await asyncio.sleep(POLL_SECONDS)
+        self.events.emit(
+            "final",
+            f"holding the state of round {self.held.round}, hash {self.held.state_hash[:12]}",
+            round=self.held.round,
+            state_hash=self.held.state_hash,
+            busy_fraction=self.busy_fraction if self.trainer is not None else None,
+        )
+        return self.held
+
+    async def _mine(self, held: Held) -> None:
+        assert self.trainer is not None
+        r = held.round
+        beat = await self.peer.validator_heartbeat(r)
+        if beat is None or await self.peer.round_result(r) is not None:
+            await asyncio.sleep(POLL_SECONDS)  # the round is not open yet, or just closed
+            return
+        deadline = beat.sent_at + self.setup.manifest.round.deadline_seconds
+        if time.time() > deadline:
+            self.submitted.add(r)
+            self.events.emit("late", f"round {r} is past its deadline: waiting for round {r + 1}", round=r)
+            return
+        await self.peer.heartbeat(r, held.state_hash)
+        self.events.emit("train", f"joined round {r}: training {self.setup.manifest.train.inner_steps} steps", round=r)
+        self.started = self.started or time.monotonic()
+        start = time.monotonic()
+        header, payload = await asyncio.get_running_loop().run_in_executor(
+            None,
+            lambda: self.trainer.submission(r, held.weights, held.state_hash),  # type: ignore[union-attr]
+        )
+        self.busy_seconds += time.monotonic() - start
+        self.submitted.add(r)
+        await self._submit(header, payload)
+
+    async def _submit(self, header: SubmissionHeader, payload: bytes) -> None:
+        assert self.trainer is not None
+        peer, r = self.peer, header.round
+        sha = peer.store.put(payload)
+        try:
+            if peer.validator_peer is None:
+                raise TransferError("the validator's peer id is unknown")
+            signed = sign(self.identity, header)
+            await call_submit(peer.p2p, peer.validator_peer, signed, peer.store.path(sha))
+        except (TransferError, ProtocolError) as exc:
+            self.events.emit("missed", f"round {r}: submission not taken: {exc}", round=r)
+            return
+        finally:
+            peer.store.remove(sha)
+        ratio = self.dense_bytes / max(header.payload_size, 1)
+        self.events.emit(
+            "submitted",
+            f"round {r}: submitted {mb(header.payload_size)} ({ratio:.0f}x smaller than dense), "
+            f"train loss {self.trainer.last_loss:.4f}, busy {self.busy_fraction:.0%}",
+            round=r,
+            bytes=header.payload_size,
+            loss=self.trainer.last_loss,
+            busy_fraction=self.busy_fraction,
+        )
+
+    async def shutdown(self) -> None:
+        await self.peer.shutdown()

@@ -1,0 +1,109 @@
+"""What a manifest means in memory: the model, the batches, W_0, and how each role reports.
+
+    setup = RunSetup.from_manifest(manifest)
+    setup.new_model()            # the embedded GPT of the run, FP32
+    setup.initial_master()       # W_0 as FP32 weights (only the validator needs them)
+    setup.batch(seed)            # a miner's training batch, named by its seed
+    setup.eval_batch(seed)       # the validator's scoring batch of the same seed (a prefix)
+    setup.held_out()             # the batches the validator reports the loss on
+
+`Events` logs each step in words a user understands and, for `pulse demo`, also appends it as
+one JSON line to a file the demo reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.data import Corpus, load_text_files, stdlib_corpus
+from node.manifest import Manifest
+from node.model import GPT, build_gpt
+from node.train import Batch, unique_state
+from protocol.errors import ConfigError
+
+HELD_OUT_SEED = 1_000_003
+HELD_OUT_BATCH_SIZE = 16
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    manifest: Manifest
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> RunSetup:
+        if manifest.model.kind != "gpt":
+            raise ConfigError("model kind 'hf' is not supported by this build yet: use kind 'gpt'")
+        return cls(manifest)
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.run_id
+
+    @cached_property
+    def corpus(self) -> Corpus:
+        data = self.manifest.data
+        if data.kind == "embedded":
+            return stdlib_corpus(data.cap_bytes)
+        paths = [Path(p).expanduser() for p in data.paths]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise ConfigError(f"data.paths: not a file: {missing[0]}")
+        return load_text_files(paths, Path("/"), data.cap_bytes)
+
+    def new_model(self) -> GPT:
+        return build_gpt(self.manifest.model.gpt, self.manifest.model.seed)
+
+    def initial_master(self) -> dict[str, torch.Tensor]:
+        return {n: t.detach().clone().float() for n, t in unique_state(self.new_model()).items()}
+
+    def batch(self, seed: int) -> Batch:
+        data = self.manifest.data
+        return self.corpus.batch(seed, data.batch_size, data.seq_len)
+
+    def eval_batch(self, seed: int) -> Batch:
+        return self.corpus.batch(seed, self.manifest.selection.eval_batch_size, self.manifest.data.seq_len)
+
+    def held_out(self) -> list[Batch]:
+        n, seq = self.manifest.selection.held_out_batches, self.manifest.data.seq_len
+        return [self.corpus.batch(HELD_OUT_SEED * (i + 1), HELD_OUT_BATCH_SIZE, seq, "held_out") for i in range(n)]
+
+    def dense_bytes(self) -> int:
+        """Bytes of a dense FP32 pseudo-gradient: what a codec's payload is compared with."""
+        return sum(p.numel() for p in self.new_model().parameters()) * 4
+
+
+class Events:
+    """Human log lines plus, optionally, machine-readable JSON lines for the demo."""
+
+    def __init__(self, role: str, path: Path | None = None, logger: logging.Logger | None = None) -> None:
+        self.role = role
+        self.path = path
+        self.log = logger or logging.getLogger(f"pulse.{role}")
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, event: str, text: str, **fields: Any) -> None:
+        self.log.info(text)
+        if self.path is None:
+            return
+        record = {"t": time.time(), "role": self.role, "event": event, **fields}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def finish(self, **fields: Any) -> None:
+        """The last record: peak RSS of this process and anything the role adds."""
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        self.emit("exit", f"{self.role} exiting (peak RSS {rss_mb:.0f} MB)", peak_rss_mb=rss_mb, **fields)
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} bytes"
