@@ -17,6 +17,7 @@ BENCHES = {
     "trace": "node.bench.trace",
     "sync": "node.bench.sync",
     "transfer": "node.bench.transfer",
+    "loco": "node.bench.loco",
     "gauntlet": "node.bench.gauntlet",
 }
 
