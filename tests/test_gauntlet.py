@@ -104,13 +104,13 @@ def test_intake_sorts_every_submission_and_changes_nothing() -> None:
     assert sorted(by_index) == list(range(1, 15))
     ignored = {1: "InvalidSignature", 2: "bad envelope", 3: "WrongRun", 4: "stale round 6", 5: "future round 8"}
     ignored[6] = "replay of message"
+    ignored[7] = "second submission"
     for i, text in ignored.items():
-        assert text in by_index[i].reason and not by_index[i].named and not by_index[i].penalized
-    assert by_index[7].named and not by_index[7].penalized and "second submission" in by_index[7].reason
+        assert text in by_index[i].reason and not by_index[i].named
     named = {8: "codec dense", 9: "behind: trained from the state of round 5", 10: "unknown base state"}
     named |= {11: "oversize", 12: "payload is 7 bytes, header says 3", 13: "SHA-256", 14: "data digest"}
     for i, text in named.items():
-        assert text in by_index[i].reason and by_index[i].named and by_index[i].penalized
+        assert text in by_index[i].reason and by_index[i].named
     assert len(seen) == 1 and len(out.message_ids) == 10  # ids enter the cache only when the round commits
 
 
@@ -122,8 +122,9 @@ def test_intake_replays_across_rounds_and_the_submission_cap() -> None:
     assert not again.candidates and "replay" in again.refusals[0].reason
     capped = screen([submission("a"), submission("b")], context(max_submissions=1), SeenCache())
     assert len(capped.candidates) == 1 and "round is full" in capped.refusals[0].reason
-    same_payload_twice = screen([submission("a"), submission("a", data_digest="1" * 64)], context(), SeenCache())
-    assert not same_payload_twice.refusals[0].named  # same (sender, payload): it cannot have a second outcome
+    many = [submission(f"s{i}") for i in range(5)] + [submission(f"s{i}", b"again") for i in range(5)]
+    crowded = screen(many, context(max_submissions=3), SeenCache())
+    assert len(crowded.candidates) == 3 and not any(r.named for r in crowded.refusals)  # the result stays small
 
 
 def test_reason_text_is_one_safe_line() -> None:

@@ -158,7 +158,7 @@ class Validator:
             indicators[a.sender] = moving_average(indicators.get(a.sender, 0.0), a.indicator, cfg.indicator_decay)
         ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
         last = [a.sender for a in inspection.assessments if a.problem is not None]
-        last += [f.sender for f in screened.refusals if f.penalized and f.sender is not None]
+        last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
         ratings = self.ratings.rate(r, ranked, last)
         selected, finals, reasons = select(cfg, evaluated, ratings.ordinal, indicators)
         outcomes, scored, rejections = outcomes_and_result(

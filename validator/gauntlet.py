@@ -238,7 +238,7 @@ def outcomes_and_result(
     outcomes: dict[int, Outcome] = {}
     for r in screened.refusals:
         status: Literal["rejected", "ignored"] = "rejected" if r.named else "ignored"
-        outcomes[r.index] = Outcome(r.index, status, r.reason, r.sender, r.payload_sha256)
+        outcomes[r.index] = Outcome(r.index, status, reason_text(r.reason), r.sender, r.payload_sha256)
     for a in assessments:
         h = a.candidate.header.payload_sha256
         base = Outcome(

@@ -6,13 +6,15 @@ its outcome may say about its sender:
 
     1. envelope framing, run, signature, body schema   not provably the sender's:  ignored
     2. round (stale or future), replay of a seen id     a replay is anyone's:        ignored
-    3. a second submission from the same key            the first one counts:        named, not penalized
-    4. codec, base state hash (behind / unknown), size, payload hash, data digest
+    3. a second submission from the same key            the first one counts:        ignored
+    4. more than `max_submissions` senders              the round is full:           ignored
+    5. codec, base state hash (behind / unknown), size, payload hash, data digest
                                                          the sender's own doing:      named, penalized
 
 'Ignored' refusals are logged locally only: naming an unverified sender in the signed round
-result would let anyone put words in the validator's mouth. 'Named' ones appear in the signed
-result; 'penalized' ones also rank their sender last in the round's rating match.
+result would let anyone put words in the validator's mouth, and extra messages from one sender
+must not grow the result past its caps (`max_submissions` <= `MAX_REJECTIONS`). 'Named' ones
+appear in the signed result and rank their sender last in the round's rating match.
 
 Intake changes nothing: the message ids it returns enter the replay cache when the round commits.
 """
@@ -61,8 +63,7 @@ class Refusal:
     reason: str
     sender: str | None = None
     payload_sha256: str | None = None
-    named: bool = False  # listed in the signed round result
-    penalized: bool = False  # its sender ranks last in this round's rating match
+    named: bool = False  # listed in the signed round result; its sender ranks last in the rating match
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Screened:
     candidates: list[Candidate] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     message_ids: list[str] = field(default_factory=list)  # to remember once the round commits
-    senders: list[str] = field(default_factory=list)  # signed senders of this round, first submissions only
+    senders: list[str] = field(default_factory=list)  # signed senders of this round (one entry each)
 
 
 def reason_text(text: str) -> str:
@@ -97,19 +98,12 @@ def screen(submissions: Sequence[Submission], ctx: RoundContext, seen: SeenCache
     """Sort the round's submissions into candidates and refusals, in arrival order."""
     out = Screened()
     ids_this_round: set[str] = set()
-    keys_named: set[tuple[str, str]] = set()
     for index, sub in enumerate(submissions):
         verdict = _screen_one(index, sub, ctx, seen, ids_this_round, out)
         if isinstance(verdict, Candidate):
-            keys_named.add((verdict.sender, verdict.header.payload_sha256))
             out.candidates.append(verdict)
-            continue
-        if verdict.named:
-            key = (verdict.sender or "", verdict.payload_sha256 or "")
-            if key in keys_named:  # the same (sender, payload) cannot have two outcomes in the result
-                verdict = Refusal(index, verdict.reason, verdict.sender, verdict.payload_sha256)
-            keys_named.add(key)
-        out.refusals.append(verdict)
+        else:
+            out.refusals.append(verdict)
     return out
 
 
@@ -134,13 +128,13 @@ def _screen_one(
     ids.add(message_id)
     out.message_ids.append(message_id)
     if claimed in out.senders:
-        return Refusal(index, "second submission from this key this round", claimed, header.payload_sha256, named=True)
+        return Refusal(index, "second submission from this key this round", claimed, header.payload_sha256)
     if len(out.senders) >= ctx.max_submissions:
         return Refusal(index, f"round is full ({ctx.max_submissions} submissions)", claimed, header.payload_sha256)
     out.senders.append(claimed)
     problem = _check_claims(header, sub.payload, ctx)
     if problem:
-        return Refusal(index, problem, claimed, header.payload_sha256, named=True, penalized=True)
+        return Refusal(index, problem, claimed, header.payload_sha256, named=True)
     return Candidate(index, header, message_id, sub.payload)
 
 
