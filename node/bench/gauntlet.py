@@ -8,8 +8,9 @@ honest submissions were aggregated (recall), both final held-out losses, and the
 round costs the validator and an honest miner (training + compression).
 
 Peak memory: for a round of 8 and of 32 honest submissions, a fresh subprocess opens a
-validator state, reads the submissions from a file and runs the round; it reports its own
-`ru_maxrss`. Only the compressed payloads grow with the number of miners.
+validator state, reads the submissions from a file and runs the round; it reports its own peak
+resident memory (VmHWM; `ru_maxrss` would include the parent's, see `peak_rss_mb`). Only the
+compressed payloads grow with the number of miners.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ EVAL_BATCHES = 8
 EVAL_BATCH_SIZE = 16
 RSS_SIZES = (8, 32)
 RSS_INNER_STEPS = 2  # memory does not depend on how long the miners trained
+_NUMBER = re.compile(r"[-+]?\b\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_KEY = re.compile(r"\b[0-9a-f]{12,}\b")
 
 
 @dataclass
@@ -219,8 +222,23 @@ def rss_child(job_path: str) -> None:
         batch_source(corpus, job["batch_size"], gpt.block_size),
     )
     report = validator.run_round(read_submissions(Path(job["submissions"])))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    print(json.dumps({"peak_rss_mb": peak, "submissions": len(report.outcomes)}))
+    print(json.dumps({"peak_rss_mb": peak_rss_mb(), "submissions": len(report.outcomes)}))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB.
+
+    Linux keeps `ru_maxrss` across fork and exec, so a child of a large parent would report the
+    parent's size; the kernel's VmHWM belongs to the address space exec created, so it is read
+    first, and `ru_maxrss` (KiB on Linux) is the fallback elsewhere.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _counts(run: RunOutcome) -> tuple[int, int, int, Counter[str], Counter[str]]:
@@ -255,7 +273,7 @@ def _reasons(run: RunOutcome) -> dict[str, str]:
     for rec in run.records:
         for o in rec.report.outcomes:
             if o.status != "selected":
-                text = re.sub(r"[-+]?\b\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", re.sub(r"\b[0-9a-f]{12,}\b", "<key>", o.reason))
+                text = re.sub(_NUMBER, "N", re.sub(_KEY, "<key>", o.reason))
                 reasons.setdefault(rec.kinds[o.index], Counter())[text[:44]] += 1
     return {k: c.most_common(1)[0][0] for k, c in reasons.items()}
 
