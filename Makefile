@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-# Until the swarm demo lands, the main job is the PULSESync benchmark on a real update trace.
+# The main job: a whole swarm (bootstrap, validator, 3 miners, a follower) on loopback with
+# configs/tiny.toml; a live table per round, then a report in pulse-demo/ (summary.json, plots).
 demo: install
-	$(BIN)/pulse bench sync
+	$(BIN)/pulse demo
 
 test: install
 	$(BIN)/python -m pytest -q

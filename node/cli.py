@@ -16,6 +16,7 @@ COMMANDS = [
     "node.dht_command",
     "node.roles_command",
     "node.demo_command",
+    "node.status_command",
     "node.bench.command",
 ]
 

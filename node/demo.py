@@ -8,6 +8,7 @@ draw the table, and at the end writes `DIR/summary.json`, `DIR/loss.png` and `DI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -54,7 +55,10 @@ class Swarm:
         events.unlink(missing_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "node.cli", *args]
-        popen = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=Path.cwd())
+        # own session: a killed role takes its DHT process and libp2p daemon with it (`kill`)
+        popen = subprocess.Popen(
+            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=Path.cwd(), start_new_session=True
+        )
         proc = Proc(name, role, popen, events, log)
         self.procs.append(proc)
         return proc
@@ -74,7 +78,8 @@ class Swarm:
             time.sleep(0.2)
         raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
 
-    def start_role(self, name: str, role: str, key: Path | None, extra: list[str] | None = None) -> Proc:
+    def start_role(self, name: str, role: str, key: Path | None, *, state: str | None = None) -> Proc:
+        """Start `pulse <role>`; `state` names its state folder (default: `name`; a restart reuses one)."""
         args = [
             role,
             "--config",
@@ -86,25 +91,32 @@ class Swarm:
             "--events",
             str(self.out / "events" / f"{name}.jsonl"),
             "--state-dir",
-            str(self.work / name),
+            str(self.work / (state or name)),
             "--host",
             "/ip4/127.0.0.1/tcp/0",
             "--initial-peers",
             *self.bootstrap,
-            *(extra or []),
         ]
         if key is not None:
             args += ["--key", str(key)]
         return self._spawn(name, role, args)
 
     def stop(self, proc: Proc) -> None:
+        """Ctrl+C a role; SIGKILL its whole process group if it does not exit in time."""
         if proc.popen.poll() is None:
             proc.popen.send_signal(signal.SIGINT)
             try:
                 proc.popen.wait(STOP_SECONDS)
             except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
+                self.kill(proc)
+        with contextlib.suppress(ProcessLookupError):  # anything of its group left behind
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL a role and everything it started (a crash, for fault tests)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait()
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

@@ -94,7 +94,7 @@ class Node:
         self.held: Held | None = None
         self.busy_seconds = 0.0
         self.started: float | None = None
-        self.submitted: set[int] = set()
+        self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, round opened at)
         self.dense_bytes = setup.dense_bytes()
 
     @classmethod
@@ -122,7 +122,7 @@ class Node:
             self.held = await advance(self.peer, self.held, self.events)
             if rounds is not None and self.held.round >= rounds:
                 break
-            if self.trainer is not None and self.held.round not in self.submitted:
+            if self.trainer is not None:
                 await self._mine(self.held)
             else:
                 await asyncio.sleep(POLL_SECONDS)
@@ -139,12 +139,14 @@ class Node:
         assert self.trainer is not None
         r = held.round
         beat = await self.peer.validator_heartbeat(r)
-        if beat is None or await self.peer.round_result(r) is not None:
-            await asyncio.sleep(POLL_SECONDS)  # the round is not open yet, or just closed
+        opened = (r, beat.peer_id, beat.sent_at) if beat is not None else None
+        if opened is None or opened in self.submitted or await self.peer.round_result(r) is not None:
+            # the round is not open yet, is done here, or just closed (a restarted validator reopens it)
+            await asyncio.sleep(POLL_SECONDS)
             return
-        deadline = beat.sent_at + self.setup.manifest.round.deadline_seconds
+        self.submitted.add(opened)
+        deadline = opened[2] + self.setup.manifest.round.deadline_seconds
         if time.time() > deadline:
-            self.submitted.add(r)
             self.events.emit("late", f"round {r} is past its deadline: waiting for round {r + 1}", round=r)
             return
         await self.peer.heartbeat(r, held.state_hash)
@@ -156,7 +158,6 @@ class Node:
             lambda: self.trainer.submission(r, held.weights, held.state_hash),  # type: ignore[union-attr]
         )
         self.busy_seconds += time.monotonic() - start
-        self.submitted.add(r)
         await self._submit(header, payload)
 
     async def _submit(self, header: SubmissionHeader, payload: bytes) -> None:

@@ -1,0 +1,131 @@
+"""Whole rounds on loopback: separate `pulse` processes (bootstrap, validator, miners, followers).
+
+Faults: a miner killed mid-round, a follower paused for rounds, a follower that joins late
+(checkpoint + patch chain) and a validator killed mid-run and restarted from its state folder.
+Every node must end on the validator's state hash.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.demo import Proc, Swarm, prepare, read_events, summarize
+from node.manifest import Manifest, parse_manifest
+from node.roles_command import DEFAULT_CONFIG
+
+pytestmark = pytest.mark.swarm
+ROUNDS = 3
+WAIT = 150.0
+
+
+def _manifest() -> Manifest:
+    data: dict[str, Any] = tomllib.loads(DEFAULT_CONFIG.read_text())
+    data["round"].update(deadline_seconds=12.0, min_seconds=1.0, checkpoint_every=2)
+    data["selection"]["held_out_batches"] = 2
+    return parse_manifest(data)
+
+
+@pytest.fixture
+def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
+    manifest, validator_key, miner_keys = prepare(tmp_path, _manifest(), 3)
+    swarm = Swarm(tmp_path, manifest, ROUNDS)
+    try:
+        swarm.start_bootstrap()
+        yield swarm, validator_key, miner_keys
+    finally:
+        swarm.stop_all()
+
+
+def _events(swarm: Swarm) -> list[dict[str, Any]]:
+    return read_events(swarm.out / "events")
+
+
+def _wait(swarm: Swarm, what: str, found: Callable[[list[dict[str, Any]]], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if found(_events(swarm)):
+            return
+        time.sleep(0.2)
+    logs = {p.name: p.read_text(errors="replace")[-1500:] for p in (swarm.out / "logs").glob("*.log")}
+    raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
+
+
+def _has(name: str, event: str, round_: int | None = None) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda records: any(
+        r["name"] == name and r["event"] == event and (round_ is None or r.get("round") == round_) for r in records
+    )
+
+
+def _finish(swarm: Swarm, workers: list[Proc]) -> dict[str, Any]:
+    for proc in workers:
+        proc.popen.wait(WAIT)
+        assert proc.popen.returncode == 0, proc.log.read_text(errors="replace")[-2000:]
+    return summarize(_events(swarm), ROUNDS)
+
+
+def test_round_faults_late_joiner_and_paused_follower(swarm: tuple[Swarm, Path, list[Path]]) -> None:
+    s, validator_key, miner_keys = swarm
+    s.start_role("validator", "validator", validator_key)
+    miners = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
+    follower = s.start_role("follower", "follow", None)
+
+    _wait(s, "the follower's first patch", _has("follower", "patch", 0))
+    os.kill(follower.popen.pid, signal.SIGSTOP)  # misses rounds; its DHT process keeps serving
+    _wait(s, "miner2 training round 1", _has("miner2", "train", 1))
+    s.kill(miner2 := miners[2])
+    _wait(s, "round 1 closing", _has("validator", "round", 1))
+    late = s.start_role("late", "follow", None)
+    os.kill(follower.popen.pid, signal.SIGCONT)
+
+    summary = _finish(s, [*miners[:2], follower, late])
+    assert miner2.popen.returncode != 0
+    assert summary["rounds"] == ROUNDS
+    finals = summary["final_state_hashes"]
+    assert set(finals) >= {"validator", "miner0", "miner1", "follower", "late"}
+    assert summary["hashes_agree"], finals
+    assert summary["loss_last"] < summary["loss_first"]
+    closed = {r["round"]: r for r in _events(s) if r["event"] == "round"}
+    assert closed[1]["submissions"] == 2  # the killed miner did not stall the round
+    assert _has("late", "checkpoint")(_events(s))
+
+
+def test_validator_restart_continues_the_hash_chain(swarm: tuple[Swarm, Path, list[Path]]) -> None:
+    s, validator_key, miner_keys = swarm
+    first = s.start_role("validator", "validator", validator_key)
+    workers = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys[:2])]
+    workers.append(s.start_role("follower", "follow", None))
+
+    _wait(s, "round 1 opening", _has("validator", "open", 1))
+    s.kill(first)
+    s.start_role("validator2", "validator", validator_key, state="validator")
+
+    summary = _finish(s, workers)
+    records = _events(s)
+    starts = [r for r in records if r["name"] == "validator2" and r["event"] == "start"]
+    assert starts and starts[0]["round"] == 1  # resumed from its last committed round
+    assert _has("validator2", "round", ROUNDS - 1)(records)
+    finals = summary["final_state_hashes"]
+    assert set(finals) >= {"validator2", "miner0", "miner1", "follower"}
+    assert summary["hashes_agree"], finals
+
+
+def test_status_shows_the_round(swarm: tuple[Swarm, Path, list[Path]]) -> None:
+    s, validator_key, miner_keys = swarm
+    s.start_role("validator", "validator", validator_key)
+    _finish(s, [s.start_role("miner0", "miner", miner_keys[0])])
+    cmd = [sys.executable, "-m", "node.cli", "status", "--config", str(s.out / "run.toml")]
+    cmd += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *s.bootstrap]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, start_new_session=True)
+    assert done.returncode == 0, done.stderr
+    assert f"round {ROUNDS} is the open round" in done.stdout
+    assert "validator" in done.stdout and "aggregated" in done.stdout

@@ -1,0 +1,57 @@
+"""In-process pieces of the round protocol: checkpoints, the demo summary, the manifest-derived setup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from node.catchup import checkpoint_bytes, load_checkpoint
+from node.demo import summarize
+from node.manifest import Manifest
+from node.runtime import RunSetup
+from node.train import bf16_state
+from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
+from protocol.statehash import state_hash
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    return {"a": torch.randn(4, 3).bfloat16(), "b": torch.randn(5).bfloat16()}
+
+
+def test_checkpoint_round_trip_is_hash_checked() -> None:
+    weights = _weights()
+    data = checkpoint_bytes(weights)
+    loaded = load_checkpoint(data, state_hash(weights))
+    assert state_hash(loaded) == state_hash(weights)
+    with pytest.raises(StateHashMismatch):
+        load_checkpoint(data, "0" * 64)
+    with pytest.raises(MalformedPayload):
+        load_checkpoint(data[:-3], state_hash(weights))
+    with pytest.raises(MalformedPayload):
+        load_checkpoint(checkpoint_bytes({"a": torch.zeros(2)}), state_hash({"a": torch.zeros(2)}))
+
+
+def test_setup_from_the_tiny_manifest() -> None:
+    setup = RunSetup.from_manifest(Manifest(name="t"))
+    model = setup.new_model()
+    assert state_hash(bf16_state(model)) == state_hash(bf16_state(setup.new_model()))  # the same W_0 everywhere
+    x, _y = setup.batch(7)
+    assert x.shape == (setup.manifest.data.batch_size, setup.manifest.data.seq_len)
+    with pytest.raises(ConfigError):
+        RunSetup.from_manifest(Manifest.model_validate({"name": "t", "model": {"kind": "hf", "path": "/x"}}))
+
+
+def test_summary_of_events() -> None:
+    h = "ab" * 32
+    records = [
+        {"t": 0, "name": "validator", "role": "validator", "event": "baseline", "loss": 5.0},
+        {"t": 1, "name": "validator", "role": "validator", "event": "round", "round": 0, "loss": 4.0,
+         "bytes": 10, "dense_bytes": 1000, "patch_bytes": 20},
+        {"t": 2, "name": "validator", "role": "validator", "event": "done", "state_hash": h},
+        {"t": 3, "name": "miner0", "role": "miner", "event": "final", "state_hash": h, "busy_fraction": 0.5},
+        {"t": 4, "name": "miner0", "role": "miner", "event": "exit", "peak_rss_mb": 300.0},
+    ]  # fmt: skip
+    s = summarize(records, 1)
+    assert s["rounds"] == 1 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
+    assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 4.0, 0.5)
+    assert s["peak_rss_mb"] == {"miner": 300.0}
