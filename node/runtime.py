@@ -101,9 +101,21 @@ class Events:
 
     def finish(self, **fields: Any) -> None:
         """The last record: peak RSS of this process and anything the role adds."""
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rss_mb = peak_rss_mb()
         self.emit("exit", f"{self.role} exiting (peak RSS {rss_mb:.0f} MB)", peak_rss_mb=rss_mb, **fields)
 
 
 def mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} bytes"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MiB: VmHWM (Linux keeps `ru_maxrss` across fork+exec,
+    so a child of a big parent would report the parent's size), else `ru_maxrss`."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
