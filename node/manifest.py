@@ -89,6 +89,9 @@ class TrainSection(BaseModel):
     """H: inner steps a miner trains per round."""
     inner: InnerOptimConfig = InnerOptimConfig(lr=1e-3)
     """Inner AdamW settings."""
+    overlap: bool = True
+    """Miners train round r+1 from W_r while round r is scored, and submit that one-round-stale
+    pseudo-gradient for r+1 (as in overlapped / streaming DiLoCo), so they do not sit idle."""
     codec: str = "sparseloco"
     """Pseudo-gradient codec: 'pulseloco', 'sparseloco' (or 'dense', for comparisons)."""
     outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)

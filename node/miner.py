@@ -15,6 +15,7 @@ round it trained.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -53,9 +54,10 @@ class Trainer:
         self.steps_done = 0
         self.last_loss = float("nan")
 
-    def submission(self, round_: int, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
+    def train(self, round_: int, weights: State) -> State:
+        """FP32 pseudo-gradient W - W_local after H steps from `weights` on this miner's round-`round_` data."""
         m = self.setup.manifest
-        assignment = Assignment(self.setup.run_id, round_, self.identity.public_hex, m.selection.assignment_batches)
+        assignment = self.assignment(round_)
         load_bf16_state(self.model, weights)
         first = self.steps_done
         losses = inner_train(
@@ -69,7 +71,11 @@ class Trainer:
         self.steps_done += m.train.inner_steps
         self.last_loss = sum(losses) / len(losses)
         local = unique_state(self.model)
-        delta = {name: weights[name].float() - local[name].detach() for name in weights}
+        return {name: weights[name].float() - local[name].detach() for name in weights}
+
+    def package(self, round_: int, delta: State, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
+        """Compress `delta` plus the error buffer against the BF16 `weights` of `round_`, and sign-ready header."""
+        m = self.setup.manifest
         payload, self.error, _ = self.codec.compress(delta, self.error, weights)
         header = SubmissionHeader(
             run_id=self.setup.run_id,
@@ -78,10 +84,14 @@ class Trainer:
             payload_sha256=hashlib.sha256(payload).hexdigest(),
             payload_size=len(payload),
             codec=m.train.codec,
-            data_digest=assignment.digest,
+            data_digest=self.assignment(round_).digest,
             sender=self.identity.public_hex,
         )
         return header, payload
+
+    def assignment(self, round_: int) -> Assignment:
+        batches = self.setup.manifest.selection.assignment_batches
+        return Assignment(self.setup.run_id, round_, self.identity.public_hex, batches)
 
 
 class Node:
@@ -96,6 +106,7 @@ class Node:
         self.started: float | None = None
         self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, round opened at)
         self.dense_bytes = setup.dense_bytes()
+        self.ahead: tuple[int, asyncio.Task[State]] | None = None  # training for a later round, running
 
     @classmethod
     async def create(
@@ -150,15 +161,38 @@ class Node:
             self.events.emit("late", f"round {r} is past its deadline: waiting for round {r + 1}", round=r)
             return
         await self.peer.heartbeat(r, held.state_hash)
-        self.events.emit("train", f"joined round {r}: training {self.setup.manifest.train.inner_steps} steps", round=r)
+        if self.ahead is not None and self.ahead[0] == r:
+            delta = await self.ahead[1]
+            self.ahead = None
+            self.events.emit("train", f"joined round {r} with steps trained while round {r - 1} was scored", round=r)
+        else:
+            await self._drop_ahead()
+            steps = self.setup.manifest.train.inner_steps
+            self.events.emit("train", f"joined round {r}: training {steps} steps", round=r)
+            delta = await self._train(r, held.weights)
+        if self.setup.manifest.train.overlap:
+            self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, held.weights)))
+        trainer = self.trainer
+        header, payload = await asyncio.get_running_loop().run_in_executor(
+            None, trainer.package, r, delta, held.weights, held.state_hash
+        )
+        await self._submit(header, payload)
+
+    async def _train(self, round_: int, weights: State) -> State:
+        assert self.trainer is not None
         self.started = self.started or time.monotonic()
         start = time.monotonic()
-        header, payload = await asyncio.get_running_loop().run_in_executor(
-            None,
-            lambda: self.trainer.submission(r, held.weights, held.state_hash),  # type: ignore[union-attr]
-        )
-        self.busy_seconds += time.monotonic() - start
-        await self._submit(header, payload)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self.trainer.train, round_, weights)
+        finally:
+            self.busy_seconds += time.monotonic() - start
+
+    async def _drop_ahead(self) -> None:
+        """Discard training done for a round this miner will not submit (it waits for the model first)."""
+        if self.ahead is not None:
+            with contextlib.suppress(Exception):
+                await self.ahead[1]
+            self.ahead = None
 
     async def _submit(self, header: SubmissionHeader, payload: bytes) -> None:
         assert self.trainer is not None
