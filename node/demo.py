@@ -42,6 +42,7 @@ class Swarm:
     rounds: int
     procs: list[Proc] = field(default_factory=list)
     bootstrap: list[str] = field(default_factory=list)
+    unclean: list[str] = field(default_factory=list)  # roles that did not shut down cleanly on Ctrl+C
 
     @property
     def work(self) -> Path:
@@ -108,9 +109,12 @@ class Swarm:
             try:
                 proc.popen.wait(STOP_SECONDS)
             except subprocess.TimeoutExpired:
+                self.unclean.append(f"{proc.name}: did not exit within {STOP_SECONDS:.0f}s of Ctrl+C")
                 self.kill(proc)
-        with contextlib.suppress(ProcessLookupError):  # anything of its group left behind
-            os.killpg(proc.popen.pid, signal.SIGKILL)
+        if _group_alive(proc.popen.pid, wait=5.0):  # its DHT process or libp2p daemon outlived it
+            self.unclean.append(f"{proc.name}: left processes behind")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)
 
     def kill(self, proc: Proc) -> None:
         """SIGKILL a role and everything it started (a crash, for fault tests)."""
@@ -121,6 +125,18 @@ class Swarm:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             self.stop(proc)
+
+
+def _group_alive(pgid: int, wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
 
 
 def prepare(out: Path, base: Manifest, miners: int) -> tuple[Manifest, Path, list[Path]]:

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         swarm.stop_all()
     summary = summarize(read_events(out / "events"), args.rounds)
+    summary["clean_shutdown"] = not swarm.unclean  # every role exited on Ctrl+C, daemons included
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if summary["rounds"]:
         plot(summary, out)

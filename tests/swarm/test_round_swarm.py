@@ -129,3 +129,5 @@ def test_status_shows_the_round(swarm: tuple[Swarm, Path, list[Path]]) -> None:
     assert done.returncode == 0, done.stderr
     assert f"round {ROUNDS} is the open round" in done.stdout
     assert "validator" in done.stdout and "aggregated" in done.stdout
+    s.stop_all()
+    assert not s.unclean, s.unclean  # Ctrl+C stopped every role with its DHT process and daemon
