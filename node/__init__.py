@@ -15,6 +15,15 @@
 - `streams.py`     blob stream framing, limits and byte pumps (bounded reads, hashing off the loop)
 - `transfer.py`    `rpc_fetch`/`rpc_submit` handlers and `call_fetch`/`call_submit` clients over libp2p
 - `gpteval.py`     the GPT as the validator's `Evaluator`, and the seed -> batch source miners share
+- `manifest.py`    run manifests (`configs/*.toml`): pydantic sections, run id = hash of the manifest
+- `runtime.py`     what a manifest means in memory (model, batches, W_0) and `Events`, the role logs
+- `peer.py`        one node on the network: DHT records of the run, heartbeats, blob fetch from any holder
+- `catchup.py`     BF16 global weights kept in step: patch chain, checkpoints to join or recover
+- `validator_service.py` the validator's rounds: open, collect pushed submissions, close, publish
+- `miner.py`       the miner (train H steps, compress, push; overlaps the next round) and the follower
+- `roles_command.py` `pulse validator`, `pulse miner`, `pulse follow`; clean Ctrl+C shutdown
+- `status_command.py` `pulse status`: current round, active nodes, latest scores
+- `demo.py`, `demo_command.py` `pulse demo`: a loopback swarm of processes, live table, report and plots
 - `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints;
                    `sync.py` measures PULSESync against `plainpatch.py`, the plain sparse encoding)
 - `bench/transfer.py` blob fetch over libp2p versus a plain TCP copy

@@ -23,7 +23,7 @@ from protocol.errors import ConfigError
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("demo", help="run a whole swarm on loopback and report on it")
     parser.add_argument("--miners", type=int, default=3, help="miner processes (%(default)s)")
-    parser.add_argument("--rounds", type=int, default=8, help="rounds to run (%(default)s)")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds to run (%(default)s)")
     parser.add_argument("--out", type=Path, default=Path("pulse-demo"), help="report folder (%(default)s)")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="base manifest (%(default)s)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")

@@ -37,7 +37,7 @@ def _manifest() -> Manifest:
 
 @pytest.fixture
 def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
-    manifest, validator_key, miner_keys = prepare(tmp_path, _manifest(), 3)
+    manifest, validator_key, miner_keys = prepare(tmp_path, _manifest(), 4)
     swarm = Swarm(tmp_path, manifest, ROUNDS)
     try:
         swarm.start_bootstrap()
@@ -73,10 +73,10 @@ def _finish(swarm: Swarm, workers: list[Proc]) -> dict[str, Any]:
     return summarize(_events(swarm), ROUNDS)
 
 
-def test_round_faults_late_joiner_and_paused_follower(swarm: tuple[Swarm, Path, list[Path]]) -> None:
+def test_killed_miner_late_miner_and_paused_follower(swarm: tuple[Swarm, Path, list[Path]]) -> None:
     s, validator_key, miner_keys = swarm
     s.start_role("validator", "validator", validator_key)
-    miners = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
+    miners = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys[:3])]
     follower = s.start_role("follower", "follow", None)
 
     _wait(s, "the follower's first patch", _has("follower", "patch", 0))
@@ -84,7 +84,7 @@ def test_round_faults_late_joiner_and_paused_follower(swarm: tuple[Swarm, Path, 
     _wait(s, "miner2's first submission", _has("miner2", "submitted", 0))  # it now trains for round 1
     s.kill(miner2 := miners[2])
     _wait(s, "round 1 closing", _has("validator", "round", 1))
-    late = s.start_role("late", "follow", None)
+    late = s.start_role("late", "miner", miner_keys[3])
     os.kill(follower.popen.pid, signal.SIGCONT)
 
     summary = _finish(s, [*miners[:2], follower, late])
