@@ -24,6 +24,7 @@ from node.peer import Peer
 from node.runtime import Events, mb
 from protocol import pulsesync
 from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch, TransferError
+from protocol.messages import RoundResult
 from protocol.statehash import state_hash
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ async def _cpu(fn: Callable[..., State], *args: object) -> State:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
-async def join(peer: Peer, events: Events, *, poll: float = 1.0) -> Held:
+async def join(peer: Peer, events: Events, me: str | None = None, *, poll: float = 1.0) -> Held:
     """Load the newest announced checkpoint; waits until the validator has announced one."""
     while True:
         current = await peer.latest_result_round() + 1
@@ -82,16 +83,19 @@ async def join(peer: Peer, events: Events, *, poll: float = 1.0) -> Held:
                     round=announcement.round,
                     state_hash=announcement.state_hash,
                 )
-                return await advance(peer, Held(announcement.round, weights, announcement.state_hash), events)
+                return await advance(peer, Held(announcement.round, weights, announcement.state_hash), events, me)
         await asyncio.sleep(poll)
 
 
-async def advance(peer: Peer, held: Held, events: Events) -> Held:
-    """Apply every published round result from `held.round` on; rejoins from a checkpoint on a broken chain."""
+async def advance(peer: Peer, held: Held, events: Events, me: str | None = None) -> Held:
+    """Apply every published round result from `held.round` on; rejoins from a checkpoint on a broken chain.
+
+    With `me` (a miner's public key), also says how that miner's submission fared in each round.
+    """
     while (result := await peer.round_result(held.round)) is not None:
         if result.base_state_hash != held.state_hash:
             log.warning("round %d result starts from another state than ours: rejoining", held.round)
-            return await join(peer, events)
+            return await join(peer, events, me)
         try:
             path = await peer.fetch(result.patch_sha256, result.patch_size, held.round)
             patch = path.read_bytes()
@@ -101,11 +105,13 @@ async def advance(peer: Peer, held: Held, events: Events) -> Held:
             return held
         except ProtocolError as exc:
             log.warning("patch of round %d failed its checks (%s): rejoining from a checkpoint", held.round, exc)
-            return await join(peer, events)
+            return await join(peer, events, me)
         if state_hash(weights) != result.new_state_hash:
             log.warning("round %d patch gave another state than the result names: rejoining", held.round)
-            return await join(peer, events)
+            return await join(peer, events, me)
         peer.hold(result.patch_sha256)
+        if me is not None:
+            _report_placement(events, result, me)
         events.emit(
             "patch",
             f"patch of round {held.round} applied ({mb(result.patch_size)}), "
@@ -116,3 +122,24 @@ async def advance(peer: Peer, held: Held, events: Events) -> Held:
         )
         held = Held(held.round + 1, weights, result.new_state_hash)
     return held
+
+
+def _report_placement(events: Events, result: RoundResult, me: str) -> None:
+    ranked = sorted(result.selected, key=lambda s: -s.score)
+    total = len(ranked) + len(result.rejections)
+    place = next((i for i, s in enumerate(ranked) if s.sender == me), None)
+    if place is not None:
+        score = ranked[place].score
+        text = f"round {result.round}: scored {_ordinal(place + 1)} of {total} (score {score:.4g}), aggregated"
+        events.emit("scored", text, round=result.round, place=place + 1, of=total, score=ranked[place].score)
+        return
+    reason = next((r.reason for r in result.rejections if r.sender == me), None)
+    text = (
+        f"round {result.round}: not aggregated ({reason})" if reason else f"round {result.round}: recorded as missing"
+    )
+    events.emit("scored", text, round=result.round, place=None, of=total, reason=reason)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

@@ -128,9 +128,10 @@ class Node:
 
     async def run(self, rounds: int | None = None) -> Held:
         """Follow (and mine) until holding W_rounds (None: forever)."""
-        self.held = await join(self.peer, self.events)
+        me = self.identity.public_hex if self.trainer is not None else None
+        self.held = await join(self.peer, self.events, me)
         while rounds is None or self.held.round < rounds:
-            self.held = await advance(self.peer, self.held, self.events)
+            self.held = await advance(self.peer, self.held, self.events, me)
             if rounds is not None and self.held.round >= rounds:
                 break
             if self.trainer is not None:
