@@ -1,0 +1,26 @@
+"""`pulse demo` end to end: a small swarm of processes, its JSON summary and its report files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.swarm
+
+
+def test_demo_json_summary(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "node.cli", "demo", "--miners", "2", "--rounds", "2", "--out", str(tmp_path), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["rounds"] == 2 and summary["hashes_agree"] and summary["clean_shutdown"]
+    assert summary["loss_last"] < summary["loss_first"]
+    assert summary["bytes_ratio_vs_dense"] > 17
+    assert 0 < summary["miner_busy_fraction"] <= 1
+    assert set(summary["peak_rss_mb"]) >= {"validator", "miner", "follow"}
+    for name in ("summary.json", "loss.png", "bytes.png"):
+        assert (tmp_path / name).stat().st_size > 0
