@@ -11,8 +11,10 @@ def test_tiny_pretrain_run() -> None:
     parser = argparse.ArgumentParser()
     loco.configure(parser)
     args = parser.parse_args(
-        ["--regime", "pretrain", "--replicas", "2", "--rounds", "2", "--inner-steps", "2", "--batch-size", "2"]
-        + ["--n-layer", "1", "--n-embd", "64", "--methods", "ddp,diloco,sparseloco,pulseloco"]
+        [
+            *["--regime", "pretrain", "--replicas", "2", "--rounds", "2", "--inner-steps", "2", "--batch-size", "2"],
+            *["--n-layer", "1", "--n-embd", "64", "--methods", "ddp,diloco,sparseloco,pulseloco"],
+        ]
     )
     result = loco.run(args)
     rows = result.summary["pretrain"]

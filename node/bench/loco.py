@@ -260,7 +260,7 @@ def _result(results: dict[str, dict[str, Outcome]], starts: dict[str, float], ar
                 name,
                 f"{o.final_loss:.4f}",
                 f"{100 * (o.final_loss / diloco.final_loss - 1):+.2f}%",
-                f"{100 * (start - o.final_loss) / (start - diloco.final_loss):.0f}%" if start != diloco.final_loss else "-",
+                _share_of_gain(start, o.final_loss, diloco.final_loss),
                 f"{o.bytes_per_round:,.0f}",
                 f"{diloco.bytes_per_round / o.bytes_per_round:.1f}x",
                 f"{ddp.bytes_per_round / o.bytes_per_round:.1f}x",
@@ -277,3 +277,8 @@ def _result(results: dict[str, dict[str, Outcome]], starts: dict[str, float], ar
         )
         tables.append(table(title, columns, lines))
     return BenchResult(summary=summary, tables=tables)
+
+
+def _share_of_gain(start: float, loss: float, reference: float) -> str:
+    """How much of the reference method's loss drop from `start` this one achieved."""
+    return f"{100 * (start - loss) / (start - reference):.0f}%" if start != reference else "-"
