@@ -44,11 +44,14 @@ State = dict[str, torch.Tensor]
 class Trainer:
     """H inner steps from W_r on this miner's assignment, compressed with error feedback."""
 
-    def __init__(self, setup: RunSetup, identity: Identity) -> None:
+    def __init__(self, setup: RunSetup, identity: Identity, device: str = "cpu") -> None:
         self.setup, self.identity = setup, identity
         m = setup.manifest
+        self.device = torch.device(device)
+        # BF16 autocast only where the manifest asks for it and the device has it (CUDA)
+        self.autocast = m.model.precision == "bf16-autocast" and self.device.type == "cuda"
         self.codec = make_codec(m.train.codec)
-        self.model = setup.new_model()
+        self.model = setup.new_model().to(self.device)
         self.optimizer = make_optimizer(self.model, m.train.inner)
         self.error: State | None = None
         self.steps_done = 0
@@ -60,18 +63,19 @@ class Trainer:
         assignment = self.assignment(round_)
         load_bf16_state(self.model, weights)
         first = self.steps_done
-        losses = inner_train(
-            self.model,
-            m.train.inner,
-            lambda step: self.setup.batch(assignment.step_seed(step - first)),
-            m.train.inner_steps,
-            optimizer=self.optimizer,
-            first_step=first,
-        )
+
+        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = self.setup.batch(assignment.step_seed(step - first))
+            return x.to(self.device), y.to(self.device)
+
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            losses = inner_train(
+                self.model, m.train.inner, batch, m.train.inner_steps, optimizer=self.optimizer, first_step=first
+            )
         self.steps_done += m.train.inner_steps
         self.last_loss = sum(losses) / len(losses)
         local = unique_state(self.model)
-        return {name: weights[name].float() - local[name].detach() for name in weights}
+        return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
 
     def package(self, round_: int, delta: State, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
         """Compress `delta` plus the error buffer against the BF16 `weights` of `round_`, and sign-ready header."""
@@ -110,10 +114,18 @@ class Node:
 
     @classmethod
     async def create(
-        cls, setup: RunSetup, identity: Identity, folder: Path, config: NetConfig, events: Events, *, mine: bool
+        cls,
+        setup: RunSetup,
+        identity: Identity,
+        folder: Path,
+        config: NetConfig,
+        events: Events,
+        *,
+        mine: bool,
+        device: str = "cpu",
     ) -> Node:
         role: Role = "miner" if mine else "follower"
-        trainer = Trainer(setup, identity) if mine else None
+        trainer = Trainer(setup, identity, device) if mine else None
         peer = await Peer.create(config, setup.manifest, identity, folder, role=role)
         events.emit(
             "start", f"{role} {identity.public_hex[:12]} joined, peer id {peer.peer_id}", sender=identity.public_hex

@@ -52,7 +52,12 @@ def register(subparsers: Any) -> None:
             help="folder for blobs (and the validator's state); "
             "default: a temporary folder (validator: ./pulse-validator-state)",
         )
-        parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to compute (%(default)s)")
+        parser.add_argument(
+            "--device",
+            choices=["cpu", "cuda"],
+            default="cpu",
+            help="where miners train (%(default)s); cuda needs a CUDA torch",
+        )
         parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
         parser.add_argument("--rounds", type=int, help="stop after the run reaches this round (default: never)")
         parser.add_argument("--events", type=Path, help="also append machine-readable JSON lines here")
@@ -62,8 +67,8 @@ def register(subparsers: Any) -> None:
 
 def run(role: str, args: argparse.Namespace) -> int:
     try:
-        if args.device != "cpu":
-            raise ConfigError("--device cuda is not supported by this build yet (the embedded GPT trains on CPU)")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: this torch build sees no CUDA device (install a CUDA torch)")
         if args.threads > 0:
             torch.set_num_threads(args.threads)
         setup = RunSetup.from_manifest(load_manifest(args.config))
@@ -87,7 +92,7 @@ def run(role: str, args: argparse.Namespace) -> int:
             else:
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"pulse-{role}-")))
         try:
-            return asyncio.run(_main(role, setup, identity, folder, config, events, args.rounds))
+            return asyncio.run(_main(role, setup, identity, folder, config, events, args.rounds, args.device))
         except (ConfigError, NetworkError) as exc:
             print(f"pulse {role}: {exc}", file=sys.stderr)
             return 1
@@ -95,12 +100,19 @@ def run(role: str, args: argparse.Namespace) -> int:
 
 
 async def _main(
-    role: str, setup: RunSetup, identity: Identity, folder: Path, config: Any, events: Events, rounds: int | None
+    role: str,
+    setup: RunSetup,
+    identity: Identity,
+    folder: Path,
+    config: Any,
+    events: Events,
+    rounds: int | None,
+    device: str,
 ) -> int:
     if role == "validator":
         service: ValidatorService | Node = await ValidatorService.create(setup, identity, folder, config, events)
     else:
-        service = await Node.create(setup, identity, folder, config, events, mine=role == "miner")
+        service = await Node.create(setup, identity, folder, config, events, mine=role == "miner", device=device)
     try:
         await _until_signal(service.run(rounds))
     finally:

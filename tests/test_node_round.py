@@ -8,9 +8,12 @@ import torch
 from node.catchup import checkpoint_bytes, load_checkpoint
 from node.demo import summarize
 from node.manifest import Manifest
+from node.miner import Trainer
 from node.runtime import RunSetup
 from node.train import bf16_state
+from protocol.codec import make_codec
 from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
+from protocol.identity import Identity
 from protocol.statehash import state_hash
 
 
@@ -55,3 +58,15 @@ def test_summary_of_events() -> None:
     assert s["rounds"] == 1 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
     assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 4.0, 0.5)
     assert s["peak_rss_mb"] == {"miner": 300.0}
+
+
+def test_trainer_submission_decodes() -> None:
+    manifest = Manifest.model_validate({"name": "t", "train": {"inner_steps": 2}})
+    setup = RunSetup.from_manifest(manifest)
+    trainer = Trainer(setup, Identity.generate())
+    weights = bf16_state(setup.new_model())
+    delta = trainer.train(0, weights)
+    header, payload = trainer.package(0, delta, weights, state_hash(weights))
+    assert header.payload_size == len(payload) and header.codec == manifest.train.codec
+    update = make_codec(manifest.train.codec).decompress(payload, weights)
+    assert set(update) == set(weights) and any(bool(t.abs().sum() > 0) for t in update.values())
