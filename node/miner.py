@@ -111,6 +111,7 @@ class Node:
         self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, round opened at)
         self.dense_bytes = setup.dense_bytes()
         self.ahead: tuple[int, asyncio.Task[State]] | None = None  # training for a later round, running
+        self.payload_sha: str | None = None  # the last payload sent, kept fetchable until the next one
 
     @classmethod
     async def create(
@@ -211,6 +212,9 @@ class Node:
         assert self.trainer is not None
         peer, r = self.peer, header.round
         sha = peer.store.put(payload)
+        if self.payload_sha is not None and self.payload_sha != sha:
+            peer.store.remove(self.payload_sha)  # one payload held at a time: the latest stays fetchable
+        self.payload_sha = sha
         try:
             if peer.validator_peer is None:
                 raise TransferError("the validator's peer id is unknown")
@@ -219,8 +223,6 @@ class Node:
         except (TransferError, ProtocolError) as exc:
             self.events.emit("missed", f"round {r}: submission not taken: {exc}", round=r)
             return
-        finally:
-            peer.store.remove(sha)
         ratio = self.dense_bytes / max(header.payload_size, 1)
         self.events.emit(
             "submitted",
@@ -231,6 +233,7 @@ class Node:
             loss=self.trainer.last_loss,
             busy_fraction=self.busy_fraction,
         )
+        await peer.announce(signed)  # the header also goes into the DHT (DESIGN.md section 3)
 
     async def shutdown(self) -> None:
         await self.peer.shutdown()

@@ -128,6 +128,13 @@ class Peer:
         if not await self.call(lambda: self.dht.store_signed(signed, expiration_time=expiration)):
             raise NetworkError(f"no peer stored {signed.kind} for round {signed.round}")
 
+    async def announce(self, signed: SignedMessage) -> None:
+        """Store an already signed message (e.g. a submission header); a failure is only logged."""
+        try:
+            await self.publish_signed(signed.to_bytes())
+        except NetworkError as exc:
+            log.info("could not store the %s for round %d in the DHT: %s", signed.kind, signed.round, exc)
+
     async def heartbeat(self, round_: int, state_hash: str | None) -> None:
         beat = Heartbeat(
             run_id=self.run_id,

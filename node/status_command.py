@@ -17,7 +17,7 @@ from node.netconfig import add_net_arguments, net_config_from_args
 from node.roles_command import DEFAULT_CONFIG
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
-from protocol.messages import Heartbeat, RoundResult
+from protocol.messages import Heartbeat, RoundResult, SubmissionHeader
 
 
 def register(subparsers: Any) -> None:
@@ -76,6 +76,8 @@ def show(dht: PulseDHT, validators: set[str], console: Console) -> None:
         ago = f"{max(0, int(time.time()) - b.sent_at)} s ago"
         active.add_row(b.role, v.sender_hex[:12], str(b.round), (b.state_hash or "-")[:12], ago)
     console.print(active)
+    headers = dht.get(SubmissionHeader, current)
+    console.print(f"round {current}: {len(headers)} submission headers in the DHT so far")
     if result is None:
         return
     scores = Table(title=f"round {result.round}: {len(result.selected)} aggregated, {len(result.rejections)} not")
