@@ -17,7 +17,9 @@ for SparseLoCo); each codec's docstring says how exact the equality is.
 
 Every payload starts with: 4-byte magic | u8 version | varint tensor count | 8-byte layout digest.
 Decoding never allocates beyond the layout and the caller's cap, and raises a `ProtocolError`
-subclass for each kind of bad input; it never modifies its arguments.
+subclass for each kind of bad input; it never modifies its arguments. Sparse positions travel as
+gaps (>= 0) between ranks, so a duplicate position cannot be expressed; a position outside its
+class or chunk raises `InvalidPositions`.
 """
 
 from __future__ import annotations

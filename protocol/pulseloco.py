@@ -12,8 +12,9 @@ within a factor 2), so nothing is lost, only delayed.
 
 The receiver knows W, so positions are coded as gaps within W's exponent classes
 (contexts.py, positions.py) and values as sign + exponent relative to W's exponent plus raw
-mantissa bits (floatcode.py). BF16 values are the default: they cost ~10 bits instead of ~26
-with the same training result, the rounding residual waiting in e (`pulse bench loco` measures both).
+mantissa bits (floatcode.py). BF16 values are the default: in `pulse bench loco` fine-tuning they
+cost 11.5 bits per sent value all in against 27.5 for FP32 values, 2.4x fewer bytes, with the
+same final loss to 4 decimals; the rounding residual waits in e and is sent later.
 
 Format v1 (after the common header of codec.py), varints are LEB128:
 
