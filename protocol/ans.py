@@ -16,6 +16,7 @@ import constriction
 import numpy as np
 
 from protocol.errors import MalformedPayload, TrailingBytes
+from protocol.wire import Reader, Writer
 
 _model = constriction.stream.model
 UNIFORM_MAX = 1 << 16  # sizes of one uniform symbol stay far below constriction's 2**24 limit
@@ -98,3 +99,42 @@ class AnsDecoder:
         """Every word must have been consumed: leftover state means bytes nobody accounts for."""
         if not self._coder.is_empty():
             raise TrailingBytes("entropy-coded section has data left after the last symbol")
+
+
+def write_histograms(w: Writer, keys: np.ndarray, counts: np.ndarray) -> None:
+    """Model tables: varint models; per model: varint key delta, varint symbols, per symbol
+    varint symbol delta and varint count. Keys ascending; rows of `counts` are histograms."""
+    w.varint(len(keys))
+    prev = -1
+    for key, row in zip(keys.tolist(), counts, strict=True):
+        w.varint(key - prev - 1)
+        prev = key
+        nz = np.flatnonzero(row)
+        w.varint(len(nz))
+        prev_sym = -1
+        for s in nz.tolist():
+            w.varint(s - prev_sym - 1)
+            w.varint(int(row[s]))
+            prev_sym = s
+
+
+def read_histograms(
+    r: Reader, *, max_key: int, alphabet: int, max_count: int, what: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `write_histograms`: keys (ascending, <= max_key) and (models, alphabet) counts."""
+    n = r.varint(max_key + 1, f"{what} count")
+    keys = np.zeros(n, dtype=np.int64)
+    counts = np.zeros((n, alphabet), dtype=np.int64)
+    key = -1
+    for i in range(n):
+        key += 1 + r.varint(max_key + 1, f"{what} key delta")
+        if key > max_key:
+            raise MalformedPayload(f"{what} key {key} out of range")
+        keys[i] = key
+        sym = -1
+        for _ in range(r.varint(alphabet, f"{what} symbols")):
+            sym += 1 + r.varint(alphabet, f"{what} symbol delta")
+            if sym >= alphabet:
+                raise MalformedPayload(f"{what} {key}: symbol {sym} out of range")
+            counts[i, sym] = r.varint(max_count, f"{what} symbol count")
+    return keys, counts

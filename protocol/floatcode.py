@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.ans import AnsDecoder, AnsEncoder
+from protocol.ans import AnsDecoder, AnsEncoder, read_histograms, write_histograms
 from protocol.errors import MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
 
@@ -61,38 +61,13 @@ def split(values: np.ndarray, ctx: np.ndarray, mantissa_bits: int) -> Coded:
 
 
 def write_models(w: Writer, models: Models) -> None:
-    """varint models; per model: varint context delta, varint symbols, per symbol varint delta and count."""
-    w.varint(len(models.keys))
-    prev = -1
-    for key, row in zip(models.keys.tolist(), models.counts, strict=True):
-        w.varint(key - prev - 1)
-        prev = key
-        nz = np.flatnonzero(row)
-        w.varint(len(nz))
-        prev_sym = -1
-        for s in nz.tolist():
-            w.varint(s - prev_sym - 1)
-            w.varint(int(row[s]))
-            prev_sym = s
+    """One histogram per context, in the shared table format (`ans.write_histograms`)."""
+    write_histograms(w, models.keys, models.counts)
 
 
 def read_models(r: Reader, total: int) -> Models:
     """Inverse of `write_models`; counts are bounded by `total`, the number of values."""
-    n = r.varint(CONTEXTS, "value models")
-    keys = np.zeros(n, dtype=np.int64)
-    counts = np.zeros((n, ALPHABET), dtype=np.int64)
-    key = -1
-    for i in range(n):
-        key += 1 + r.varint(CONTEXTS, "value model context delta")
-        if key >= CONTEXTS:
-            raise MalformedPayload(f"value model context {key} out of range")
-        keys[i] = key
-        sym = -1
-        for _ in range(r.varint(ALPHABET, "value model symbols")):
-            sym += 1 + r.varint(ALPHABET, "value symbol delta")
-            if sym >= ALPHABET:
-                raise MalformedPayload(f"value symbol {sym} out of range")
-            counts[i, sym] = r.varint(total, "value symbol count")
+    keys, counts = read_histograms(r, max_key=CONTEXTS - 1, alphabet=ALPHABET, max_count=total, what="value model")
     return Models(keys, counts)
 
 

@@ -15,11 +15,14 @@ implied entirely by their header and cost nothing in the stream.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from protocol.ans import UNIFORM_MAX, AnsDecoder, AnsEncoder, geometric_weights
-from protocol.errors import InvalidPositions
+from protocol.contexts import NUM_CONTEXTS
+from protocol.errors import InvalidPositions, MalformedPayload
+from protocol.wire import Reader, Writer
 
 Q_ESCAPE = 64  # q symbols 0..63 are literal, 64 means "q - 64 follows in the escape stream"
 M_CAP = 1 << 23  # remainders stay below constriction's uniform-size limit
@@ -116,3 +119,70 @@ def _groups(keys: np.ndarray, order: np.ndarray) -> list[tuple[int, np.ndarray]]
 def log2_binomial(n: int, k: int) -> float:
     """log2 C(n, k): the bits any coder needs for which k of n positions changed."""
     return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+
+
+@dataclass
+class ClassTable:
+    """One tensor's marked positions, grouped by context class, and their gap-code parameters."""
+
+    classes: np.ndarray  # active context ids, ascending
+    k: np.ndarray  # marked positions per active class
+    n: np.ndarray  # size of each active class
+    theta: np.ndarray  # per active class, 0 = every position of the class is marked
+    m: np.ndarray  # Golomb bucket width per active class
+
+    @property
+    def position_bits(self) -> float:
+        """log2 C(n, k) summed over the classes: the positions' information content."""
+        return sum(log2_binomial(int(a), int(b)) for a, b in zip(self.n, self.k, strict=True))
+
+
+def build_table(sorted_idx: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple[ClassTable, np.ndarray]:
+    """The class table and per-position gaps (class-major) for ascending sorted indices."""
+    cls, gaps = split_gaps(sorted_idx, starts, counts)
+    k_by_class = np.bincount(cls, minlength=len(counts))
+    classes = np.flatnonzero(k_by_class)
+    k, n = k_by_class[classes], counts[classes]
+    m = golomb_m(n, k)
+    local = np.repeat(np.arange(len(classes)), k)
+    q_mean = np.bincount(local, weights=gaps // m[local], minlength=len(classes)) / np.maximum(k, 1)
+    theta = np.where(k == n, 0, np.clip(np.rint(256 * q_mean / (1 + q_mean)), 1, 255)).astype(np.int64)
+    return ClassTable(classes, k, n, theta, m), gaps
+
+
+def write_table(w: Writer, table: ClassTable) -> None:
+    """varint classes; per class: varint context delta, varint k, u8 theta."""
+    w.varint(len(table.classes))
+    prev = -1
+    for c, k, t in zip(table.classes.tolist(), table.k.tolist(), table.theta.tolist(), strict=True):
+        w.varint(c - prev - 1)
+        w.varint(k)
+        w.u8(t)
+        prev = c
+
+
+def read_table(r: Reader, name: str, numel: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inverse of `write_table`: (classes, k, theta), checked against the header's own bounds.
+    `check_table` then checks them against the receiver's class sizes."""
+    rows = []
+    cls = -1
+    for _ in range(r.varint(NUM_CONTEXTS, f"{name} class count")):
+        cls += 1 + r.varint(NUM_CONTEXTS, f"{name} context delta")
+        if cls >= NUM_CONTEXTS:
+            raise MalformedPayload(f"{name}: context {cls} out of range")
+        k = r.varint(numel, f"{name} marked positions in context {cls}")
+        if k == 0:
+            raise MalformedPayload(f"{name}: context {cls} is listed with no marked position")
+        rows.append((cls, k, r.u8()))
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+def check_table(name: str, classes: np.ndarray, k: np.ndarray, theta: np.ndarray, counts: np.ndarray) -> ClassTable:
+    """The table a header claims, against the receiver's own class sizes `counts` (per context)."""
+    n = counts[classes].astype(np.int64)
+    if np.any(k > n):
+        raise InvalidPositions(f"{name}: more positions than an exponent class holds")
+    if np.any((theta == 0) != (k == n)):
+        raise MalformedPayload(f"{name}: theta 0 must mark exactly the fully marked classes")
+    return ClassTable(classes, k, n, theta, golomb_m(n, k))

@@ -36,8 +36,8 @@ import torch
 from protocol import floatcode, positions
 from protocol.ans import AnsDecoder, AnsEncoder
 from protocol.codec import Codec, CodecStats, State, check_gaps, f32_tensor, numel, read_words, write_words
-from protocol.contexts import NUM_CONTEXTS, ContextOrder, exponent_context
-from protocol.errors import InvalidPositions, MalformedPayload
+from protocol.contexts import ContextOrder, exponent_context
+from protocol.errors import MalformedPayload
 from protocol.tensorbytes import bits, dtype_name
 from protocol.wire import Reader, Writer
 
@@ -55,38 +55,10 @@ def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 class _Part:
     """One tensor's sparse part, positions in class-major order."""
 
-    classes: np.ndarray  # active exponent classes, ascending
-    k: np.ndarray  # sent per active class
-    theta: np.ndarray  # per active class, 0 = all positions sent
-    m: np.ndarray  # Golomb bucket width per active class
+    table: positions.ClassTable  # which exponent classes hold sent positions, and how many
     gaps: np.ndarray  # per sent position, class-major
     ctx: np.ndarray  # W's exponent per sent position
     values: np.ndarray  # FP32 value per sent position
-
-
-def write_classes(w: Writer, classes: np.ndarray, k: np.ndarray, theta: np.ndarray) -> None:
-    w.varint(len(classes))
-    prev = -1
-    for c, kc, t in zip(classes.tolist(), k.tolist(), theta.tolist(), strict=True):
-        w.varint(c - prev - 1)
-        w.varint(kc)
-        w.u8(t)
-        prev = c
-
-
-def read_classes(r: Reader, name: str, numel: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = []
-    cls = -1
-    for _ in range(r.varint(NUM_CONTEXTS, f"{name} class count")):
-        cls += 1 + r.varint(NUM_CONTEXTS, f"{name} context delta")
-        if cls >= NUM_CONTEXTS:
-            raise MalformedPayload(f"{name}: context {cls} out of range")
-        k = r.varint(numel, f"{name} sent in context {cls}")
-        if k == 0:
-            raise MalformedPayload(f"{name}: class {cls} is listed with nothing sent")
-        rows.append((cls, k, r.u8()))
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
 class PulseLoCoCodec(Codec):
@@ -108,7 +80,7 @@ class PulseLoCoCodec(Codec):
         parts = []
         for name in sorted(weights):
             part, new_error[name] = self._sparsify(weights[name], error[name] + delta[name])
-            write_classes(w, part.classes, part.k, part.theta)
+            positions.write_table(w, part.table)
             parts.append(part)
         values = np.concatenate([p.values for p in parts])
         ctx = np.concatenate([p.ctx for p in parts])
@@ -117,12 +89,12 @@ class PulseLoCoCodec(Codec):
         floatcode.write_models(w, coded.models)
         model_bytes = len(w.getvalue()) - before_model
         pos_enc = AnsEncoder()
-        k_all = np.concatenate([p.k for p in parts])
+        k_all = np.concatenate([p.table.k for p in parts])
         positions.encode_gaps(
             pos_enc,
             np.concatenate([p.gaps for p in parts]),
-            np.repeat(np.concatenate([p.m for p in parts]), k_all),
-            np.repeat(np.concatenate([p.theta for p in parts]), k_all),
+            np.repeat(np.concatenate([p.table.m for p in parts]), k_all),
+            np.repeat(np.concatenate([p.table.theta for p in parts]), k_all),
         )
         pos_words = pos_enc.finish()
         val_enc = AnsEncoder()
@@ -153,15 +125,8 @@ class PulseLoCoCodec(Codec):
             sent = sent.to(torch.bfloat16).float()
         e_new = flat.clone()
         e_new[torch.from_numpy(pos)] = flat[torch.from_numpy(pos)] - sent  # exact: see the invariant
-        cls, gaps = positions.split_gaps(sidx, order.starts, order.counts)
-        k_by_class = np.bincount(cls, minlength=NUM_CONTEXTS)
-        classes = np.flatnonzero(k_by_class)
-        k, n = k_by_class[classes], order.counts[classes]
-        m = positions.golomb_m(n, k)
-        local = np.repeat(np.arange(len(classes)), k)
-        q_mean = np.bincount(local, weights=gaps // m[local], minlength=len(classes)) / np.maximum(k, 1)
-        theta = np.where(k == n, 0, np.clip(np.rint(256 * q_mean / (1 + q_mean)), 1, 255)).astype(np.int64)
-        part = _Part(classes, k, theta, m, gaps, ctx[pos], sent.numpy())
+        table, gaps = positions.build_table(sidx, order.starts, order.counts)
+        part = _Part(table, gaps, ctx[pos], sent.numpy())
         return part, e_new.reshape(s.shape)
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
@@ -169,7 +134,7 @@ class PulseLoCoCodec(Codec):
         if code not in _MANTISSA_BY_CODE:
             raise MalformedPayload(f"unknown value format {code}")
         names = sorted(weights)
-        headers = [read_classes(r, name, weights[name].numel()) for name in names]
+        headers = [positions.read_table(r, name, weights[name].numel()) for name in names]
         models = floatcode.read_models(r, sum(int(k.sum()) for _, k, _ in headers))
         pos_words, val_words = read_words(r), read_words(r)
         r.expect_end()
@@ -194,36 +159,29 @@ class _Tensor:
 
     ctx: np.ndarray  # (numel,) uint8 exponent of W
     order: ContextOrder
-    classes: np.ndarray
-    k: np.ndarray
-    theta: np.ndarray
-    n: np.ndarray  # class sizes
+    table: positions.ClassTable
 
     @classmethod
     def check(cls, name: str, weights: torch.Tensor, classes: np.ndarray, k: np.ndarray, theta: np.ndarray) -> _Tensor:
         ctx = exponent_context(bits(weights), dtype_name(weights.dtype))
         order = ContextOrder(ctx)
-        n = order.counts[classes]
-        if np.any(k > n):
-            raise InvalidPositions(f"{name}: more positions than an exponent class holds")
-        if np.any((theta == 0) != (k == n)):
-            raise MalformedPayload(f"{name}: theta 0 must mark exactly the fully sent classes")
-        return cls(ctx, order, classes, k, theta, n)
+        return cls(ctx, order, positions.check_table(name, classes, k, theta, order.counts))
 
 
 def _decode_positions(words: np.ndarray, tensors: list[_Tensor]) -> list[np.ndarray]:
     """Sent positions per tensor, class-major (the order values come in)."""
     cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
-    k, n, theta = cat([t.k for t in tensors]), cat([t.n for t in tensors]), cat([t.theta for t in tensors])
+    tables = [t.table for t in tensors]
+    k, n, m = cat([t.k for t in tables]), cat([t.n for t in tables]), cat([t.m for t in tables])
     dec = AnsDecoder(words)
-    gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(n, k), k), np.repeat(theta, k))
+    gaps = positions.decode_gaps(dec, np.repeat(m, k), np.repeat(cat([t.theta for t in tables]), k))
     dec.finish()
     check_gaps(gaps, np.repeat(n, k))
     out, offset = [], 0
     for t in tensors:
-        total = int(t.k.sum())
+        total = int(t.table.k.sum())
         sidx = (
-            positions.join_gaps(gaps[offset : offset + total], t.order.starts[t.classes], t.n, t.k)
+            positions.join_gaps(gaps[offset : offset + total], t.order.starts[t.table.classes], t.table.n, t.table.k)
             if total
             else gaps[:0]
         )

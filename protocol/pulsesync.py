@@ -35,7 +35,7 @@ import torch
 import zstandard
 
 from protocol import positions, values
-from protocol.ans import AnsDecoder, AnsEncoder
+from protocol.ans import AnsDecoder, AnsEncoder, read_histograms, write_histograms
 from protocol.contexts import NUM_CONTEXTS, ContextOrder, exponent_context
 from protocol.errors import (
     DecompressionBomb,
@@ -80,14 +80,10 @@ class PatchStats:
 class _Sparse:
     """One tensor's sparse part, as the encoder prepares it."""
 
-    classes: np.ndarray  # active context ids, ascending
-    k: np.ndarray  # changes per active class
-    theta: np.ndarray  # per active class, 0 = all positions changed
-    m: np.ndarray  # Golomb bucket width per active class
+    table: positions.ClassTable  # which exponent classes changed, and how many
     gaps: np.ndarray  # per change, class-major
     z: np.ndarray  # value symbol per change
     keys: np.ndarray  # value model key per change
-    position_bits: float  # sum over exponent classes of log2 C(n, k)
     value_bits: float  # values at their empirical entropy, this tensor alone
 
 
@@ -148,9 +144,9 @@ def encode_with_stats(
             head.varint(len(dense[-1]))
         else:
             sparse.append(part)
-            stats.position_bound_bits += part.position_bits
+            stats.position_bound_bits += part.table.position_bits
             head.u8(SPARSE)
-            _write_classes(head, part)
+            positions.write_table(head, part.table)
     stream = _encode_stream(head, sparse, stats)
     head.varint(stream.size)
     head.raw(stream.astype("<u4").tobytes())
@@ -170,48 +166,29 @@ def _prepare_sparse(raw_old: np.ndarray, raw_new: np.ndarray, dtype: str) -> _Sp
     ctx = exponent_context(raw_old, dtype)
     order = ContextOrder(ctx)
     sidx = order.sorted_indices(mask)
-    cls, gaps = positions.split_gaps(sidx, order.starts, order.counts)
-    k_by_class = np.bincount(cls, minlength=NUM_CONTEXTS)
-    classes = np.flatnonzero(k_by_class)
-    k, n = k_by_class[classes], order.counts[classes]
-    m = positions.golomb_m(n, k)
-    local = np.repeat(np.arange(len(classes)), k)
-    q = gaps // m[local]
-    q_mean = np.bincount(local, weights=q, minlength=len(classes)) / k
-    theta = np.where(k == n, 0, np.clip(np.rint(256 * q_mean / (1 + q_mean)), 1, 255)).astype(np.int64)
+    table, gaps = positions.build_table(sidx, order.starts, order.counts)
     pos = order.positions(sidx)
     z = values.to_symbols(raw_old[pos], raw_new[pos], dtype)
     keys = DTYPE_CODES[dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
-    position_bits = sum(positions.log2_binomial(int(a), int(b)) for a, b in zip(n, k, strict=True))
     sym, nbits = values.split(z)
     value_bits = values.entropy_bits(values.histogram(sym)) + float(nbits.sum())
-    return _Sparse(classes, k, theta, m, gaps, z, keys, position_bits, value_bits)
+    return _Sparse(table, gaps, z, keys, value_bits)
 
 
 def _sparse_bits_estimate(part: _Sparse) -> float:
     """Size of the sparse form: its entropy plus the class table (about 3 bytes a class)."""
-    return part.position_bits + part.value_bits + 24 * len(part.classes)
-
-
-def _write_classes(head: Writer, part: _Sparse) -> None:
-    head.varint(len(part.classes))
-    prev = -1
-    for c, k, t in zip(part.classes.tolist(), part.k.tolist(), part.theta.tolist(), strict=True):
-        head.varint(c - prev - 1)
-        head.varint(k)
-        head.u8(t)
-        prev = c
+    return part.table.position_bits + part.value_bits + 24 * len(part.table.classes)
 
 
 def _encode_stream(head: Writer, sparse: list[_Sparse], stats: PatchStats) -> np.ndarray:
     enc = AnsEncoder()
     if sparse:
-        k_all = np.concatenate([p.k for p in sparse])
+        k_all = np.concatenate([p.table.k for p in sparse])
         positions.encode_gaps(
             enc,
             np.concatenate([p.gaps for p in sparse]),
-            np.repeat(np.concatenate([p.m for p in sparse]), k_all),
-            np.repeat(np.concatenate([p.theta for p in sparse]), k_all),
+            np.repeat(np.concatenate([p.table.m for p in sparse]), k_all),
+            np.repeat(np.concatenate([p.table.theta for p in sparse]), k_all),
         )
         z = np.concatenate([p.z for p in sparse])
         keys = np.concatenate([p.keys for p in sparse])
@@ -222,25 +199,10 @@ def _encode_stream(head: Writer, sparse: list[_Sparse], stats: PatchStats) -> np
     sym, nbits = values.split(z)
     counts = np.bincount(model_of * values.ALPHABET + sym, minlength=len(model_keys) * values.ALPHABET)
     counts = counts.reshape(len(model_keys), values.ALPHABET)
-    _write_value_models(head, model_keys, counts)
+    write_histograms(head, model_keys, counts)
     values.encode_values(enc, z, model_of, counts)
     stats.value_bound_bits += sum(values.entropy_bits(row) for row in counts) + float(nbits.sum())
     return enc.finish()
-
-
-def _write_value_models(head: Writer, keys: np.ndarray, counts: np.ndarray) -> None:
-    head.varint(len(keys))
-    prev = -1
-    for key, row in zip(keys.tolist(), counts, strict=True):
-        head.varint(key - prev - 1)
-        prev = key
-        nz = np.flatnonzero(row)
-        head.varint(len(nz))
-        prev_sym = -1
-        for s in nz.tolist():
-            head.varint(s - prev_sym - 1)
-            head.varint(int(row[s]))
-            prev_sym = s
 
 
 def _order0_value_bits(z_parts: list[np.ndarray]) -> float:
@@ -312,7 +274,11 @@ def _parse(old: State, patch: bytes, cap: int) -> _Parsed:
     reader = Reader(patch, "PULSESync patch")
     base_hash, result_hash = _read_preamble(reader)
     entries = _read_entries(reader, old)
-    keys, counts = _read_value_models(reader)
+    changes = sum(int(e.k.sum()) for e in entries)
+    max_key = max(DTYPE_CODES.values()) * NUM_CONTEXTS + NUM_CONTEXTS - 1
+    keys, counts = read_histograms(
+        reader, max_key=max_key, alphabet=values.ALPHABET, max_count=changes, what="value model"
+    )
     words = reader.u32_array(reader.varint(1 << 40, "stream words"))  # a lie shows up as truncation
     dense = [reader.raw(e.dense_len) for e in entries if e.mode == DENSE]
     reader.expect_end()
@@ -353,35 +319,10 @@ def _read_entry(reader: Reader, name: str, dtype: str, numel: int) -> _Entry:
         return _Entry(name, dtype, mode, dense_len=reader.varint(1 << 40, f"{name} dense length"))
     if mode != SPARSE:
         raise MalformedPayload(f"{name}: unknown tensor mode {mode}")
-    n_classes = reader.varint(NUM_CONTEXTS, f"{name} class count")
-    rows = []
-    cls = -1
-    for _ in range(n_classes):
-        cls += 1 + reader.varint(NUM_CONTEXTS, f"{name} context delta")
-        if cls >= NUM_CONTEXTS:
-            raise MalformedPayload(f"{name}: context {cls} out of range")
-        rows.append((cls, reader.varint(numel, f"{name} changes in context {cls}"), reader.u8()))
-    if not rows or any(k == 0 for _, k, _ in rows):
-        raise MalformedPayload(f"{name}: a sparse tensor needs classes with at least one change each")
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    return _Entry(name, dtype, mode, classes=arr[:, 0], k=arr[:, 1], theta=arr[:, 2])
-
-
-def _read_value_models(reader: Reader) -> tuple[np.ndarray, np.ndarray]:
-    n_models = reader.varint(len(DTYPE_CODES) * NUM_CONTEXTS, "value models")
-    keys = np.zeros(n_models, dtype=np.int64)
-    counts = np.zeros((n_models, values.ALPHABET), dtype=np.int64)
-    key = -1
-    for i in range(n_models):
-        key += 1 + reader.varint(1 << 16, "value model key delta")
-        keys[i] = key
-        sym = -1
-        for _ in range(reader.varint(values.ALPHABET, "value model symbols")):
-            sym += 1 + reader.varint(values.ALPHABET, "value symbol delta")
-            if sym >= values.ALPHABET:
-                raise MalformedPayload(f"value model {key}: symbol {sym} out of range")
-            counts[i, sym] = reader.varint(1 << 62, "value symbol count")
-    return keys, counts
+    classes, k, theta = positions.read_table(reader, name, numel)
+    if not len(classes):
+        raise MalformedPayload(f"{name}: a sparse tensor needs at least one changed class")
+    return _Entry(name, dtype, mode, classes=classes, k=k, theta=theta)
 
 
 def _decode_body(old: State, parsed: _Parsed) -> dict[str, torch.Tensor]:
@@ -389,16 +330,19 @@ def _decode_body(old: State, parsed: _Parsed) -> dict[str, torch.Tensor]:
     sparse = [e for e in entries if e.mode == SPARSE]
     # one context order per sparse tensor, alive only during this decode (8 bytes per weight)
     orders = parallel_map(lambda e: _context(bits(old[e.name]), e.dtype), sparse)
-    class_counts = [_class_sizes(e, ctx_order) for e, ctx_order in zip(sparse, orders, strict=True)]
-    k_all = np.concatenate([e.k for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
-    n_all = np.concatenate(class_counts) if sparse else np.zeros(0, dtype=np.int64)
-    theta_all = np.concatenate([e.theta for e in sparse]) if sparse else np.zeros(0, dtype=np.int64)
+    tables = [
+        positions.check_table(e.name, e.classes, e.k, e.theta, order.counts)
+        for e, (_, order) in zip(sparse, orders, strict=True)
+    ]
+    k_all = np.concatenate([t.k for t in tables]) if sparse else np.zeros(0, dtype=np.int64)
+    m_all = np.concatenate([t.m for t in tables]) if sparse else np.zeros(0, dtype=np.int64)
+    theta_all = np.concatenate([t.theta for t in tables]) if sparse else np.zeros(0, dtype=np.int64)
     dec = AnsDecoder(parsed.words)
-    gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(n_all, k_all), k_all), np.repeat(theta_all, k_all))
-    ends = np.cumsum([int(e.k.sum()) for e in sparse]).tolist()
+    gaps = positions.decode_gaps(dec, np.repeat(m_all, k_all), np.repeat(theta_all, k_all))
+    ends = np.cumsum([int(t.k.sum()) for t in tables]).tolist()
     located = [
-        _positions(e, ctx_order, sizes, gaps[end - int(e.k.sum()) : end])
-        for e, ctx_order, sizes, end in zip(sparse, orders, class_counts, ends, strict=True)
+        _positions(e.dtype, ctx_order, table, gaps[end - int(table.k.sum()) : end])
+        for e, ctx_order, table, end in zip(sparse, orders, tables, ends, strict=True)
     ]
     pos_by_tensor = [pos for pos, _ in located]
     model_keys = [key for _, key in located]
@@ -418,22 +362,14 @@ def _context(raw_old: np.ndarray, dtype: str) -> tuple[np.ndarray, ContextOrder]
     return ctx, ContextOrder(ctx)
 
 
-def _class_sizes(e: _Entry, ctx_order: tuple[np.ndarray, ContextOrder]) -> np.ndarray:
-    counts = ctx_order[1].counts[e.classes]
-    if np.any(e.k > counts):
-        raise MalformedPayload(f"{e.name}: more changes than positions in an exponent class")
-    if np.any((e.theta == 0) != (e.k == counts)):
-        raise MalformedPayload(f"{e.name}: theta 0 must mark exactly the fully changed classes")
-    return counts.astype(np.int64)
-
-
 def _positions(
-    e: _Entry, ctx_order: tuple[np.ndarray, ContextOrder], sizes: np.ndarray, gaps: np.ndarray
+    dtype: str, ctx_order: tuple[np.ndarray, ContextOrder], table: positions.ClassTable, gaps: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
+    """Changed positions of one tensor (class-major) and the value model key of each."""
     ctx, order = ctx_order
-    sidx = positions.join_gaps(gaps, order.starts[e.classes], sizes, e.k)
+    sidx = positions.join_gaps(gaps, order.starts[table.classes], table.n, table.k)
     pos = order.positions(sidx)
-    return pos, DTYPE_CODES[e.dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
+    return pos, DTYPE_CODES[dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
 
 
 def _assemble(

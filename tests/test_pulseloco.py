@@ -25,7 +25,8 @@ from protocol.errors import (
     TruncatedPayload,
     UnknownVersion,
 )
-from protocol.pulseloco import PulseLoCoCodec, gate, write_classes
+from protocol.positions import ClassTable, write_table
+from protocol.pulseloco import PulseLoCoCodec, gate
 from protocol.wire import Writer
 
 State = dict[str, torch.Tensor]
@@ -195,7 +196,8 @@ def craft(weights: State, gaps: np.ndarray, values: np.ndarray, theta: int = 200
     w.u8(0)  # FP32 values
     names = sorted(weights)
     ctx0 = int((weights[names[0]].reshape(-1)[0].view(torch.int16).item() >> 7) & 0xFF)
-    write_classes(w, np.array([ctx0]), np.array([k_claim or len(gaps)]), np.array([theta]))
+    k = np.array([k_claim or len(gaps)])
+    write_table(w, ClassTable(np.array([ctx0]), k, n=k, theta=np.array([theta]), m=np.ones(1, dtype=np.int64)))
     for _ in names[1:]:
         w.varint(0)
     raw = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
