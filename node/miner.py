@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from pathlib import Path
@@ -81,12 +80,11 @@ class Trainer:
         """Compress `delta` plus the error buffer against the BF16 `weights` of `round_`, and sign-ready header."""
         m = self.setup.manifest
         payload, self.error, _ = self.codec.compress(delta, self.error, weights)
-        header = SubmissionHeader(
+        header = SubmissionHeader.for_payload(
             run_id=self.setup.run_id,
-            round=round_,
-            base_state_hash=base_hash,
-            payload_sha256=hashlib.sha256(payload).hexdigest(),
-            payload_size=len(payload),
+            round_=round_,
+            base_hash=base_hash,
+            payload=payload,
             codec=m.train.codec,
             data_digest=self.assignment(round_).digest,
             sender=self.identity.public_hex,

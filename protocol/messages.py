@@ -19,6 +19,7 @@ messages near 64 KiB); `tests/test_messages.py` checks the worst case. A validat
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Annotated, ClassVar, Literal, Self
 
@@ -98,6 +99,22 @@ class SubmissionHeader(WireModel):
     """Digest of the sample ids the miner trained on (its data assignment)."""
     sender: PublicKeyHex
     """The miner's Ed25519 public key; must equal the envelope's signer."""
+
+    @classmethod
+    def for_payload(
+        cls, *, run_id: str, round_: int, base_hash: str, payload: bytes, codec: str, data_digest: str, sender: str
+    ) -> SubmissionHeader:
+        """The header naming `payload` (its SHA-256 and exact size)."""
+        return cls(
+            run_id=run_id,
+            round=round_,
+            base_state_hash=base_hash,
+            payload_sha256=hashlib.sha256(payload).hexdigest(),
+            payload_size=len(payload),
+            codec=codec,
+            data_digest=data_digest,
+            sender=sender,
+        )
 
 
 class ScoredSubmission(BaseModel):

@@ -118,12 +118,11 @@ class Miner:
         return payload
 
     def package(self, round_: int, base_hash: str, payload: bytes, digest: str | None = None) -> Submission:
-        header = SubmissionHeader(
+        header = SubmissionHeader.for_payload(
             run_id=self.setup.run_id,
-            round=round_,
-            base_state_hash=base_hash,
-            payload_sha256=hashlib.sha256(payload).hexdigest(),
-            payload_size=len(payload),
+            round_=round_,
+            base_hash=base_hash,
+            payload=payload,
             codec=self.setup.codec,
             data_digest=digest or self.assignment(round_).digest,
             sender=self.key,

@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import json
 import re
-import resource
 import struct
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from node.bench.report import BenchResult, table
 from node.data import stdlib_corpus
 from node.gpteval import GPTEvaluator, batch_source
 from node.model import GPTConfig, build_gpt
+from node.runtime import peak_rss_mb
 from node.train import InnerOptimConfig, evaluate, load_bf16_state, unique_state
 from validator.config import GauntletConfig
 from validator.core import Validator
@@ -223,22 +223,6 @@ def rss_child(job_path: str) -> None:
     )
     report = validator.run_round(read_submissions(Path(job["submissions"])))
     print(json.dumps({"peak_rss_mb": peak_rss_mb(), "submissions": len(report.outcomes)}))
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MiB.
-
-    Linux keeps `ru_maxrss` across fork and exec, so a child of a large parent would report the
-    parent's size; the kernel's VmHWM belongs to the address space exec created, so it is read
-    first, and `ru_maxrss` (KiB on Linux) is the fallback elsewhere.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _counts(run: RunOutcome) -> tuple[int, int, int, Counter[str], Counter[str]]:
