@@ -9,6 +9,7 @@ manifests never accept each other's messages.
     manifest = load_manifest(Path("configs/tiny.toml"))
     manifest.run_id          # 64 hex
     manifest.gauntlet()      # the validator library's settings
+    codec_for(manifest)      # the run's codec, with its options
 
 Unknown keys and bad values fail at load with the field named (`ConfigError`).
 """
@@ -25,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from node.model import GPTConfig
 from node.train import InnerOptimConfig
-from protocol.codec import REGISTRY
+from protocol.codec import REGISTRY, Codec
+from protocol.codec_options import CodecOptions, build_codec
 from protocol.errors import ConfigError
 from validator.config import GauntletConfig
 from validator.outer import OuterConfig
@@ -94,6 +96,8 @@ class TrainSection(BaseModel):
     pseudo-gradient for r+1 (as in overlapped / streaming DiLoCo), so they do not sit idle."""
     codec: str = "sparseloco"
     """Pseudo-gradient codec: 'pulseloco', 'sparseloco' (or 'dense', for comparisons)."""
+    codec_options: CodecOptions = CodecOptions()
+    """The codec's parameters (PULSELoCo: value_format; SparseLoCo: k, beta); part of the run id."""
     outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)
     """Outer step the validator applies to the FP32 master."""
 
@@ -170,6 +174,7 @@ class Manifest(BaseModel):
         s = self.selection
         return GauntletConfig(
             codec=self.train.codec,
+            codec_options=self.train.codec_options,
             assignment_batches=s.assignment_batches,
             outer=self.train.outer,
             top_g=s.top_g,
@@ -183,6 +188,11 @@ class Manifest(BaseModel):
 
     def to_toml(self) -> str:
         return _toml(self.model_dump(mode="json"))
+
+
+def codec_for(manifest: Manifest) -> Codec:
+    """The run's pseudo-gradient codec, built with the manifest's options (miners and validators alike)."""
+    return build_codec(manifest.train.codec, manifest.train.codec_options)
 
 
 def parse_manifest(data: dict[str, object], source: str = "manifest") -> Manifest:

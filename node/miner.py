@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from node.catchup import Held, advance, join
+from node.manifest import codec_for
 from node.netconfig import NetConfig
 from node.peer import Peer, Role
 from node.runtime import Events, RunSetup, mb
 from node.train import inner_train, load_bf16_state, make_optimizer, unique_state
 from node.transfer import call_submit
 from protocol.assignment import Assignment
-from protocol.codec import make_codec
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
@@ -49,7 +49,7 @@ class Trainer:
         self.device = torch.device(device)
         # BF16 autocast only where the manifest asks for it and the device has it (CUDA)
         self.autocast = m.model.precision == "bf16-autocast" and self.device.type == "cuda"
-        self.codec = make_codec(m.train.codec)
+        self.codec = codec_for(m)
         self.model = setup.new_model().to(self.device)
         self.optimizer = make_optimizer(self.model, m.train.inner)
         self.error: State | None = None

@@ -6,9 +6,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
-from node.manifest import load_manifest, parse_manifest
+from node.manifest import Manifest, codec_for, load_manifest, parse_manifest
 from protocol.errors import ConfigError
+from protocol.pulseloco import PulseLoCoCodec
+from protocol.sparseloco import SparseLoCoCodec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -68,3 +71,37 @@ def test_run_id_depends_on_every_field() -> None:
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         load_manifest(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("k", 0), ("k", 4097), ("beta", 1.5), ("value_format", "fp16"), ("topk", 3)]
+)
+def test_bad_codec_option_fails_naming_it(key: str, value: object) -> None:
+    data = _tiny()
+    data["train"]["codec_options"] = {key: value}  # type: ignore[index]
+    with pytest.raises(ConfigError, match=rf"train\.codec_options\.{key}"):
+        parse_manifest(data)
+
+
+def _with_codec(codec: str, **options: object) -> Manifest:
+    data = _tiny()
+    data["train"]["codec"] = codec  # type: ignore[index]
+    data["train"]["codec_options"] = options  # type: ignore[index]
+    return parse_manifest(data)
+
+
+def test_codec_options_reach_the_codec_and_the_run_id() -> None:
+    weights = {"w": torch.zeros(64, 128, dtype=torch.bfloat16)}  # two 64x64 tiles
+    delta = {"w": torch.randn(64, 128, generator=torch.Generator().manual_seed(0))}
+    sent = {}
+    for k in (32, 64):
+        manifest = _with_codec("sparseloco", k=k)
+        assert manifest.gauntlet().codec_options.k == k  # the validator decodes with the same k
+        _, _, stats = codec_for(manifest).compress(delta, None, weights)
+        sent[k] = stats.sent
+    assert sent == {32: 64, 64: 128}
+    assert _with_codec("sparseloco", k=32).run_id != _with_codec("sparseloco", k=64).run_id
+    fp32 = codec_for(_with_codec("pulseloco", value_format="fp32"))
+    assert isinstance(fp32, PulseLoCoCodec) and fp32.value_format == "fp32"
+    beta = codec_for(_with_codec("sparseloco", beta=0.5))
+    assert isinstance(beta, SparseLoCoCodec) and beta.beta == 0.5

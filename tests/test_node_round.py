@@ -7,11 +7,10 @@ import torch
 
 from node.catchup import checkpoint_bytes, load_checkpoint
 from node.demo import summarize
-from node.manifest import Manifest
+from node.manifest import Manifest, codec_for
 from node.miner import Trainer
 from node.runtime import RunSetup
 from node.train import bf16_state
-from protocol.codec import make_codec
 from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
 from protocol.identity import Identity
 from protocol.statehash import state_hash
@@ -68,5 +67,5 @@ def test_trainer_submission_decodes() -> None:
     delta = trainer.train(0, weights)
     header, payload = trainer.package(0, delta, weights, state_hash(weights))
     assert header.payload_size == len(payload) and header.codec == manifest.train.codec
-    update = make_codec(manifest.train.codec).decompress(payload, weights)
+    update = codec_for(manifest).decompress(payload, weights)
     assert set(update) == set(weights) and any(bool(t.abs().sum() > 0) for t in update.values())

@@ -13,6 +13,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.codec import REGISTRY
+from protocol.codec_options import CodecOptions
 from protocol.messages import MAX_REJECTIONS, MAX_SELECTED
 from validator.outer import OuterConfig
 
@@ -25,6 +26,8 @@ class GauntletConfig(BaseModel):
     # -- what the run fixes (miners use the same values) -------------------------------------
     codec: str = "sparseloco"
     """Payload codec of the run (`protocol.codec.REGISTRY`); a header naming another is rejected."""
+    codec_options: CodecOptions = CodecOptions()
+    """The run's codec parameters (k, beta, value format); payloads are decoded with exactly these."""
     assignment_batches: int = Field(default=2, ge=1, le=1024)
     """Batches in a miner's data assignment per round (`protocol.assignment`); miners cycle over them."""
     outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)

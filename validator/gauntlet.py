@@ -31,7 +31,8 @@ from typing import Literal
 import torch
 
 from protocol.assignment import Assignment
-from protocol.codec import default_max_bytes, make_codec
+from protocol.codec import default_max_bytes
+from protocol.codec_options import build_codec
 from protocol.errors import ProtocolError
 from protocol.messages import Rejection, ScoredSubmission
 from validator.aggregate import aggregate, global_norm
@@ -98,7 +99,7 @@ class RoundPipeline:
 
     def __init__(self, cfg: GauntletConfig, weights: State, evaluator: Evaluator, batch_fn: BatchFn) -> None:
         self.cfg, self.weights, self.evaluator, self.batch_fn = cfg, weights, evaluator, batch_fn
-        self.codec = make_codec(cfg.codec)
+        self.codec = build_codec(cfg.codec, cfg.codec_options)
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
 
     def decode(self, payload: bytes) -> dict[str, torch.Tensor]:

@@ -29,7 +29,7 @@ import torch
 from node.model import GPTConfig, build_gpt
 from node.train import Batch, InnerOptimConfig, inner_train, load_bf16_state, make_optimizer, unique_state
 from protocol.assignment import Assignment
-from protocol.codec import make_codec
+from protocol.codec_options import CodecOptions, build_codec
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
@@ -53,6 +53,7 @@ class RunSetup:
     steps: int  # H inner steps per round
     assignment_batches: int
     batch: Callable[[int], Batch]  # seed -> training batch
+    codec_options: CodecOptions = field(default_factory=CodecOptions)
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Miner:
 
     def __init__(self, setup: RunSetup, identity: Identity) -> None:
         self.setup, self.identity = setup, identity
-        self.codec = make_codec(setup.codec)
+        self.codec = build_codec(setup.codec, setup.codec_options)
         self.model = build_gpt(setup.gpt)
         self.optimizer = make_optimizer(self.model, setup.inner)
         self.error: State | None = None
