@@ -1,7 +1,8 @@
 """The running peer: model and data, training, checkpoints, networking, the CLI.
 
 - `cli.py`         `pulse` entry point; parses flags and calls library functions
-- `model.py`       the embedded byte-level GPT and its config
+- `model.py`       the embedded byte-level GPT and its config; `CausalLM`, what the node needs of a model
+- `hfmodel.py`     a Hugging Face causal LM from a local directory as a `CausalLM`, and its tokenized corpus
 - `data.py`        the embedded corpus (the standard library's `.py` sources) and seeded batches
 - `train.py`       training primitives: BF16 state copy/load, H AdamW inner steps, evaluation
 - `basecache.py`   the briefly pre-trained base model, cached as safetensors keyed by its recipe
@@ -14,7 +15,7 @@
 - `blobstore.py`   content-addressed blobs on disk (SHA-256 names, verified atomic writes)
 - `streams.py`     blob stream framing, limits and byte pumps (bounded reads, hashing off the loop)
 - `transfer.py`    `rpc_fetch`/`rpc_submit` handlers and `call_fetch`/`call_submit` clients over libp2p
-- `gpteval.py`     the GPT as the validator's `Evaluator`, and the seed -> batch source miners share
+- `gpteval.py`     the model as the validator's `Evaluator`, and the seed -> batch source miners share
 - `manifest.py`    run manifests (`configs/*.toml`): pydantic sections, run id = hash of the manifest
 - `runtime.py`     what a manifest means in memory (model, batches, W_0) and `Events`, the role logs
 - `peer.py`        one node on the network: DHT records of the run, heartbeats, blob fetch from any holder

@@ -23,10 +23,10 @@ _SKIP_PARTS = {"site-packages", "dist-packages", "__pycache__"}
 
 @dataclass(frozen=True)
 class Corpus:
-    """Byte tokens of the training and held-out splits."""
+    """Tokens of the training and held-out splits: bytes, or a tokenizer's ids (`node/hfmodel.py`)."""
 
-    train: torch.Tensor  # (N,) uint8
-    held_out: torch.Tensor  # (M,) uint8
+    train: torch.Tensor  # (N,) uint8 bytes or int64 token ids
+    held_out: torch.Tensor  # (M,)
 
     def batch(
         self, seed: int, batch_size: int, seq_len: int, split: str = "train"

@@ -1,4 +1,4 @@
-"""The embedded GPT as the validator's `Evaluator` (validator/scoring.py), and its batch source.
+"""The run's model (a `CausalLM`: embedded GPT or Hugging Face) as the validator's `Evaluator`, and its batch source.
 
 The validator library never imports the model: the node hands it this adapter and a function
 from batch seed to batch, the same one miners draw their assignment with.
@@ -11,14 +11,14 @@ from collections.abc import Callable, Mapping
 import torch
 
 from node.data import Corpus
-from node.model import GPT
+from node.model import CausalLM
 from node.train import Batch, unique_state
 
 
 class GPTEvaluator:
     """Loads base - step * update into a GPT's FP32 parameters and measures mean loss."""
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: CausalLM) -> None:
         self.model = model.eval()
         self._params = unique_state(model)
 

@@ -65,7 +65,20 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nn.Module):
+class CausalLM(nn.Module):
+    """What the node needs of a language model: logits (B, T, V) from token ids (B, T), and `loss`.
+
+    The embedded GPT and the Hugging Face adapter (`node/hfmodel.py`) both derive from it, so the
+    inner loop, evaluation and BF16 state handling never ask which one they hold.
+    """
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy in nats."""
+        logits = self(x)  # (B, T, V)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
+class GPT(CausalLM):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -95,11 +108,6 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
-
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean next-byte cross-entropy in nats."""
-        logits = self(x)
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
 def build_gpt(cfg: GPTConfig, seed: int = 0) -> GPT:

@@ -1,7 +1,7 @@
 """What a manifest means in memory: the model, the batches, W_0, and how each role reports.
 
     setup = RunSetup.from_manifest(manifest)
-    setup.new_model()            # the embedded GPT of the run, FP32
+    setup.new_model()            # the run's model (embedded GPT or local Hugging Face LM), FP32
     setup.initial_master()       # W_0 as FP32 weights (only the validator needs them)
     setup.batch(seed)            # a miner's training batch, named by its seed
     setup.eval_batch(seed)       # the validator's scoring batch of the same seed (a prefix)
@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from node.data import Corpus, load_text_files, stdlib_corpus
+from node.hfmodel import load_hf_model, load_hf_tokenizer, model_dir, tokenize_corpus
 from node.manifest import Manifest
-from node.model import GPT, build_gpt
+from node.model import CausalLM, build_gpt
 from node.train import Batch, unique_state
 from protocol.errors import ConfigError
 
@@ -40,8 +41,8 @@ class RunSetup:
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> RunSetup:
-        if manifest.model.kind != "gpt":
-            raise ConfigError("model kind 'hf' is not supported by this build yet: use kind 'gpt'")
+        if manifest.model.kind == "hf":
+            model_dir(manifest.model.path or "")  # fail now, naming the field, if the files are missing
         return cls(manifest)
 
     @property
@@ -50,6 +51,12 @@ class RunSetup:
 
     @cached_property
     def corpus(self) -> Corpus:
+        """Token ids: bytes for the embedded GPT, the model's own tokenizer for kind 'hf'."""
+        if self.manifest.model.kind == "hf":
+            return tokenize_corpus(self._text(), load_hf_tokenizer(self.manifest.model.path or ""))
+        return self._text()
+
+    def _text(self) -> Corpus:
         data = self.manifest.data
         if data.kind == "embedded":
             return stdlib_corpus(data.cap_bytes)
@@ -59,7 +66,9 @@ class RunSetup:
             raise ConfigError(f"data.paths: not a file: {missing[0]}")
         return load_text_files(paths, Path("/"), data.cap_bytes)
 
-    def new_model(self) -> GPT:
+    def new_model(self) -> CausalLM:
+        if self.manifest.model.kind == "hf":
+            return load_hf_model(self.manifest.model.path or "")
         return build_gpt(self.manifest.model.gpt, self.manifest.model.seed)
 
     def initial_master(self) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from node.data import Corpus
-from node.model import GPT
+from node.model import CausalLM
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs, targets: each (B, T) int64
 BatchFn = Callable[[int], Batch]  # step index -> batch
@@ -111,7 +111,7 @@ def make_optimizer(model: nn.Module, cfg: InnerOptimConfig) -> torch.optim.AdamW
 
 
 def inner_train(
-    model: GPT,
+    model: CausalLM,
     cfg: InnerOptimConfig,
     batches: BatchFn,
     steps: int,
@@ -144,7 +144,7 @@ def inner_train(
     return losses
 
 
-def evaluate(model: GPT, batches: Iterable[Batch]) -> float:
+def evaluate(model: CausalLM, batches: Iterable[Batch]) -> float:
     """Mean loss over `batches` (each weighted equally), without gradients; restores the mode."""
     was_training = model.training
     model.eval()

@@ -1,0 +1,102 @@
+"""A Hugging Face causal LM from a local directory: loads offline, trains, and ships BF16 state like the GPT."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.gpteval import GPTEvaluator
+from node.manifest import Manifest, parse_manifest
+from node.runtime import RunSetup
+from node.train import InnerOptimConfig, bf16_state, inner_train, load_bf16_state
+from protocol import pulsesync
+from protocol.errors import ConfigError
+from protocol.statehash import state_hash
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _save_tiny_lm(root: Path) -> int:
+    """A byte-level BPE tokenizer and a 1-layer GPT-2 built here, saved as a model directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # every byte has a token: no unknowns
+    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=alphabet, special_tokens=["<eos>"])
+    tok.train_from_iterator(["def f(self, x):\n    return x + 1\n" * 20, "import os\nclass A:\n    pass\n"], trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    vocab = len(fast)
+    cfg = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=vocab, bos_token_id=0, eos_token_id=0
+    )
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(root)
+    fast.save_pretrained(root)
+    return vocab
+
+
+def _text_files(root: Path) -> list[str]:
+    """300 small files: enough that the 5% held-out split (by path hash) is never empty (p ~ 2e-7)."""
+    root.mkdir(exist_ok=True)
+    paths = [root / f"f{i}.txt" for i in range(300)]
+    for i, path in enumerate(paths):
+        path.write_text(f"def f{i}(self, x):\n    return x + {i}\n\nclass A{i}:\n    pass\n" * 4)
+    return [str(path) for path in paths]
+
+
+def _manifest(path: Path) -> Manifest:
+    return parse_manifest(
+        {
+            "name": "hf-tiny",
+            "model": {"kind": "hf", "path": str(path)},
+            "data": {"kind": "files", "paths": _text_files(path.parent / "text"), "batch_size": 4, "seq_len": 32},
+            "train": {"inner_steps": 2, "codec": "pulseloco"},
+        }
+    )
+
+
+def test_hf_model_trains_and_ships_bf16_state(tmp_path: Path) -> None:
+    vocab = _save_tiny_lm(tmp_path / "model")
+    setup = RunSetup.from_manifest(_manifest(tmp_path / "model"))
+    x, y = setup.batch(3)
+    assert x.shape == y.shape == (4, 32) and int(x.min()) >= 0 and int(x.max()) < vocab
+    model = setup.new_model()
+    w0 = bf16_state(model)
+    assert "lm.transformer.wte.weight" in w0 and "lm.lm_head.weight" not in w0  # tied: listed once
+    assert state_hash(w0) == state_hash(bf16_state(setup.new_model()))  # the same W_0 on every node
+
+    losses = inner_train(model, InnerOptimConfig(lr=1e-2), setup.batch, 6)
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+
+    w1 = bf16_state(model)
+    assert state_hash(pulsesync.apply(w0, pulsesync.encode(w0, w1))) == state_hash(w1)
+    fresh = setup.new_model()
+    load_bf16_state(fresh, w1)
+    assert state_hash(bf16_state(fresh)) == state_hash(w1)
+
+    evaluator = GPTEvaluator(setup.new_model())
+    evaluator.load(setup.initial_master())
+    assert math.isfinite(evaluator.loss(setup.eval_batch(5)))
+
+
+def test_missing_directory_fails_at_setup(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model\.path"):
+        RunSetup.from_manifest(_manifest(tmp_path / "nope"))
+
+
+def test_not_a_causal_lm_fails_naming_the_path(tmp_path: Path) -> None:
+    transformers.ViTConfig().save_pretrained(tmp_path / "model")  # a config.json, but an image model
+    setup = RunSetup.from_manifest(_manifest(tmp_path / "model"))
+    with pytest.raises(ConfigError, match="causal LM"):
+        setup.new_model()
