@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from node.data import Corpus
 from node.model import CausalLM
@@ -28,6 +29,9 @@ class HFCausalLM(CausalLM):
     def __init__(self, lm: Any) -> None:
         super().__init__()
         self.lm = lm  # state-dict names are the model's own, prefixed with "lm."
+        for module in lm.modules():  # no dropout: inner steps draw no random numbers (node/train.py)
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
         self.block_size = int(getattr(lm.config, "max_position_embeddings", 0) or 0)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

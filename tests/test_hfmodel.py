@@ -78,6 +78,8 @@ def test_hf_model_trains_and_ships_bf16_state(tmp_path: Path) -> None:
 
     losses = inner_train(model, InnerOptimConfig(lr=1e-2), setup.batch, 6)
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    again = inner_train(setup.new_model(), InnerOptimConfig(lr=1e-2), setup.batch, 6)
+    assert again == losses  # dropout is off: the same steps on every machine
 
     w1 = bf16_state(model)
     assert state_hash(pulsesync.apply(w0, pulsesync.encode(w0, w1))) == state_hash(w1)
