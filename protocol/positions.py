@@ -15,6 +15,7 @@ implied entirely by their header and cost nothing in the stream.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,3 +187,22 @@ def check_table(name: str, classes: np.ndarray, k: np.ndarray, theta: np.ndarray
     if np.any((theta == 0) != (k == n)):
         raise MalformedPayload(f"{name}: theta 0 must mark exactly the fully marked classes")
     return ClassTable(classes, k, n, theta, golomb_m(n, k))
+
+
+def _per_position(tables: Sequence[ClassTable]) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket width m and theta of every marked position, tables in order, classes class-major."""
+    k = np.concatenate([t.k for t in tables])
+    return np.repeat(np.concatenate([t.m for t in tables]), k), np.repeat(np.concatenate([t.theta for t in tables]), k)
+
+
+def encode_tables(enc: AnsEncoder, tables: Sequence[ClassTable], gaps: Sequence[np.ndarray]) -> None:
+    """Queue the gaps of several tensors, each described by its table, as one gap stream."""
+    if tables:
+        encode_gaps(enc, np.concatenate(list(gaps)), *_per_position(tables))
+
+
+def decode_tables(dec: AnsDecoder, tables: Sequence[ClassTable]) -> np.ndarray:
+    """Inverse of `encode_tables`: all tensors' gaps, concatenated in table order."""
+    if not tables:
+        return np.zeros(0, dtype=np.int64)
+    return decode_gaps(dec, *_per_position(tables))

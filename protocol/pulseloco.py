@@ -89,13 +89,7 @@ class PulseLoCoCodec(Codec):
         floatcode.write_models(w, coded.models)
         model_bytes = len(w.getvalue()) - before_model
         pos_enc = AnsEncoder()
-        k_all = np.concatenate([p.table.k for p in parts])
-        positions.encode_gaps(
-            pos_enc,
-            np.concatenate([p.gaps for p in parts]),
-            np.repeat(np.concatenate([p.table.m for p in parts]), k_all),
-            np.repeat(np.concatenate([p.table.theta for p in parts]), k_all),
-        )
+        positions.encode_tables(pos_enc, [p.table for p in parts], [p.gaps for p in parts])
         pos_words = pos_enc.finish()
         val_enc = AnsEncoder()
         floatcode.encode(val_enc, coded, mantissa_bits)
@@ -172,9 +166,9 @@ def _decode_positions(words: np.ndarray, tensors: list[_Tensor]) -> list[np.ndar
     """Sent positions per tensor, class-major (the order values come in)."""
     cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
     tables = [t.table for t in tensors]
-    k, n, m = cat([t.k for t in tables]), cat([t.n for t in tables]), cat([t.m for t in tables])
+    k, n = cat([t.k for t in tables]), cat([t.n for t in tables])
     dec = AnsDecoder(words)
-    gaps = positions.decode_gaps(dec, np.repeat(m, k), np.repeat(cat([t.theta for t in tables]), k))
+    gaps = positions.decode_tables(dec, tables)
     dec.finish()
     check_gaps(gaps, np.repeat(n, k))
     out, offset = [], 0

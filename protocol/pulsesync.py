@@ -183,13 +183,7 @@ def _sparse_bits_estimate(part: _Sparse) -> float:
 def _encode_stream(head: Writer, sparse: list[_Sparse], stats: PatchStats) -> np.ndarray:
     enc = AnsEncoder()
     if sparse:
-        k_all = np.concatenate([p.table.k for p in sparse])
-        positions.encode_gaps(
-            enc,
-            np.concatenate([p.gaps for p in sparse]),
-            np.repeat(np.concatenate([p.table.m for p in sparse]), k_all),
-            np.repeat(np.concatenate([p.table.theta for p in sparse]), k_all),
-        )
+        positions.encode_tables(enc, [p.table for p in sparse], [p.gaps for p in sparse])
         z = np.concatenate([p.z for p in sparse])
         keys = np.concatenate([p.keys for p in sparse])
     else:
@@ -334,11 +328,8 @@ def _decode_body(old: State, parsed: _Parsed) -> dict[str, torch.Tensor]:
         positions.check_table(e.name, e.classes, e.k, e.theta, order.counts)
         for e, (_, order) in zip(sparse, orders, strict=True)
     ]
-    k_all = np.concatenate([t.k for t in tables]) if sparse else np.zeros(0, dtype=np.int64)
-    m_all = np.concatenate([t.m for t in tables]) if sparse else np.zeros(0, dtype=np.int64)
-    theta_all = np.concatenate([t.theta for t in tables]) if sparse else np.zeros(0, dtype=np.int64)
     dec = AnsDecoder(parsed.words)
-    gaps = positions.decode_gaps(dec, np.repeat(m_all, k_all), np.repeat(theta_all, k_all))
+    gaps = positions.decode_tables(dec, tables)
     ends = np.cumsum([int(t.k.sum()) for t in tables]).tolist()
     located = [
         _positions(e.dtype, ctx_order, table, gaps[end - int(table.k.sum()) : end])
