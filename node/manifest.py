@@ -25,6 +25,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from node.model import GPTConfig
+from node.rl.config import RLConfig
 from node.train import InnerOptimConfig
 from protocol.codec import REGISTRY, Codec
 from protocol.codec_options import CodecOptions, build_codec
@@ -151,16 +152,27 @@ class Manifest(BaseModel):
     """Human-readable run name (does not have to be unique; the run id is)."""
     validators: list[PublicKeyHex] = Field(default_factory=list, max_length=16)
     """Ed25519 public keys (hex) whose round results nodes follow; `pulse keygen` prints one."""
+    task: Literal["lm", "rl"] = "lm"
+    """'lm': language-model training on the corpus; 'rl': GRPO post-training with rollouts from the
+    run's inference workers (followers), on the arithmetic task of `[rl]`."""
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
     train: TrainSection = TrainSection()
     round: RoundSection = RoundSection()
     selection: SelectionSection = SelectionSection()
+    rl: RLConfig = RLConfig()
+    """The RL task, GRPO and rollout settings (read when `task = "rl"`)."""
 
     @model_validator(mode="after")
     def _seq_fits(self) -> Self:
         if self.model.kind == "gpt" and self.data.seq_len > self.model.gpt.block_size:
             raise ValueError(f"data.seq_len {self.data.seq_len} exceeds model.gpt.block_size")
+        return self
+
+    @model_validator(mode="after")
+    def _rl_needs_bytes(self) -> Self:
+        if self.task == "rl" and self.model.kind != "gpt":
+            raise ValueError("task 'rl' runs on the embedded byte-level GPT (model.kind 'gpt')")
         return self
 
     @property
