@@ -37,6 +37,7 @@ MAX_SELECTED = 64
 MAX_REJECTIONS = 128
 MAX_REASON_CHARS = 100
 MAX_HELD_BLOBS = 64
+MAX_POOL_BATCHES = 64
 
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 """A SHA-256 digest: 64 lowercase hex characters."""
@@ -188,8 +189,59 @@ class Heartbeat(WireModel):
     """Sender's unix time in seconds; readers may ignore old heartbeats."""
 
 
+class RolloutAnnouncement(WireModel):
+    """An inference worker's rollout batch for `round` (RL runs), fetchable as a blob (`rollouts.py`)."""
+
+    KIND: ClassVar[str] = "rollouts"
+
+    state_hash: Sha256Hex
+    """SHA-256 of the BF16 weights the rollouts were generated from (those of `round`)."""
+    blob_sha256: Sha256Hex
+    blob_size: ByteSize
+    groups: int = Field(ge=1, le=MAX_POOL_BATCHES * 4)
+    """Prompts in the batch, each with G completions."""
+    mean_reward: float = Field(ge=-1e6, le=1e6, allow_inf_nan=False)
+    """The worker's claim; the validator recomputes every reward."""
+
+
+class PoolEntry(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    worker: PublicKeyHex
+    round: Round
+    """The round whose weights generated the batch."""
+    blob_sha256: Sha256Hex
+    blob_size: ByteSize
+
+
+class PoolRejection(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    worker: PublicKeyHex
+    blob_sha256: Sha256Hex
+    reason: Reason
+
+
+class RolloutPool(WireModel):
+    """The rollout batches miners train on in `round` (RL runs), each checked by the validator."""
+
+    KIND: ClassVar[str] = "rollout_pool"
+
+    entries: tuple[PoolEntry, ...] = Field(min_length=1, max_length=MAX_POOL_BATCHES)
+    """Checked batches, in the order assignment seeds index them (`seed % len(entries)`)."""
+    rejections: tuple[PoolRejection, ...] = Field(max_length=MAX_POOL_BATCHES)
+    """Batches the validator refused this round (false rewards, wrong state, wrong prompts...)."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Self:
+        if len({e.blob_sha256 for e in self.entries}) != len(self.entries):
+            raise ValueError("a rollout batch is listed twice")
+        return self
+
+
 MESSAGE_TYPES: dict[str, type[WireModel]] = {
-    cls.KIND: cls for cls in (SubmissionHeader, RoundResult, CheckpointAnnouncement, Heartbeat)
+    cls.KIND: cls
+    for cls in (SubmissionHeader, RoundResult, CheckpointAnnouncement, Heartbeat, RolloutAnnouncement, RolloutPool)
 }
 
 

@@ -22,13 +22,20 @@ from protocol.errors import (
 )
 from protocol.identity import Identity
 from protocol.messages import (
+    MAX_BLOB_BYTES,
     MAX_HELD_BLOBS,
+    MAX_POOL_BATCHES,
     MAX_REASON_CHARS,
     MAX_REJECTIONS,
+    MAX_ROUND,
     MAX_SELECTED,
     CheckpointAnnouncement,
     Heartbeat,
+    PoolEntry,
+    PoolRejection,
     Rejection,
+    RolloutAnnouncement,
+    RolloutPool,
     RoundResult,
     ScoredSubmission,
     SubmissionHeader,
@@ -316,3 +323,36 @@ def test_seen_cache_is_bounded_and_rebuildable() -> None:
     assert not seen.add("4")
     rebuilt = SeenCache(capacity=3, ids=seen.ids())
     assert rebuilt.ids() == seen.ids()
+
+
+def worst_rollout_pool() -> RolloutPool:
+    return RolloutPool(
+        run_id=RUN,
+        round=MAX_ROUND,
+        entries=tuple(
+            PoolEntry(worker=h(f"w{i}"), round=MAX_ROUND, blob_sha256=h(f"b{i}"), blob_size=MAX_BLOB_BYTES)
+            for i in range(MAX_POOL_BATCHES)
+        ),
+        rejections=tuple(
+            PoolRejection(worker=h(f"x{i}"), blob_sha256=h(f"c{i}"), reason="x" * MAX_REASON_CHARS)
+            for i in range(MAX_POOL_BATCHES)
+        ),
+    )
+
+
+def test_rl_messages_roundtrip_and_the_worst_pool_fits_a_dht_value() -> None:
+    announcement = RolloutAnnouncement(
+        run_id=RUN, round=4, state_hash=h("w4"), blob_sha256=h("r"), blob_size=999, groups=16, mean_reward=0.25
+    )
+    for message in (announcement, worst_rollout_pool()):
+        assert type(message).from_canonical(message.canonical_bytes()) == message
+    signed = sign(Identity.generate(), worst_rollout_pool())
+    assert len(signed.to_bytes()) <= MAX_ENVELOPE_BYTES < 64 * 1024
+
+
+def test_a_pool_lists_each_batch_once_and_is_never_empty() -> None:
+    entry = PoolEntry(worker=h("w"), round=1, blob_sha256=h("b"), blob_size=10)
+    with pytest.raises(ValueError, match="twice"):
+        RolloutPool(run_id=RUN, round=2, entries=(entry, entry), rejections=())
+    with pytest.raises(ValueError):
+        RolloutPool(run_id=RUN, round=2, entries=(), rejections=())
