@@ -21,6 +21,7 @@
 - `peer.py`        one node on the network: DHT records of the run, heartbeats, blob fetch from any holder
 - `catchup.py`     BF16 global weights kept in step: patch chain, checkpoints to join or recover
 - `validator_service.py` the validator's rounds: open, collect pushed submissions, close, publish
+- `trainer.py`     a miner's local work: H inner steps on its assignment, compression with error feedback
 - `miner.py`       the miner (train H steps, compress, push; overlaps the next round) and the follower
 - `roles_command.py` `pulse validator`, `pulse miner`, `pulse follow`; clean Ctrl+C shutdown
 - `status_command.py` `pulse status`: current round, active nodes, latest scores

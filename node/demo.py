@@ -181,6 +181,10 @@ def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     sent = sum(r["bytes"] for r in closed)
     dense = sum(r["dense_bytes"] for r in closed)
     losses = [r["loss"] for r in closed if r.get("loss") is not None]
+    rewards = [r["reward"] for r in closed if r.get("reward") is not None]
+    reward_start = [r["reward"] for r in records if r["event"] == "baseline" and r.get("reward") is not None]
+    changed = [r["changed_fraction"] for r in closed if r.get("changed_fraction") is not None]
+    patch = sum(r["patch_bytes"] for r in closed)
     return {
         "rounds": len(closed),
         "rounds_requested": rounds,
@@ -194,6 +198,12 @@ def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         "patch_bytes_per_round": [r["patch_bytes"] for r in closed],
         "bytes_ratio_vs_dense": dense / sent if sent else None,
         "miner_busy_fraction": sum(busy) / len(busy) if busy else None,
+        "reward_first": reward_start[0] if reward_start else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "reward_per_round": rewards,
+        "mean_patch_density": sum(changed) / len(changed) if changed else None,
+        # PULSESync patches against shipping the whole BF16 state every round
+        "sync_ratio_vs_dense": sum(r.get("state_bytes", 0) for r in closed) / patch if patch else None,
         "peak_rss_mb": rss,
     }
 
@@ -204,13 +214,17 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    losses = summary["loss_per_round"]
+    rl = bool(summary["reward_per_round"])
+    values = summary["reward_per_round"] if rl else summary["loss_per_round"]
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    xs = list(range(len(losses) + 1))
-    ax.plot(xs, [summary["loss_first"], *losses], marker="o")
-    ax.set(xlabel="round", ylabel="held-out loss (nats/byte)", title="Loss per round")
+    xs = list(range(len(values) + 1))
+    ax.plot(xs, [summary["reward_first" if rl else "loss_first"], *values], marker="o")
+    if rl:
+        ax.set(xlabel="round", ylabel="held-out reward (greedy)", title="Reward per round")
+    else:
+        ax.set(xlabel="round", ylabel="held-out loss (nats/byte)", title="Loss per round")
     fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=120)
+    fig.savefig(out / ("reward.png" if rl else "loss.png"), dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))

@@ -173,6 +173,10 @@ class Manifest(BaseModel):
     def _rl_needs_bytes(self) -> Self:
         if self.task == "rl" and self.model.kind != "gpt":
             raise ValueError("task 'rl' runs on the embedded byte-level GPT (model.kind 'gpt')")
+        if self.task == "rl" and self.train.overlap:
+            # a miner cannot train round r+1 ahead: its rollouts come from the pool the validator
+            # publishes when r+1 opens
+            raise ValueError("task 'rl' needs train.overlap = false")
         return self
 
     @property

@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from node.catchup import Held, advance, join
-from node.manifest import codec_for
 from node.netconfig import NetConfig
 from node.peer import Peer, Role
+from node.rl.miner import RLTrainer
+from node.rl.worker import RolloutWorker
 from node.runtime import Events, RunSetup, mb
-from node.train import inner_train, load_bf16_state, make_optimizer, unique_state
+from node.trainer import Trainer
 from node.transfer import call_submit
-from protocol.assignment import Assignment
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
@@ -40,69 +40,20 @@ POLL_SECONDS = 0.5
 State = dict[str, torch.Tensor]
 
 
-class Trainer:
-    """H inner steps from W_r on this miner's assignment, compressed with error feedback."""
-
-    def __init__(self, setup: RunSetup, identity: Identity, device: str = "cpu") -> None:
-        self.setup, self.identity = setup, identity
-        m = setup.manifest
-        self.device = torch.device(device)
-        # BF16 autocast only where the manifest asks for it and the device has it (CUDA)
-        self.autocast = m.model.precision == "bf16-autocast" and self.device.type == "cuda"
-        self.codec = codec_for(m)
-        self.model = setup.new_model().to(self.device)
-        self.optimizer = make_optimizer(self.model, m.train.inner)
-        self.error: State | None = None
-        self.steps_done = 0
-        self.last_loss = float("nan")
-
-    def train(self, round_: int, weights: State) -> State:
-        """FP32 pseudo-gradient W - W_local after H steps from `weights` on this miner's round-`round_` data."""
-        m = self.setup.manifest
-        assignment = self.assignment(round_)
-        load_bf16_state(self.model, weights)
-        first = self.steps_done
-
-        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            x, y = self.setup.batch(assignment.step_seed(step - first))
-            return x.to(self.device), y.to(self.device)
-
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            losses = inner_train(
-                self.model, m.train.inner, batch, m.train.inner_steps, optimizer=self.optimizer, first_step=first
-            )
-        self.steps_done += m.train.inner_steps
-        self.last_loss = sum(losses) / len(losses)
-        local = unique_state(self.model)
-        return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
-
-    def package(self, round_: int, delta: State, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
-        """Compress `delta` plus the error buffer against the BF16 `weights` of `round_`, and sign-ready header."""
-        m = self.setup.manifest
-        payload, self.error, _ = self.codec.compress(delta, self.error, weights)
-        header = SubmissionHeader.for_payload(
-            run_id=self.setup.run_id,
-            round_=round_,
-            base_hash=base_hash,
-            payload=payload,
-            codec=m.train.codec,
-            data_digest=self.assignment(round_).digest,
-            sender=self.identity.public_hex,
-        )
-        return header, payload
-
-    def assignment(self, round_: int) -> Assignment:
-        batches = self.setup.manifest.selection.assignment_batches
-        return Assignment(self.setup.run_id, round_, self.identity.public_hex, batches)
-
-
 class Node:
     """A follower; with a `Trainer`, a miner."""
 
     def __init__(
-        self, setup: RunSetup, identity: Identity, peer: Peer, events: Events, trainer: Trainer | None
+        self,
+        setup: RunSetup,
+        identity: Identity,
+        peer: Peer,
+        events: Events,
+        trainer: Trainer | None,
+        worker: RolloutWorker | None = None,
     ) -> None:
         self.setup, self.identity, self.peer, self.events, self.trainer = setup, identity, peer, events, trainer
+        self.worker = worker  # an RL run's follower generates rollouts
         self.held: Held | None = None
         self.busy_seconds = 0.0
         self.started: float | None = None
@@ -124,12 +75,16 @@ class Node:
         device: str = "cpu",
     ) -> Node:
         role: Role = "miner" if mine else "follower"
-        trainer = Trainer(setup, identity, device) if mine else None
+        rl = setup.manifest.task == "rl"
+        trainer: Trainer | None = None
+        if mine:
+            trainer = RLTrainer(setup, identity, device) if rl else Trainer(setup, identity, device)
         peer = await Peer.create(config, setup.manifest, identity, folder, role=role)
+        worker = RolloutWorker(setup, identity, peer, events, device) if rl and not mine else None
         events.emit(
             "start", f"{role} {identity.public_hex[:12]} joined, peer id {peer.peer_id}", sender=identity.public_hex
         )
-        return cls(setup, identity, peer, events, trainer)
+        return cls(setup, identity, peer, events, trainer, worker)
 
     @property
     def busy_fraction(self) -> float:
@@ -148,6 +103,8 @@ class Node:
             if self.trainer is not None:
                 await self._mine(self.held)
             else:
+                if self.worker is not None:
+                    await self.worker.serve(self.held)
                 await asyncio.sleep(POLL_SECONDS)
         self.events.emit(
             "final",
@@ -166,6 +123,9 @@ class Node:
         if opened is None or opened in self.submitted or await self.peer.round_result(r) is not None:
             # the round is not open yet, is done here, or just closed (a restarted validator reopens it)
             await asyncio.sleep(POLL_SECONDS)
+            return
+        if isinstance(self.trainer, RLTrainer) and not await self.trainer.fetch_rollouts(self.peer, r):
+            await asyncio.sleep(POLL_SECONDS)  # the round's rollout pool is not readable yet
             return
         self.submitted.add(opened)
         deadline = opened[2] + self.setup.manifest.round.deadline_seconds

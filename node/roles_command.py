@@ -30,6 +30,7 @@ from protocol.errors import ConfigError, KeyFileError, NetworkError
 from protocol.identity import Identity
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+RL_CONFIG = DEFAULT_CONFIG.with_name("rl.toml")  # the `task = "rl"` preset
 
 
 def register(subparsers: Any) -> None:

@@ -72,6 +72,12 @@ class RunSetup:
         return build_gpt(self.manifest.model.gpt, self.manifest.model.seed)
 
     def initial_master(self) -> dict[str, torch.Tensor]:
+        """W_0 in FP32: the model's initial weights, or for an RL run the (cached) supervised warm start."""
+        m = self.manifest
+        if m.task == "rl":
+            from node.rl.warmstart import warm_start  # RL only: keeps LM runs free of the RL modules
+
+            return warm_start(m.model.gpt, m.model.seed, m.rl)
         return {n: t.detach().clone().float() for n, t in unique_state(self.new_model()).items()}
 
     def batch(self, seed: int) -> Batch:

@@ -20,12 +20,16 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
+
+import torch
 
 from node.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
 from node.gpteval import GPTEvaluator
 from node.netconfig import NetConfig
 from node.peer import Peer
+from node.rl.validation import RLValidation
 from node.runtime import Events, RunSetup, mb
 from node.train import evaluate, load_bf16_state
 from protocol.errors import ConfigError, NetworkError
@@ -34,6 +38,7 @@ from protocol.messages import CheckpointAnnouncement, Heartbeat, SubmissionHeade
 from protocol.signing import Verified
 from validator.core import RoundReport, Validator
 from validator.intake import Submission
+from validator.scoring import BatchFn, Evaluator
 from validator.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -45,13 +50,14 @@ class ValidatorService:
         if identity.public_hex not in setup.manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
         self.setup, self.identity, self.folder, self.events = setup, identity, folder, events
+        self.rl = RLValidation(setup, events) if setup.manifest.task == "rl" else None
         self.validator = self._open_state()
         self.peer: Peer | None = None
         self.received: dict[str, Submission] = {}  # by sender, this round
         self.previous_senders: set[str] = set()
         self.closed = True
         self.probe = setup.new_model()
-        self.held_out = setup.held_out()
+        self.held_out = setup.held_out() if self.rl is None else []
         self.dense_bytes = setup.dense_bytes()
 
     @classmethod
@@ -77,12 +83,13 @@ class ValidatorService:
 
     def _open_state(self) -> Validator:
         s = self.setup
-        evaluator = GPTEvaluator(s.new_model())
+        evaluator: Evaluator = GPTEvaluator(s.new_model()) if self.rl is None else self.rl.evaluator()
+        batch_fn: BatchFn = s.eval_batch if self.rl is None else self.rl.batches
         folder = self.folder / "validator"
         cfg, run_id = s.manifest.gauntlet(), s.run_id
         if StateStore(folder, cfg.keep_rounds).exists():
-            return Validator.open(folder, cfg, run_id, self.identity, evaluator, s.eval_batch)
-        return Validator.create(folder, cfg, run_id, self.identity, s.initial_master(), evaluator, s.eval_batch)
+            return Validator.open(folder, cfg, run_id, self.identity, evaluator, batch_fn)
+        return Validator.create(folder, cfg, run_id, self.identity, s.initial_master(), evaluator, batch_fn)
 
     @property
     def round(self) -> int:
@@ -120,6 +127,10 @@ class ValidatorService:
         if self.held_out and self.validator.last_result is None:
             loss = await asyncio.get_running_loop().run_in_executor(None, self._held_out_loss)
             self.events.emit("baseline", f"held-out loss of the initial weights {loss:.4f}", loss=loss)
+        if self.rl is not None and self.validator.last_result is None:
+            loop = asyncio.get_running_loop()
+            reward = await loop.run_in_executor(None, self.rl.held_out_reward, self.validator.weights)
+            self.events.emit("baseline", f"held-out reward of the initial policy {reward:.4f}", reward=reward)
         first = True
         while rounds is None or self.round < rounds:
             await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
@@ -160,6 +171,8 @@ class ValidatorService:
             )
             await self.peer.publish(announcement)
             self.events.emit("checkpoint", f"announced the checkpoint of round {r} ({mb(len(data))})", round=r)
+        if self.rl is not None:
+            await self.rl.open_round(self.peer, r, self._recent_states())
         self.received = {}
         self.closed = False
         self.opened_at = time.time()
@@ -184,7 +197,9 @@ class ValidatorService:
         self.closed = True
         r, submissions = self.round, list(self.received.values())
         loop = asyncio.get_running_loop()
+        before = self.validator.weights
         report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
+        changed = changed_fraction(before, self.validator.weights)
         sha = self.peer.store.put(report.patch)
         self.peer.hold(sha)
         try:
@@ -197,13 +212,28 @@ class ValidatorService:
             self.peer.store.remove(hashlib.sha256(sub.payload).hexdigest())
         self.previous_senders = set(self.received)
         loss = await loop.run_in_executor(None, self._held_out_loss) if self.held_out else None
-        self._report(report, submissions, loss)
+        reward = None
+        if self.rl is not None and self.rl.reward_due(r):
+            reward = await loop.run_in_executor(None, self.rl.held_out_reward, self.validator.weights)
+        self._report(report, submissions, loss, reward, changed)
+
+    def _recent_states(self) -> dict[int, str]:
+        """Round -> state hash for the rounds the validator's book still names (newest is this round's)."""
+        states = self.validator.book.states
+        return {self.round - len(states) + 1 + i: h for i, h in enumerate(states)}
 
     def _held_out_loss(self) -> float:
         load_bf16_state(self.probe, self.validator.weights)
         return evaluate(self.probe, self.held_out)
 
-    def _report(self, report: RoundReport, submissions: list[Submission], loss: float | None) -> None:
+    def _report(
+        self,
+        report: RoundReport,
+        submissions: list[Submission],
+        loss: float | None,
+        reward: float | None,
+        changed: float,
+    ) -> None:
         sent = sum(len(s.payload) for s in submissions)
         selected = report.selected()
         ranked = sorted(report.result.selected, key=lambda s: -s.score)
@@ -213,14 +243,18 @@ class ValidatorService:
             f"round {report.round} closed: {len(submissions)} submissions, {len(selected)} aggregated, "
             f"{mb(sent)} received ({self.dense_bytes * max(len(submissions), 1) / max(sent, 1):.0f}x smaller "
             f"than dense), patch {mb(len(report.patch))}, new state {report.state_hash[:12]}"
-            + (f", held-out loss {loss:.4f}" if loss is not None else ""),
+            + (f", held-out loss {loss:.4f}" if loss is not None else "")
+            + (f", held-out reward {reward:.4f}" if reward is not None else ""),
             round=report.round,
             submissions=len(submissions),
             selected=len(selected),
             bytes=sent,
             dense_bytes=self.dense_bytes * len(submissions),
             patch_bytes=len(report.patch),
+            state_bytes=self.dense_bytes // 2,  # the BF16 weights, what a dense sync would ship
             loss=loss,
+            reward=reward,
+            changed_fraction=changed,
             scores=scores,
             rejections={r.sender: r.reason for r in report.result.rejections},
             state_hash=report.state_hash,
@@ -230,3 +264,9 @@ class ValidatorService:
     async def shutdown(self) -> None:
         if self.peer is not None:
             await self.peer.shutdown()
+
+
+def changed_fraction(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
+    """Share of BF16 weights a round changed (what the PULSESync patch had to carry)."""
+    changed = sum(int((old[n].view(torch.int16) != new[n].view(torch.int16)).sum()) for n in new)
+    return changed / max(sum(t.numel() for t in new.values()), 1)

@@ -105,3 +105,14 @@ def test_codec_options_reach_the_codec_and_the_run_id() -> None:
     assert isinstance(fp32, PulseLoCoCodec) and fp32.value_format == "fp32"
     beta = codec_for(_with_codec("sparseloco", beta=0.5))
     assert isinstance(beta, SparseLoCoCodec) and beta.beta == 0.5
+
+
+def test_an_rl_run_needs_the_byte_level_gpt_and_no_overlap() -> None:
+    rl = {"name": "r", "task": "rl", "train": {"overlap": False, "codec": "pulseloco"}}
+    assert parse_manifest(rl).task == "rl"
+    with pytest.raises(ConfigError, match="overlap"):
+        parse_manifest({**rl, "train": {"codec": "pulseloco"}})
+    with pytest.raises(ConfigError, match="byte-level GPT"):
+        parse_manifest({**rl, "model": {"kind": "hf", "path": "/nowhere"}})
+    with pytest.raises(ConfigError, match=r"rl\.group_size"):
+        parse_manifest({**rl, "rl": {"group_size": 1}})

@@ -8,9 +8,9 @@ import torch
 from node.catchup import checkpoint_bytes, load_checkpoint
 from node.demo import summarize
 from node.manifest import Manifest, codec_for
-from node.miner import Trainer
 from node.runtime import RunSetup
 from node.train import bf16_state
+from node.trainer import Trainer
 from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
 from protocol.identity import Identity
 from protocol.statehash import state_hash
