@@ -62,6 +62,23 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards - mean) / (std + ADVANTAGE_EPS)
 
 
+def completion_tensors(
+    seqs: Sequence[tuple[bytes, bytes]], block_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt, completion) pairs -> tokens (N, T) right-padded with 0, completion mask (N, T-1)."""
+    if any(not p for p, _ in seqs):
+        raise ValueError("a prompt is empty")
+    longest = max(len(p) + len(c) for p, c in seqs)
+    if block_size is not None and longest > block_size:
+        raise ValueError(f"a sequence of {longest} bytes exceeds block_size {block_size}")
+    tokens = torch.zeros(len(seqs), longest, dtype=torch.long)
+    mask = torch.zeros(len(seqs), max(longest - 1, 1), dtype=torch.float32)
+    for i, (p, c) in enumerate(seqs):
+        tokens[i, : len(p) + len(c)] = torch.tensor(list(p + c), dtype=torch.long)
+        mask[i, len(p) - 1 : len(p) + len(c) - 1] = 1.0  # logits at t predict byte t+1
+    return tokens, mask
+
+
 def rollout_tensors(groups: Sequence[RolloutGroup], block_size: int | None = None) -> RolloutTensors:
     """Tokens, completion mask, rewards and advantages of `groups` (every group the same size G).
 
@@ -74,14 +91,7 @@ def rollout_tensors(groups: Sequence[RolloutGroup], block_size: int | None = Non
     if any(len(g.completions) != size for g in groups):
         raise ValueError("rollout groups of different sizes in one batch")
     seqs = [(g.prompt, c) for g in groups for c in g.completions]
-    longest = max(len(p) + len(c) for p, c in seqs)
-    if block_size is not None and longest > block_size:
-        raise ValueError(f"a rollout of {longest} bytes exceeds block_size {block_size}")
-    tokens = torch.zeros(len(seqs), longest, dtype=torch.long)
-    mask = torch.zeros(len(seqs), max(longest - 1, 1), dtype=torch.float32)
-    for i, (p, c) in enumerate(seqs):
-        tokens[i, : len(p) + len(c)] = torch.tensor(list(p + c), dtype=torch.long)
-        mask[i, len(p) - 1 : len(p) + len(c) - 1] = 1.0  # logits at t predict byte t+1
+    tokens, mask = completion_tensors(seqs, block_size)
     rewards = torch.tensor([reward(p, c) for p, c in seqs], dtype=torch.float32)
     advantages = group_advantages(rewards.view(len(groups), size).double()).float().reshape(-1)
     return RolloutTensors(tokens, mask, advantages, rewards, len(groups))

@@ -1,0 +1,134 @@
+"""The supervised warm start of an RL run (W_0), cached on disk like the LM base model (`basecache.py`).
+
+GRPO learns only from groups whose rewards differ, so a random policy (reward ~0 everywhere)
+gives it nothing. W_0 is therefore the GPT after `cfg.warm_start_steps` AdamW steps of
+cross-entropy on correct answers (`task.sft_examples`), loss on the answer bytes only: enough to
+answer some problems, far from all, so RL has room to improve it.
+
+The file is `<cache dir>/rl-warmstart/<key>.safetensors` (FP32 weights, never pickle), the key a
+hash of everything that decides the weights: recipe version, model config, seed, digits, steps,
+learning rate, optimizer and batch size. Its metadata holds the key and the state's SHA-256; a file
+that is unreadable, from another key or with other content is logged, ignored and rebuilt.
+Every node of a run computes the same key; the first one trains (seconds on a CPU), later calls read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
+
+from node.atomicfile import write_atomic
+from node.basecache import default_cache_dir
+from node.model import GPT, GPTConfig, build_gpt
+from node.rl.config import RLConfig
+from node.rl.grpo import completion_tensors
+from node.rl.task import sft_examples
+from node.train import InnerOptimConfig, derive_seed, load_state, make_optimizer, unique_state
+from protocol.statehash import state_hash
+
+log = logging.getLogger(__name__)
+
+RECIPE_VERSION = 1  # bump when the recipe below changes in a way the key does not see
+BATCH_SIZE = 64  # examples per step
+FOLDER = "rl-warmstart"
+
+
+class _Invalid(Exception):
+    """A cache file that must not be used (the reason is the message)."""
+
+
+def warm_start_optim(cfg: RLConfig) -> InnerOptimConfig:
+    return InnerOptimConfig(lr=cfg.warm_start_lr, warmup_steps=max(1, cfg.warm_start_steps // 10))
+
+
+def cache_key(gpt: GPTConfig, seed: int, cfg: RLConfig) -> str:
+    recipe = {
+        "version": RECIPE_VERSION,
+        "model": gpt.model_dump(),
+        "seed": seed,
+        "digits": cfg.digits,
+        "steps": cfg.warm_start_steps,
+        "optim": warm_start_optim(cfg).model_dump(),
+        "batch_size": BATCH_SIZE,
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+def cache_path(gpt: GPTConfig, seed: int, cfg: RLConfig, cache_dir: Path | None = None) -> Path:
+    return (cache_dir or default_cache_dir()) / FOLDER / f"{cache_key(gpt, seed, cfg)}.safetensors"
+
+
+def warm_start(gpt: GPTConfig, seed: int, cfg: RLConfig, cache_dir: Path | None = None) -> dict[str, torch.Tensor]:
+    """FP32 weights of W_0 (names as `unique_state` gives them): from the cache, or trained now and cached."""
+    key = cache_key(gpt, seed, cfg)
+    path = cache_path(gpt, seed, cfg, cache_dir)
+    if path.exists():
+        try:
+            return _load(path, key)
+        except _Invalid as exc:
+            log.warning("warm-start cache %s rejected (%s); rebuilding it", path, exc)
+    model = build_gpt(gpt, seed)
+    start = time.perf_counter()
+    loss = train_sft(model, cfg, seed)
+    state = {name: t.detach().cpu().float().contiguous() for name, t in unique_state(model).items()}
+    meta = {"key": key, "state_sha256": state_hash(state), "final_loss": repr(loss)}
+    write_atomic(path, save(state, metadata=meta))
+    log.info(
+        "rl warm start: %d steps in %.1f s, answer loss %.3f, cached at %s",
+        cfg.warm_start_steps,
+        time.perf_counter() - start,
+        loss,
+        path,
+    )
+    return state
+
+
+def train_sft(model: GPT, cfg: RLConfig, seed: int) -> float:
+    """`cfg.warm_start_steps` supervised steps in place; the mean answer loss of the last tenth (nan for 0 steps)."""
+    optim = warm_start_optim(cfg)
+    opt = make_optimizer(model, optim)
+    data_seed = derive_seed("rl-warm-start", seed)
+    model.train()
+    recent: list[float] = []
+    for step in range(cfg.warm_start_steps):
+        for group in opt.param_groups:
+            group["lr"] = optim.lr_at(step)
+        tokens, mask = completion_tensors(sft_examples(data_seed, step, BATCH_SIZE, cfg), model.cfg.block_size)
+        logits = model(tokens[:, :-1])  # (B, T-1, V)
+        per_token = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+        loss = (per_token * mask).sum() / mask.sum()  # answer bytes only: the prompt is given
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+        opt.step()
+        recent = [*recent, loss.item()][-max(1, cfg.warm_start_steps // 10) :]
+    return sum(recent) / len(recent) if recent else float("nan")
+
+
+def _load(path: Path, key: str) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError) as exc:
+        raise _Invalid(f"unreadable: {exc}") from exc
+    if meta.get("key") != key:
+        raise _Invalid("written for another key")
+    if meta.get("state_sha256") != state_hash(state):
+        raise _Invalid("content does not match its recorded SHA-256")
+    return state
+
+
+def warm_model(gpt: GPTConfig, seed: int, cfg: RLConfig, cache_dir: Path | None = None) -> GPT:
+    """A GPT holding W_0 (FP32)."""
+    model = build_gpt(gpt, seed)
+    load_state(model, warm_start(gpt, seed, cfg, cache_dir))
+    return model
