@@ -64,6 +64,9 @@ class TransferLimits(BaseModel):
     """Largest single socket read."""
     batch_bytes: int = Field(default=8 << 20, ge=4096)
     """Bytes handed to the hashing/writing thread at a time (two batches in memory per stream)."""
+    min_bytes_per_second: float = Field(default=64 * 1024, gt=0)
+    """Slowest body accepted: a body must arrive within `open_timeout` + size / this rate, so a peer
+    that trickles a byte now and then cannot hold one of the `max_streams` slots for ever."""
 
 
 DEFAULT_LIMITS = TransferLimits()
@@ -111,16 +114,19 @@ async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ti
 
 
 async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: TransferLimits) -> None:
-    """Read exactly `blob.size` bytes into `blob`; a read waiting past `chunk_timeout` is a `TransferTimeout`."""
+    """Read exactly `blob.size` bytes into `blob`; a read waiting past `chunk_timeout`, or a body slower
+    than `min_bytes_per_second` on the whole, is a `TransferTimeout`."""
     loop = asyncio.get_running_loop()
     remaining = blob.size
+    started = loop.time()
+    overall = started + limits.open_timeout + blob.size / limits.min_bytes_per_second
     batch: list[bytes] = []
     batched = 0
     pending: asyncio.Future[None] | None = None  # the batch being hashed and written, at most one
     try:
         async with asyncio.timeout(None) as deadline:
             while remaining:
-                deadline.reschedule(loop.time() + limits.chunk_timeout)
+                deadline.reschedule(min(loop.time() + limits.chunk_timeout, overall))
                 chunk = await reader.read(min(limits.read_bytes, remaining))  # never past the announced size
                 if not chunk:
                     raise TransferError(f"peer closed the stream after {blob.size - remaining} of {blob.size} bytes")
@@ -136,6 +142,11 @@ async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: T
             await pending
     except TimeoutError as exc:
         done = blob.size - remaining
+        if loop.time() >= overall:
+            raise TransferTimeout(
+                f"peer too slow: {done} of {blob.size} bytes after the {overall - started:.1f}s allowed "
+                f"(minimum rate {limits.min_bytes_per_second:g} bytes/s)"
+            ) from exc
         raise TransferTimeout(
             f"peer stalled: no data for {limits.chunk_timeout:g}s after {done} of {blob.size} bytes"
         ) from exc

@@ -247,8 +247,20 @@ class TransferService:
         except (ProtocolError, TransferError, TimeoutError) as exc:
             await try_reply(writer, Status.FAILED, str(exc) or "timed out", self.limits)
             raise
+        except OSError as exc:  # our disk (full, read-only): the peer is told, the temp file is gone
+            await try_reply(writer, Status.FAILED, f"receiver could not store the payload: {exc}", self.limits)
+            raise
         finally:
             self._receiving.discard(verified.message_id)
+        # Decide again now that the body is here: the round may have closed while it arrived, or
+        # another submission of the same sender may have finished first. Either way this one gets
+        # its own logged refusal instead of being dropped (or replacing the first) in silence.
+        late = self.accept(header) if self.accept is not None else None
+        if late:
+            sender, message = verified.sender_hex[:12], verified.message_id[:12]
+            logger.info("submission %s... from %s...: REJECTED after its body: %s", message, sender, late)
+            await reply(writer, Status.REJECTED, reason=late, limits=self.limits)
+            return
         self.seen.add(verified.message_id)
         if self.on_submission is not None:
             self.on_submission(verified)

@@ -1,0 +1,186 @@
+"""Faults at the receiving end of a submission, in process: a trickling sender, a round that closes
+while a body arrives, two bodies from one sender at once, and a full disk.
+
+The submit handler runs on an `asyncio.StreamReader` fed by the test and a writer that records
+what the handler replies, so no libp2p daemon is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.blobstore import BlobStore, BlobWriter
+from node.streams import Status, TransferLimits, receive_body
+from node.transfer import TransferService
+from protocol.errors import TransferTimeout
+from protocol.identity import Identity
+from protocol.messages import SubmissionHeader
+from protocol.signing import Verified, sign
+
+RUN = hashlib.sha256(b"pulse-test-transfer-faults").hexdigest()
+_REPLY = struct.Struct(">BQH")
+
+
+class RecordingWriter:
+    """The bits of `asyncio.StreamWriter` the handler uses; keeps every byte written."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def replies(self) -> list[tuple[Status, str]]:
+        out, at = [], 0
+        while at < len(self.data):
+            status, _, n = _REPLY.unpack_from(self.data, at)
+            at += _REPLY.size
+            out.append((Status(status), self.data[at : at + n].decode()))
+            at += n
+        return out
+
+
+def _submission(identity: Identity, payload: bytes, round_: int = 0) -> bytes:
+    header = SubmissionHeader.for_payload(
+        run_id=RUN,
+        round_=round_,
+        base_hash="0" * 64,
+        payload=payload,
+        codec="sparseloco",
+        data_digest="1" * 64,
+        sender=identity.public_hex,
+    )
+    return sign(identity, header).to_bytes()
+
+
+def _request(envelope: bytes) -> bytes:
+    return struct.pack(">I", len(envelope)) + envelope
+
+
+async def _trickle(reader: asyncio.StreamReader, data: bytes, step: int, pause: float) -> None:
+    for at in range(0, len(data), step):
+        reader.feed_data(data[at : at + step])
+        await asyncio.sleep(pause)
+
+
+def test_a_trickling_body_is_cut_at_the_minimum_rate(tmp_path: Path) -> None:
+    """10 bytes every 20 ms is 500 bytes/s: 2000 bytes would take 4 s, well under the 5 s stall limit."""
+    limits = TransferLimits(open_timeout=0.3, chunk_timeout=5.0, min_bytes_per_second=2000)
+    data = bytes(2000)
+
+    async def main() -> float:
+        reader = asyncio.StreamReader()
+        feeder = asyncio.ensure_future(_trickle(reader, data, 10, 0.02))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            blob = BlobWriter(BlobStore(tmp_path), hashlib.sha256(data).hexdigest(), len(data))
+            with blob, pytest.raises(TransferTimeout, match="too slow"):
+                await receive_body(reader, blob, limits)
+        finally:
+            feeder.cancel()
+        return loop.time() - start
+
+    assert asyncio.run(main()) < 2.0  # 0.3 s + 2000 / 2000 s allowed, not the 4 s the trickle needs
+    assert not BlobStore(tmp_path).partial_files()
+
+
+def _service(tmp_path: Path, verdicts: list[str | None], got: list[Verified[SubmissionHeader]]) -> TransferService:
+    answers = iter(verdicts)
+    return TransferService(
+        p2p=Any,  # type: ignore[arg-type]  # the handler never touches the daemon
+        store=BlobStore(tmp_path / "store"),
+        run_id=RUN,
+        accept=lambda header: next(answers),
+        on_submission=got.append,
+    )
+
+
+async def _submit(service: TransferService, envelope: bytes, payload: bytes) -> RecordingWriter:
+    reader, writer = asyncio.StreamReader(), RecordingWriter()
+    reader.feed_data(_request(envelope) + payload)
+    reader.feed_eof()
+    # the disk-full case re-raises for `_serve` to log; the reply is what the peer sees
+    with contextlib.suppress(OSError):
+        await service._submit(reader, writer)  # type: ignore[arg-type]
+    return writer
+
+
+def test_a_round_that_closes_while_the_body_arrives_refuses_it_with_a_reason(tmp_path: Path) -> None:
+    got: list[Verified[SubmissionHeader]] = []
+    service = _service(tmp_path, [None, "round 0 is not open (the open round is 1, closed=True)"], got)
+    payload = b"x" * 1000
+    writer = asyncio.run(_submit(service, _submission(Identity.generate(), payload), payload))
+    assert got == []  # never handed to the round
+    refusal = (Status.REJECTED, "round 0 is not open (the open round is 1, closed=True)")
+    assert writer.replies() == [(Status.OK, ""), refusal]
+
+
+def test_two_bodies_from_one_sender_give_one_submission_and_one_refusal(tmp_path: Path) -> None:
+    got: list[Verified[SubmissionHeader]] = []
+    me = Identity.generate()
+    received: set[str] = set()
+
+    def accept(header: SubmissionHeader) -> str | None:
+        return "one submission per miner per round" if header.sender in received else None
+
+    service = TransferService(
+        p2p=Any,  # type: ignore[arg-type]
+        store=BlobStore(tmp_path / "store"),
+        run_id=RUN,
+        accept=accept,
+        on_submission=lambda v: (received.add(v.message.sender), got.append(v)),  # type: ignore[func-returns-value]
+    )
+
+    async def main() -> list[RecordingWriter]:
+        # both headers are admitted before either body is complete
+        readers = [asyncio.StreamReader(), asyncio.StreamReader()]
+        writers = [RecordingWriter(), RecordingWriter()]
+        payloads = [b"a" * 500, b"b" * 500]
+        for reader, payload in zip(readers, payloads, strict=True):
+            reader.feed_data(_request(_submission(me, payload)))
+        tasks = [asyncio.ensure_future(service._submit(r, w)) for r, w in zip(readers, writers, strict=True)]  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        for reader, payload in zip(readers, payloads, strict=True):
+            reader.feed_data(payload)
+            reader.feed_eof()
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        return writers
+
+    first, second = asyncio.run(main())
+    assert len(got) == 1 and got[0].message.payload_sha256 == hashlib.sha256(b"a" * 500).hexdigest()
+    assert first.replies()[-1] == (Status.OK, "")
+    assert second.replies()[-1] == (Status.REJECTED, "one submission per miner per round")
+
+
+def test_a_full_disk_while_receiving_is_a_failed_reply_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(self: BlobWriter, chunks: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(BlobWriter, "write_many", full)
+    got: list[Verified[SubmissionHeader]] = []
+    service = _service(tmp_path, [None, None], got)
+    payload = b"y" * 1000
+    writer = asyncio.run(_submit(service, _submission(Identity.generate(), payload), payload))
+    assert got == []
+    status, reason = writer.replies()[-1]
+    assert status is Status.FAILED and "No space left" in reason
+    store = BlobStore(tmp_path / "store")
+    assert not store.partial_files() and not list(store)
