@@ -137,14 +137,25 @@ def test_evaluator_gain_sign_and_no_stale_cache() -> None:
     assert late == pytest.approx(evaluator.loss(batch), abs=1e-7) and late < 1.0
 
 
-def test_pool_source_and_held_out_reward() -> None:
+def test_pool_source_samples_groups_by_seed() -> None:
     groups = _groups()
     pool = PoolSource(GPT.block_size)
     with pytest.raises(RuntimeError):
         pool(0)
     pool.set([groups[:2], groups[2:]])
-    assert pool(4) is pool(6) and pool(5) is not pool(4)  # seed mod len(pool), built once
-    assert pool.groups([5, 3, 4]) == groups[2:] + groups[:2]
+    assert pool(4) is pool(4)  # built once per seed and round: the evaluator's cache relies on it
+    assert len(pool.groups([4])) == 2  # one worker batch's worth, from the whole pool
+    samples = {tuple(pool.sample(seed)) for seed in range(40)}
+    assert len(samples) > 3  # seeds name different samples, not just the two pool batches
+    both = pool.groups([4, 5])
+    assert len(both) == len(set(map(id, both))) and set(map(id, pool.groups([4]))) <= set(map(id, both))
+    assert pool.batches_for([4, 5]) == sorted({b for s in (4, 5) for b, _ in pool.sample(s)})
+    pool.set([groups])
+    assert len(pool(4).advantages) == 4 * CFG.group_size  # a new pool (one batch of 4): nothing cached
+
+
+def test_held_out_reward_is_the_greedy_mean() -> None:
     model = build_gpt(GPT, seed=0)
-    r = held_out_reward(model, [g.prompt for g in groups], CFG)
+    prompts = [g.prompt for g in _groups()]
+    r = held_out_reward(model, prompts, CFG)
     assert 0.0 <= r <= 1.0

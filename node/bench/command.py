@@ -19,6 +19,7 @@ BENCHES = {
     "transfer": "node.bench.transfer",
     "loco": "node.bench.loco",
     "gauntlet": "node.bench.gauntlet",
+    "rl": "node.bench.rl",
 }
 
 

@@ -20,6 +20,8 @@ base is reloaded for it). The base mapping must not be changed in place while it
 from __future__ import annotations
 
 import copy
+import hashlib
+import struct
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -97,16 +99,26 @@ class GRPOEvaluator:
 
 
 class PoolSource:
-    """The validator's batch function over the current round's rollout pool (`set` it each round).
+    """The round's rollout pool as the validator's batch function, and what each miner trains on.
 
-    Seed s names pool batch s mod len(pool), as tensors built once per pool batch, so the same
-    seed gives the same object within a round (the evaluator's cache relies on it). Miners'
-    assignment seeds thus pick their pool batches, and the validator's secret seeds random ones.
-    Every node must order the pool the same way (the validator's published pool order).
+    Seed s names a sample of `groups_per_seed` groups (default: the size of the first pool batch,
+    i.e. one worker batch) drawn without replacement from all the pool's groups: the groups ranked
+    by SHA-256(s, pool batch, group index), first ones taken. Miners' assignment seeds thus name
+    their training groups (`groups`) and the validator's secret seeds random samples, and two
+    miners share only a pool-sized fraction of their groups: a miner that drew the same pool batch
+    as another still trains on different rollouts, so honest updates are not near copies. (With
+    whole pool batches per seed, two miners drawing the same batch from the same weights send the
+    same update, and the Gauntlet's copy check penalizes one of them.)
+
+    Tensors are built once per seed and round, so the same seed gives the same object (the
+    evaluator's cache relies on it). Every node must order the pool the same way (the validator's
+    published pool order) and `set` it each round.
     """
 
-    def __init__(self, block_size: int | None = None) -> None:
-        self.block_size = block_size
+    def __init__(self, block_size: int | None = None, *, groups_per_seed: int | None = None) -> None:
+        if groups_per_seed is not None and groups_per_seed < 1:
+            raise ValueError("groups_per_seed must be >= 1")
+        self.block_size, self.groups_per_seed = block_size, groups_per_seed
         self._pool: list[Sequence[RolloutGroup]] = []
         self._tensors: dict[int, RolloutTensors] = {}
 
@@ -118,28 +130,39 @@ class PoolSource:
     def __len__(self) -> int:
         return len(self._pool)
 
-    def index(self, seed: int) -> int:
+    def sample(self, seed: int) -> list[tuple[int, int]]:
+        """(pool batch, group index) pairs that `seed` names, in rank order."""
         if not self._pool:
             raise RuntimeError("the rollout pool is empty: set it before drawing batches")
-        return seed % len(self._pool)
+        k = self.groups_per_seed or len(self._pool[0])
+        prefix = b"pulse/rl-pool-sample/v1\x00" + struct.pack(">Q", seed)
+        ranked = sorted(
+            (hashlib.sha256(prefix + struct.pack(">II", b, g)).digest(), b, g)
+            for b, groups in enumerate(self._pool)
+            for g in range(len(groups))
+        )
+        return [(b, g) for _, b, g in ranked[:k]]
+
+    def batches_for(self, seeds: Sequence[int]) -> list[int]:
+        """Pool batches holding the groups `seeds` name: what a miner has to fetch."""
+        return sorted({b for s in seeds for b, _ in self.sample(s)})
 
     def groups(self, seeds: Sequence[int]) -> list[RolloutGroup]:
-        """What a miner trains on: the groups of the pool batches its seeds name, each batch once, in seed order."""
-        order = list(dict.fromkeys(self.index(s) for s in seeds))
-        return [g for i in order for g in self._pool[i]]
+        """What a miner trains on: the groups its seeds name, in seed then rank order, each group once."""
+        picked = dict.fromkeys(pair for s in seeds for pair in self.sample(s))
+        return [self._pool[b][g] for b, g in picked]
 
     def __call__(self, seed: int) -> RolloutTensors:
-        i = self.index(seed)
-        if i not in self._tensors:
-            self._tensors[i] = rollout_tensors(self._pool[i], self.block_size)
-        return self._tensors[i]
+        if seed not in self._tensors:
+            self._tensors[seed] = rollout_tensors(self.groups([seed]), self.block_size)
+        return self._tensors[seed]
 
 
 def pool_batch_fn(
-    groups_by_batch: Sequence[Sequence[RolloutGroup]], block_size: int | None = None
+    groups_by_batch: Sequence[Sequence[RolloutGroup]], block_size: int | None = None, groups_per_seed: int | None = None
 ) -> Callable[[int], RolloutTensors]:
-    """seed -> tensors of pool batch seed mod len(pool); see `PoolSource`."""
-    source = PoolSource(block_size)
+    """seed -> tensors of the pool sample that seed names; see `PoolSource`."""
+    source = PoolSource(block_size, groups_per_seed=groups_per_seed)
     source.set(groups_by_batch)
     return source
 

@@ -1,0 +1,177 @@
+"""rl: decentralized GRPO (workers, miners, validator, PULSESync) against a single-process GRPO run.
+
+Both runs start from the run's cached warm start and see the same prompts, rollouts per round and
+optimizer steps (`rlsim.py`). Per round: held-out reward (greedy, fixed prompt set), the fraction
+of BF16 weights the round's patch changed, and the patch's bytes against the dense BF16 weights.
+
+JSON: `reward_start`, `reward_final`, `reward_final_centralized`, `mean_patch_density` (mean over
+rounds of the changed fraction), `sync_ratio_vs_dense` (patch bytes / dense BF16 bytes, summed
+over rounds: 0.01 means 100x smaller), the per-round series, and each target with met or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.bench.report import BenchResult, table
+from node.bench.rlsim import RunRecord, Shape, centralized, decentralized
+from node.manifest import Manifest, load_manifest, parse_manifest
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "rl.toml"
+CLEAR_RISE = 0.05  # "clearly above the warm start": at least this much held-out reward gained
+CENTRALIZED_TOLERANCE = 0.05  # final reward at least (1 - this) x the centralized run's
+DENSITY_TARGET = 0.02  # mean fraction of BF16 weights a sync changes, at lr <= 3e-6
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest with task = 'rl'")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--workers", type=int, default=4, help="inference workers (rollout batches per round)")
+    parser.add_argument("--miners", type=int, default=4, help="GRPO miners")
+    parser.add_argument("--inner-steps", type=int, default=None, help="H (default: the manifest's)")
+    parser.add_argument("--inner-lr", type=float, default=None, help="inner AdamW lr (default: the manifest's)")
+    parser.add_argument("--outer-lr", type=float, default=None, help="outer lr (default: the manifest's)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per worker batch (default: the manifest's)")
+    parser.add_argument("--group-size", type=int, default=None, help="G (default: the manifest's)")
+    parser.add_argument("--held-out", type=int, default=None, help="held-out prompts (default: the manifest's)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="warm-start cache (default: ~/.cache/pulse)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--skip-centralized", action="store_true", help="only the decentralized run")
+
+
+def manifest_for(args: argparse.Namespace) -> Manifest:
+    """The manifest with the flags' overrides (a different run id when any is given)."""
+    manifest = load_manifest(args.config)
+    if manifest.task != "rl":
+        raise SystemExit(f"{args.config}: task is {manifest.task!r}, the rl bench needs task = 'rl'")
+    data = manifest.model_dump(mode="python")
+    for flag, section, key in [
+        ("inner_steps", "train", "inner_steps"),
+        ("prompts", "rl", "prompts_per_batch"),
+        ("group_size", "rl", "group_size"),
+        ("held_out", "rl", "held_out_prompts"),
+    ]:
+        if getattr(args, flag) is not None:
+            data[section][key] = getattr(args, flag)
+    if args.inner_lr is not None:
+        data["train"]["inner"]["lr"] = args.inner_lr
+    if args.outer_lr is not None:
+        data["train"]["outer"]["lr"] = args.outer_lr
+    return parse_manifest(data, str(args.config))
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    if min(args.rounds, args.workers, args.miners) < 1:
+        raise SystemExit("--rounds, --workers and --miners must be >= 1")
+    torch.set_num_threads(args.threads)
+    manifest = manifest_for(args)
+    shape = Shape(workers=args.workers, miners=args.miners, rounds=args.rounds)
+    progress = log.info
+    dec = decentralized(manifest, shape, args.cache_dir, progress)
+    cen = None if args.skip_centralized else centralized(manifest, shape, args.cache_dir, progress)
+    return result(manifest, shape, dec, cen)
+
+
+def summary(manifest: Manifest, shape: Shape, dec: RunRecord, cen: RunRecord | None) -> dict[str, Any]:
+    rows = dec.rows
+    final = rows[-1].reward
+    final_c = cen.rows[-1].reward if cen is not None else None
+    density = sum(r.density for r in rows) / len(rows)
+    ratio = sum(r.patch_bytes for r in rows) / sum(r.dense_bytes for r in rows)
+    out: dict[str, Any] = {
+        "reward_start": dec.reward_start,
+        "reward_final": final,
+        "reward_final_centralized": final_c,
+        "mean_patch_density": density,
+        "sync_ratio_vs_dense": ratio,
+        "sync_x_smaller_than_dense": 1 / ratio if ratio > 0 else None,
+        "rewards": [r.reward for r in rows],
+        "rewards_centralized": [r.reward for r in cen.rows] if cen is not None else None,
+        "rollout_rewards": [r.rollout_reward for r in rows],
+        "patch_density": [r.density for r in rows],
+        "patch_bytes": [r.patch_bytes for r in rows],
+        "dense_bf16_bytes": rows[0].dense_bytes,
+        "aggregated": [r.aggregated for r in rows],
+        "miner_payload_bytes": sum(r.payload_bytes for r in rows) / len(rows),
+        "miner_sent_fraction": sum(r.payload_density for r in rows) / len(rows),
+        "centralized_density": sum(r.density for r in cen.rows) / len(cen.rows) if cen is not None else None,
+        "hashes_agree": all(r.hashes_agree for r in rows),
+        "rejected_batches": dec.rejected_batches,
+        "seconds": dec.seconds,
+        "seconds_centralized": cen.seconds if cen is not None else None,
+        "validator_seconds_per_round": dec.validator_seconds / len(rows),
+        "settings": {
+            "workers": shape.workers,
+            "miners": shape.miners,
+            "rounds": shape.rounds,
+            "inner_steps": manifest.train.inner_steps,
+            "inner_lr": manifest.train.inner.lr,
+            "outer": manifest.train.outer.model_dump(),
+            "codec": manifest.train.codec,
+            "rl": manifest.rl.model_dump(),
+            "gpt": manifest.model.gpt.model_dump(),
+        },
+    }
+    out["targets"] = {
+        "reward_rises": final >= dec.reward_start + CLEAR_RISE,
+        "within_5pct_of_centralized": None if final_c is None else final >= (1 - CENTRALIZED_TOLERANCE) * final_c,
+        "density_at_most_2pct": density <= DENSITY_TARGET,
+    }
+    return out
+
+
+def result(manifest: Manifest, shape: Shape, dec: RunRecord, cen: RunRecord | None) -> BenchResult:
+    s = summary(manifest, shape, dec, cen)
+    per_round = [
+        [
+            r.round + 1,
+            f"{r.reward:.3f}",
+            f"{cen.rows[i].reward:.3f}" if cen is not None else "-",
+            f"{r.rollout_reward:.3f}",
+            r.aggregated,
+            f"{100 * r.density:.2f}%",
+            f"{r.patch_bytes:,}",
+            f"{r.dense_bytes / max(r.patch_bytes, 1):.0f}x",
+            f"{r.payload_bytes:,.0f}",
+            f"{100 * r.payload_density:.2f}%",
+        ]
+        for i, r in enumerate(dec.rows)
+    ]
+    columns = ["round", "reward", "central", "rollouts", "agg", "changed", "patch B", "vs dense", "payload B", "sent"]
+    m = manifest
+    title = (
+        f"rl: {shape.workers} workers x {m.rl.prompts_per_batch} prompts x G={m.rl.group_size}, {shape.miners} miners "
+        f"x H={m.train.inner_steps} at lr {m.train.inner.lr:g}, {m.train.codec}, outer lr {m.train.outer.lr:g} "
+        f"momentum {m.train.outer.momentum:g}; held-out reward (greedy, {m.rl.held_out_prompts} prompts) "
+        f"{dec.reward_start:.3f} at the warm start"
+    )
+    targets = s["targets"]
+    final_c = s["reward_final_centralized"]
+    lines = [
+        ["held-out reward: start -> final", f"{s['reward_start']:.3f} -> {s['reward_final']:.3f}",
+         f">= +{CLEAR_RISE}", _verdict(targets["reward_rises"])],
+        ["final reward, single-process GRPO", "-" if final_c is None else f"{final_c:.3f}",
+         f"decentralized >= {1 - CENTRALIZED_TOLERANCE:.2f}x", _verdict(targets["within_5pct_of_centralized"])],
+        ["mean patch density", f"{100 * s['mean_patch_density']:.2f}%", f"<= {100 * DENSITY_TARGET:.0f}%",
+         _verdict(targets["density_at_most_2pct"])],
+        ["bytes per sync / dense BF16", f"{s['sync_ratio_vs_dense']:.4f} ({s['sync_x_smaller_than_dense'] or 0:.0f}x)",
+         "", ""],
+        ["state hashes agree (workers, miners, validator)", s["hashes_agree"], "", ""],
+        ["seconds: decentralized / centralized", f"{s['seconds']:.0f} / "
+         + ("-" if s["seconds_centralized"] is None else f"{s['seconds_centralized']:.0f}"), "", ""],
+    ]  # fmt: skip
+    return BenchResult(
+        summary=s,
+        tables=[table(title, columns, per_round), table("rl: figures", ["figure", "measured", "target", ""], lines)],
+    )
+
+
+def _verdict(met: bool | None) -> str:
+    return "-" if met is None else ("met" if met else "MISSED")

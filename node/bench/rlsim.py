@@ -1,0 +1,288 @@
+"""An RL run in one process with the real pieces, and the single-process GRPO run it is compared with.
+
+Decentralized (`decentralized`), every round r:
+
+    workers    hold BF16 W_r (PULSESync), sample G completions for their prompts of
+               (run id, r, worker key), score them, publish `protocol.rollouts` bytes
+    validator  decodes each batch, checks its state hash, prompts and claimed rewards
+               (`task.verify_groups`), orders the pool by worker key: the round's `PoolSource`
+    miners     hold BF16 W_r, train H GRPO steps on the pool batches their assignment seeds name,
+               compress W_r - W_local with the run's PULSELoCo codec and error feedback, sign
+    validator  `validator.core.Validator.run_round`: Gauntlet scoring with `GRPOEvaluator` on the
+               pool, selection, aggregation, outer step, PULSESync patch W_r -> W_{r+1}
+    everyone   applies the patch (`pulsesync.apply`) and checks the state hash it announced
+
+Centralized (`centralized`): one model, FP32 weights, the same prompts and rollouts per round
+(W workers' worth, sampled from the current policy) and the same optimizer steps (R x H AdamW
+steps per round, one worker batch of groups per step, cycling), no codec and no outer step.
+
+Both measure the held-out reward (greedy) on the BF16 weights a node would serve, every round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from node.manifest import Manifest, codec_for
+from node.model import GPT, build_gpt
+from node.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
+from node.rl.generate import rollout_groups, rollout_seed
+from node.rl.grpo import GRPOTrainer
+from node.rl.task import held_out_prompts, problems_for, verify_groups
+from node.rl.warmstart import warm_start
+from node.train import bf16_state, load_bf16_state, load_state
+from protocol import pulsesync, rollouts
+from protocol.assignment import Assignment
+from protocol.identity import Identity
+from protocol.messages import SubmissionHeader
+from protocol.rollouts import RolloutBatch, RolloutGroup
+from protocol.signing import sign
+from protocol.statehash import state_hash
+from validator.core import Validator
+from validator.intake import Submission
+
+log = logging.getLogger(__name__)
+State = dict[str, torch.Tensor]
+Progress = Callable[[str], None]
+
+
+def identity_for(label: str) -> Identity:
+    return Identity.from_seed(hashlib.sha256(f"pulse-bench-rl/{label}".encode()).digest())
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many of each role, and how long."""
+
+    workers: int
+    miners: int
+    rounds: int
+
+
+@dataclass
+class RoundRow:
+    round: int
+    reward: float  # held-out reward (greedy) after the round
+    rollout_reward: float  # mean reward of the round's rollouts (sampled at the run's temperature)
+    aggregated: int
+    patch_bytes: int
+    dense_bytes: int  # BF16 weights, whole
+    density: float  # fraction of BF16 weights the patch changed
+    payload_bytes: float  # mean miner payload
+    payload_density: float  # mean fraction of entries a miner sent
+    hashes_agree: bool  # every worker and miner reached the validator's announced state
+
+
+@dataclass
+class RunRecord:
+    reward_start: float
+    rows: list[RoundRow] = field(default_factory=list)
+    seconds: float = 0.0
+    validator_seconds: float = 0.0
+    rejected_batches: int = 0
+
+
+@dataclass
+class _Holder:
+    """A worker or miner: its key and the BF16 global weights it holds."""
+
+    identity: Identity
+    weights: State
+    state_hash: str
+    trainer: GRPOTrainer | None = None
+    error: State | None = None
+
+    @property
+    def key(self) -> str:
+        return self.identity.public_hex
+
+
+def _policy(manifest: Manifest, weights: State) -> GPT:
+    model = build_gpt(manifest.model.gpt)
+    load_state(model, weights)
+    return model
+
+
+def _note(progress: Progress | None, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+def publish_batch(manifest: Manifest, model: GPT, worker: _Holder, round_: int) -> bytes:
+    """A worker's rollout batch for `round_`, as the bytes it publishes."""
+    cfg = manifest.rl
+    load_bf16_state(model, worker.weights)
+    prompts = problems_for(manifest.run_id, round_, worker.key, cfg.prompts_per_batch, cfg)
+    groups = rollout_groups(model, prompts, cfg, rollout_seed(manifest.run_id, round_, worker.key))
+    return rollouts.encode(RolloutBatch(manifest.run_id, round_, worker.key, worker.state_hash, tuple(groups)))
+
+
+def checked_pool(manifest: Manifest, blobs: list[bytes], round_: int, state: str) -> tuple[list[RolloutBatch], int]:
+    """Decode and check the round's batches; (usable batches ordered by worker key, rejected count)."""
+    good, rejected = [], 0
+    for blob in blobs:
+        batch = rollouts.decode(blob)
+        prompts = problems_for(manifest.run_id, round_, batch.worker, manifest.rl.prompts_per_batch, manifest.rl)
+        problem = verify_groups(batch.groups, prompts, manifest.rl)
+        if batch.state_hash != state:
+            problem = "generated from another state"
+        if problem is not None or batch.round != round_ or batch.run_id != manifest.run_id:
+            log.warning("round %d: rollout batch of %s rejected: %s", round_, batch.worker[:12], problem)
+            rejected += 1
+            continue
+        good.append(batch)
+    return sorted(good, key=lambda b: b.worker), rejected
+
+
+def _submit(manifest: Manifest, miner: _Holder, pool: PoolSource, round_: int) -> tuple[Submission, float]:
+    """Train, compress and sign one miner's submission; (submission, fraction of entries sent)."""
+    assert miner.trainer is not None
+    assignment = Assignment(manifest.run_id, round_, miner.key, manifest.selection.assignment_batches)
+    delta = miner.trainer.train(miner.weights, pool.groups(assignment.seeds), manifest.train.inner_steps)
+    payload, miner.error, stats = codec_for(manifest).compress(delta, miner.error, miner.weights)
+    header = SubmissionHeader.for_payload(
+        run_id=manifest.run_id,
+        round_=round_,
+        base_hash=miner.state_hash,
+        payload=payload,
+        codec=manifest.train.codec,
+        data_digest=assignment.digest,
+        sender=miner.key,
+    )
+    return Submission(sign(miner.identity, header).to_bytes(), payload), stats.density
+
+
+def decentralized(
+    manifest: Manifest, shape: Shape, cache_dir: Path | None = None, progress: Progress | None = None
+) -> RunRecord:
+    """The decentralized run (module docstring); every holder's state hash is checked every round."""
+    cfg, gpt = manifest.rl, manifest.model.gpt
+    w0 = warm_start(gpt, manifest.model.seed, cfg, cache_dir)
+    reference = w0 if cfg.kl_coef > 0 else None
+    held = held_out_prompts(cfg)
+    probe = _policy(manifest, w0)
+    pool = PoolSource(gpt.block_size)
+    evaluator = GRPOEvaluator(build_gpt(gpt), cfg, reference)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="pulse-bench-rl-") as folder:
+        v = Validator.create(
+            Path(folder), manifest.gauntlet(), manifest.run_id, identity_for("validator"), w0, evaluator, pool
+        )
+        load_bf16_state(probe, v.weights)
+        record = RunRecord(reward_start=held_out_reward(probe, held, cfg))
+        workers = [_Holder(identity_for(f"worker/{i}"), v.weights, v.state_hash) for i in range(shape.workers)]
+        miners = [
+            _Holder(
+                identity_for(f"miner/{i}"),
+                v.weights,
+                v.state_hash,
+                GRPOTrainer(
+                    build_gpt(gpt),
+                    manifest.train.inner,
+                    cfg,
+                    reference=reference,
+                    minibatch_groups=cfg.prompts_per_batch,
+                ),
+            )
+            for i in range(shape.miners)
+        ]
+        worker_model = build_gpt(gpt)
+        for r in range(shape.rounds):
+            blobs = [publish_batch(manifest, worker_model, w, r) for w in workers]
+            batches, rejected = checked_pool(manifest, blobs, r, v.state_hash)
+            record.rejected_batches += rejected
+            pool.set([b.groups for b in batches])
+            made = [_submit(manifest, m, pool, r) for m in miners]
+            old = v.weights  # W_r: run_round replaces, never mutates, the validator's weights
+            report = v.run_round([s for s, _ in made])
+            record.validator_seconds += report.seconds
+            agree = True
+            for holder in [*workers, *miners]:
+                holder.weights = pulsesync.apply(holder.weights, report.patch)
+                holder.state_hash = state_hash(holder.weights)
+                agree &= holder.state_hash == report.state_hash == v.state_hash
+            load_bf16_state(probe, v.weights)
+            row = RoundRow(
+                round=r,
+                reward=held_out_reward(probe, held, cfg),
+                rollout_reward=sum(b.mean_reward for b in batches) / max(len(batches), 1),
+                aggregated=len(report.selected()),
+                patch_bytes=len(report.patch),
+                dense_bytes=sum(2 * t.numel() for t in v.weights.values()),
+                density=_changed(old, v.weights),
+                payload_bytes=sum(len(s.payload) for s, _ in made) / len(made),
+                payload_density=sum(d for _, d in made) / len(made),
+                hashes_agree=agree,
+            )
+            record.rows.append(row)
+            _note(progress, _describe("decentralized", row, shape.rounds))
+    record.seconds = time.perf_counter() - start
+    return record
+
+
+def centralized(
+    manifest: Manifest, shape: Shape, cache_dir: Path | None = None, progress: Progress | None = None
+) -> RunRecord:
+    """Single-process GRPO with the decentralized run's rollouts per round and optimizer steps (module docstring)."""
+    cfg, gpt = manifest.rl, manifest.model.gpt
+    w0 = warm_start(gpt, manifest.model.seed, cfg, cache_dir)
+    model = _policy(manifest, w0)
+    trainer = GRPOTrainer(
+        model,
+        manifest.train.inner,
+        cfg,
+        reference=w0 if cfg.kl_coef > 0 else None,
+        minibatch_groups=cfg.prompts_per_batch,
+    )
+    held = held_out_prompts(cfg)
+    probe = _policy(manifest, w0)
+    keys = [identity_for(f"worker/{i}").public_hex for i in range(shape.workers)]
+    load_bf16_state(probe, bf16_state(model))
+    record = RunRecord(reward_start=held_out_reward(probe, held, cfg))
+    start = time.perf_counter()
+    for r in range(shape.rounds):
+        groups: list[RolloutGroup] = []
+        for key in keys:
+            prompts = problems_for(manifest.run_id, r, key, cfg.prompts_per_batch, cfg)
+            groups += rollout_groups(model, prompts, cfg, rollout_seed(manifest.run_id, r, key))
+        before = bf16_state(model)
+        trainer.steps(groups, shape.miners * manifest.train.inner_steps)
+        after = bf16_state(model)
+        load_bf16_state(probe, after)
+        row = RoundRow(
+            round=r,
+            reward=held_out_reward(probe, held, cfg),
+            rollout_reward=sum(sum(g.rewards) for g in groups) / sum(len(g.rewards) for g in groups),
+            aggregated=0,
+            patch_bytes=0,
+            dense_bytes=sum(2 * t.numel() for t in after.values()),
+            density=_changed(before, after),
+            payload_bytes=0.0,
+            payload_density=0.0,
+            hashes_agree=True,
+        )
+        record.rows.append(row)
+        _note(progress, _describe("centralized", row, shape.rounds))
+    record.seconds = time.perf_counter() - start
+    return record
+
+
+def _changed(old: State, new: State) -> float:
+    """Fraction of BF16 weights whose bits differ."""
+    changed = sum(int((a.view(torch.int16) != new[n].view(torch.int16)).sum()) for n, a in old.items())
+    return changed / sum(t.numel() for t in old.values())
+
+
+def _describe(name: str, row: RoundRow, rounds: int) -> str:
+    return (
+        f"{name} round {row.round + 1}/{rounds}: held-out reward {row.reward:.3f}, rollouts {row.rollout_reward:.3f}, "
+        f"{row.aggregated} aggregated, patch {row.patch_bytes:,} B ({100 * row.density:.2f}% changed)"
+    )
