@@ -171,7 +171,7 @@ def read_events(folder: Path) -> list[dict[str, Any]]:
 
 def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     closed = [r for r in records if r["event"] == "round"]
-    baseline = [r["loss"] for r in records if r["event"] == "baseline"]
+    baseline = [r["loss"] for r in records if r["event"] == "baseline" and r.get("loss") is not None]
     finals = {r["name"]: r["state_hash"] for r in records if r["event"] in ("final", "done")}
     busy = [r["busy_fraction"] for r in records if r["event"] == "final" and r.get("busy_fraction") is not None]
     rss: dict[str, float] = {}

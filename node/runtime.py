@@ -28,6 +28,7 @@ from node.data import Corpus, load_text_files, stdlib_corpus
 from node.hfmodel import load_hf_model, load_hf_tokenizer, model_dir, tokenize_corpus
 from node.manifest import Manifest
 from node.model import CausalLM, build_gpt
+from node.rl.warmstart import warm_start
 from node.train import Batch, unique_state
 from protocol.errors import ConfigError
 
@@ -75,8 +76,6 @@ class RunSetup:
         """W_0 in FP32: the model's initial weights, or for an RL run the (cached) supervised warm start."""
         m = self.manifest
         if m.task == "rl":
-            from node.rl.warmstart import warm_start  # RL only: keeps LM runs free of the RL modules
-
             return warm_start(m.model.gpt, m.model.seed, m.rl)
         return {n: t.detach().clone().float() for n, t in unique_state(self.new_model()).items()}
 

@@ -172,6 +172,9 @@ class ValidatorService:
             await self.peer.publish(announcement)
             self.events.emit("checkpoint", f"announced the checkpoint of round {r} ({mb(len(data))})", round=r)
         if self.rl is not None:
+            # a heartbeat first, so that workers find the checkpoint and patch holders while the pool
+            # is built; miners wait for the pool, and the heartbeat below restarts the deadline clock
+            await self.peer.heartbeat(r, self.validator.state_hash)
             await self.rl.open_round(self.peer, r, self._recent_states())
         self.received = {}
         self.closed = False

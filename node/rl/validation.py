@@ -50,6 +50,7 @@ class RLValidation:
             f"{len(pool.rejections)} refused",
             round=round_,
             batches=len(pool.entries),
+            workers=[e.worker for e in pool.entries],
             refused={r.worker: r.reason for r in pool.rejections},
             staleness=[round_ - e.round for e in pool.entries],
         )

@@ -1,0 +1,74 @@
+"""An inference worker that lies, in its own process, for the RL swarm test.
+
+    python -m tests.swarm.lying_worker reward|state --config RUN.toml --events F.jsonl --state-dir D \
+        --rounds R --initial-peers MADDR --host /ip4/127.0.0.1/tcp/0
+
+It follows the run like any worker (checkpoint, patches, hash checks) but publishes rollout
+batches that claim reward 1.0 for every completion (`reward`), or that name a state hash it did
+not generate them from (`state`). The validator must refuse them with the reason and leave the
+worker out of its pools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from node.catchup import Held
+from node.manifest import load_manifest
+from node.miner import Node
+from node.netconfig import add_net_arguments, net_config_from_args
+from node.peer import Peer
+from node.rl.worker import RolloutWorker
+from node.runtime import Events, RunSetup
+from protocol.identity import Identity
+from protocol.rollouts import RolloutBatch
+
+
+class LyingWorker(RolloutWorker):
+    lie = "reward"
+
+    def generate(self, held: Held) -> RolloutBatch:
+        batch = super().generate(held)
+        if self.lie == "reward":
+            return replace(batch, groups=tuple(replace(g, rewards=(1.0,) * len(g.rewards)) for g in batch.groups))
+        return batch
+
+    async def serve(self, held: Held) -> None:
+        if self.lie == "state":  # claims rollouts of another state: announce and tag a made-up hash
+            fake = hashlib.sha256(held.state_hash.encode()).hexdigest()
+            held = Held(held.round, held.weights, fake)
+        await super().serve(held)
+
+
+async def main(args: argparse.Namespace) -> None:
+    setup = RunSetup.from_manifest(load_manifest(args.config))
+    identity = Identity.generate()
+    events = Events("follow", args.events)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.state_dir or Path(tmp)
+        peer = await Peer.create(net_config_from_args(args), setup.manifest, identity, folder, role="follower")
+        worker = LyingWorker(setup, identity, peer, events)
+        worker.lie = args.lie
+        events.emit("start", f"lying worker ({args.lie}) {identity.public_hex[:12]}", sender=identity.public_hex)
+        node = Node(setup, identity, peer, events, None, worker)
+        try:
+            await node.run(args.rounds)
+        finally:
+            await node.shutdown()
+            events.finish()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("lie", choices=("reward", "state"))
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--events", type=Path, required=True)
+    parser.add_argument("--state-dir", type=Path)
+    parser.add_argument("--rounds", type=int, required=True)
+    add_net_arguments(parser)
+    asyncio.run(main(parser.parse_args()))
