@@ -98,6 +98,20 @@ class GRPOEvaluator:
                     param.sub_(update[name].to(param.device), alpha=step)
 
 
+def pool_sample(seed: int, sizes: Sequence[int], k: int) -> list[tuple[int, int]]:
+    """The `k` (pool batch, group index) pairs seed names in a pool whose batches hold `sizes` groups.
+
+    Only the sizes matter, so a miner can tell from the signed pool alone which batches to fetch.
+    """
+    prefix = b"pulse/rl-pool-sample/v1\x00" + struct.pack(">Q", seed)
+    ranked = sorted(
+        (hashlib.sha256(prefix + struct.pack(">II", b, g)).digest(), b, g)
+        for b, n in enumerate(sizes)
+        for g in range(n)
+    )
+    return [(b, g) for _, b, g in ranked[:k]]
+
+
 class PoolSource:
     """The round's rollout pool as the validator's batch function, and what each miner trains on.
 
@@ -134,14 +148,7 @@ class PoolSource:
         """(pool batch, group index) pairs that `seed` names, in rank order."""
         if not self._pool:
             raise RuntimeError("the rollout pool is empty: set it before drawing batches")
-        k = self.groups_per_seed or len(self._pool[0])
-        prefix = b"pulse/rl-pool-sample/v1\x00" + struct.pack(">Q", seed)
-        ranked = sorted(
-            (hashlib.sha256(prefix + struct.pack(">II", b, g)).digest(), b, g)
-            for b, groups in enumerate(self._pool)
-            for g in range(len(groups))
-        )
-        return [(b, g) for _, b, g in ranked[:k]]
+        return pool_sample(seed, [len(g) for g in self._pool], self.groups_per_seed or len(self._pool[0]))
 
     def batches_for(self, seeds: Sequence[int]) -> list[int]:
         """Pool batches holding the groups `seeds` name: what a miner has to fetch."""
