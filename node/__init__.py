@@ -26,10 +26,14 @@
 - `roles_command.py` `pulse validator`, `pulse miner`, `pulse follow`; clean Ctrl+C shutdown
 - `status_command.py` `pulse status`: current round, active nodes, latest scores
 - `demo.py`, `demo_command.py` `pulse demo`: a loopback swarm of processes, live table, report and plots
+- `rl/`            RL post-training (`task = "rl"`): the task, sampling, GRPO, the evaluator, the warm
+                   start, and the workers', pool's and miners' network roles (see `rl/__init__.py`)
 - `bench/`         `pulse bench ...` subcommands (`command.py` registers them, `report.py` prints;
                    `sync.py` measures PULSESync against `plainpatch.py`, the plain sparse encoding)
 - `bench/transfer.py` blob fetch over libp2p versus a plain TCP copy
 - `bench/trace.py` real BF16 update traces from the base model (`load_trace`) and their sparsity
+- `bench/rl.py`    decentralized GRPO (`rlsim.py`: workers, pool, miners, the real validator, PULSESync)
+                   against single-process GRPO: held-out reward, patch density, bytes per sync
 - `bench/gauntlet.py` the validator against fake miners (`fakeminers.py`, run by `arena.py`): selection,
                    loss, time and memory
 
