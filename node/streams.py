@@ -60,6 +60,9 @@ class TransferLimits(BaseModel):
     """Seconds to open a stream and get the peer's first reply."""
     max_streams: int = Field(default=16, ge=1)
     """Streams served at once; more are answered BUSY at once."""
+    max_streams_per_peer: int = Field(default=4, ge=1)
+    """Streams served at once to one libp2p peer: a flood from one peer (many keys, one host)
+    is answered BUSY while other peers still get a slot."""
     read_bytes: int = Field(default=1 << 20, ge=4096)
     """Largest single socket read."""
     batch_bytes: int = Field(default=8 << 20, ge=4096)

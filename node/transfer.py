@@ -155,6 +155,7 @@ class TransferService:
         self.accept, self.on_submission = accept, on_submission
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
         self.active = 0
+        self._per_peer: dict[PeerID, int] = {}  # open streams by peer: one peer cannot take every slot
         self._receiving: set[str] = set()
 
     @classmethod
@@ -193,11 +194,15 @@ class TransferService:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        if self.active >= self.limits.max_streams:
-            await try_reply(writer, Status.BUSY, f"serving {self.active} streams", self.limits)
+        mine = self._per_peer.get(info.peer_id, 0)
+        if self.active >= self.limits.max_streams or mine >= self.limits.max_streams_per_peer:
+            busy = f"serving {self.active} streams, {mine} of them yours"
+            logger.info("%s from %s: BUSY (%s)", name, info.peer_id, busy)
+            await try_reply(writer, Status.BUSY, busy, self.limits)
             await hang_up(reader, writer, timeout=1.0)
             return
         self.active += 1  # counts a stream until it is closed, lingering included
+        self._per_peer[info.peer_id] = mine + 1
         try:
             await handler(reader, writer)
         except (ProtocolError, TransferError, TimeoutError, *STREAM_ERRORS) as exc:
@@ -207,6 +212,8 @@ class TransferService:
         finally:
             await hang_up(reader, writer, self.limits.open_timeout)
             self.active -= 1
+            if (left := self._per_peer.pop(info.peer_id) - 1) > 0:
+                self._per_peer[info.peer_id] = left
 
     async def _fetch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request = await read_request(reader, self.limits)

@@ -184,3 +184,44 @@ def test_a_full_disk_while_receiving_is_a_failed_reply_and_leaves_nothing(
     assert status is Status.FAILED and "No space left" in reason
     store = BlobStore(tmp_path / "store")
     assert not store.partial_files() and not list(store)
+
+
+class FakeInfo:
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+
+
+def test_one_peer_cannot_take_every_stream_slot(tmp_path: Path) -> None:
+    """A flood of streams from one peer (a sybil's many keys on one host) is answered BUSY past
+    `max_streams_per_peer`, while another peer is still served."""
+    service = TransferService(
+        p2p=Any,  # type: ignore[arg-type]
+        store=BlobStore(tmp_path / "store"),
+        run_id=RUN,
+        limits=TransferLimits(max_streams=16, max_streams_per_peer=4, open_timeout=0.5),
+    )
+    release = asyncio.Event()
+    served: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append("x")
+        await release.wait()
+
+    async def stream(peer: str) -> RecordingWriter:
+        reader, writer = asyncio.StreamReader(), RecordingWriter()
+        reader.feed_eof()
+        await service._serve("submit", handler, FakeInfo(peer), reader, writer)  # type: ignore[arg-type]
+        return writer
+
+    async def main() -> tuple[list[RecordingWriter], RecordingWriter]:
+        flood = [asyncio.ensure_future(stream("sybil")) for _ in range(6)]
+        other = asyncio.ensure_future(stream("honest"))
+        await asyncio.sleep(0.1)
+        assert len(served) == 5  # four of the flood, and the other peer
+        release.set()
+        return list(await asyncio.gather(*flood)), await other
+
+    flood, other = asyncio.run(main())
+    busy = [w for w in flood if w.replies() and w.replies()[0][0] is Status.BUSY]
+    assert len(busy) == 2 and not other.replies()
+    assert service.active == 0 and service._per_peer == {}
