@@ -28,6 +28,9 @@ class RLConfig(BaseModel):
     """Weight of the KL penalty to the warm-start (reference) policy; 0 turns it off."""
     max_staleness: int = Field(default=1, ge=0, le=16)
     """A rollout batch generated from the weights of round r may be trained on in rounds r .. r + this."""
+    groups_per_batch: int = Field(default=8, ge=1, le=1024)
+    """Groups in one batch drawn from the pool by a seed: a miner trains on the batches its assignment
+    seeds draw, and the validator scores on one of them and on batches its own seeds draw."""
     pool_batches: int = Field(default=16, ge=1, le=64)
     """At most this many rollout batches in a round's pool (the validator picks, newest first)."""
     min_pool_batches: int = Field(default=1, ge=1, le=64)

@@ -1,9 +1,9 @@
 """The miner of an RL run: GRPO on its share of the round's rollout pool, then the run's codec.
 
-In round r the miner reads the validator's signed `RolloutPool` for r, takes the batches its
-assignment seeds pick (`seed % len(pool)`, the rule the validator scores it by), fetches them
-from any holder (hash- and size-checked, decoded with hard bounds), and trains H GRPO steps from
-W_r on their groups. The validator has already checked every batch in the pool (rewards, prompts,
+In round r the miner reads the validator's signed `RolloutPool` for r, fetches its batches from
+any holder (hash- and size-checked, decoded with hard bounds; a few kilobytes each), draws its
+groups with its assignment seeds (`PoolView`, the rule the validator scores it by), and trains H
+GRPO steps from W_r on them. The validator has already checked every batch in the pool (rewards, prompts,
 state hash), so the miner only decodes.
 """
 
@@ -13,7 +13,7 @@ import logging
 
 from node.peer import Peer
 from node.rl.grpo import GRPOTrainer
-from node.rl.pool import LIMITS, pool_indices
+from node.rl.pool import LIMITS, PoolView
 from node.runtime import RunSetup
 from node.trainer import State, Trainer
 from protocol import rollouts
@@ -41,16 +41,17 @@ class RLTrainer(Trainer):
         pool = await peer.from_validator(RolloutPool, round_)
         if pool is None:
             return False
-        groups: list[RolloutGroup] = []
-        for index in dict.fromkeys(pool_indices(pool, self.assignment(round_).seeds)):  # seed order, as `PoolSource`
-            entry = pool.entries[index]
+        batches: list[tuple[RolloutGroup, ...]] = []
+        for entry in pool.entries:
             try:
                 path = await peer.fetch(entry.blob_sha256, entry.blob_size, entry.round)
-                groups += rollouts.decode(path.read_bytes(), LIMITS).groups
+                batches.append(rollouts.decode(path.read_bytes(), LIMITS).groups)
             except (TransferError, ProtocolError) as exc:
                 log.info("round %d: rollout batch %s not usable yet: %s", round_, entry.blob_sha256[:12], exc)
                 return False
-        self.rollouts = {round_: groups}
+        view = PoolView()
+        view.set(batches, self.setup.manifest.rl.groups_per_batch)
+        self.rollouts = {round_: view.groups(self.assignment(round_).seeds)}
         return True
 
     def train(self, round_: int, weights: State) -> State:
