@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=WireModel)
 T = TypeVar("T")
 Role = Literal["bootstrap", "miner", "validator", "follower"]
+PUBLISH_RETRY_SECONDS = (1.0, 2.0)
 
 
 class Peer:
@@ -120,13 +121,30 @@ class Peer:
 
     async def publish(self, message: WireModel) -> None:
         ttl = self.manifest.round.record_ttl_seconds
-        await self.call(lambda: self.dht.publish(message, ttl=ttl))
+        await self._retry(message.KIND, message.round, lambda: self.dht.publish(message, ttl=ttl))
 
     async def publish_signed(self, envelope: bytes) -> None:
         signed = SignedMessage.from_bytes(envelope)
-        expiration = time.time() + self.manifest.round.record_ttl_seconds
-        if not await self.call(lambda: self.dht.store_signed(signed, expiration_time=expiration)):
-            raise NetworkError(f"no peer stored {signed.kind} for round {signed.round}")
+
+        def store() -> None:
+            expiration = time.time() + self.manifest.round.record_ttl_seconds
+            if not self.dht.store_signed(signed, expiration_time=expiration):
+                raise NetworkError(f"no peer stored {signed.kind} for round {signed.round}")
+
+        await self._retry(signed.kind, signed.round, store)
+
+    async def _retry(self, kind: str, round_: int, store: Callable[[], object]) -> None:
+        """A store that no peer took is tried again after 1 s and 2 s: right after start-up (a
+        restarted validator) the DHT node may not know its neighbours yet."""
+        for pause in (*PUBLISH_RETRY_SECONDS, None):
+            try:
+                await self.call(store)
+                return
+            except NetworkError as exc:
+                if pause is None:
+                    raise
+                log.info("storing the %s of round %d failed (%s); retrying in %.0fs", kind, round_, exc, pause)
+                await asyncio.sleep(pause)
 
     async def announce(self, signed: SignedMessage) -> None:
         """Store an already signed message (e.g. a submission header); a failure is only logged."""
