@@ -11,7 +11,7 @@ import pytest
 
 from node.blobstore import BlobStore
 from node.rl.config import RLConfig
-from node.rl.pool import PENALTY_ROUNDS, PoolKeeper, PoolView, check_batch
+from node.rl.pool import PENALTY_ROUNDS, PoolKeeper, check_batch
 from node.rl.task import answer, problems_for, reward
 from node.runtime import Events
 from protocol import rollouts
@@ -149,21 +149,3 @@ def test_the_pool_takes_honest_batches_and_penalizes_liars(tmp_path: Path) -> No
     peer.publish(liar, honest_batch(liar))
     pool4, _ = asyncio.run(keeper.build(3, STATES))
     assert liar.public_hex not in {e.worker for e in pool4.entries}
-
-
-def test_seeds_draw_mostly_disjoint_batches_the_same_on_every_node() -> None:
-    batches = [honest_batch(Identity.generate()).groups for _ in range(4)]  # 12 groups
-    miner_side, validator_side = PoolView(), PoolView()
-    miner_side.set(batches, 3)
-    validator_side.set(batches, 3)
-    seeds = [5, 6, 2**62 + 3]
-    drawn = [validator_side.indices(s) for s in seeds]
-    assert all(len(d) == 3 and d == sorted(set(d)) for d in drawn)
-    assert miner_side.groups(seeds) == [miner_side.all[i] for i in dict.fromkeys(i for d in drawn for i in d)]
-    assert validator_side(seeds[0]) is validator_side(seeds[0])  # one tensor object per seed and pool
-    assert len({tuple(d) for d in drawn}) == len(seeds)
-    views = [validator_side.indices(s) for s in range(200)]
-    assert {i for d in views for i in d} == set(range(12))  # every group gets drawn
-    small = PoolView()
-    small.set(batches[:1], 8)
-    assert small.indices(7) == [0, 1, 2]  # a pool smaller than a batch: all of it

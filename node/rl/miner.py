@@ -2,7 +2,7 @@
 
 In round r the miner reads the validator's signed `RolloutPool` for r, fetches its batches from
 any holder (hash- and size-checked, decoded with hard bounds; a few kilobytes each), draws its
-groups with its assignment seeds (`PoolView`, the rule the validator scores it by), and trains H
+groups with its assignment seeds (`PoolSource`, the rule the validator scores it by), and trains H
 GRPO steps from W_r on them. The validator has already checked every batch in the pool (rewards, prompts,
 state hash), so the miner only decodes.
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 
 from node.peer import Peer
+from node.rl.evaluator import PoolSource
 from node.rl.grpo import GRPOTrainer
-from node.rl.pool import LIMITS, PoolView
+from node.rl.pool import LIMITS
 from node.runtime import RunSetup
 from node.trainer import State, Trainer
 from protocol import rollouts
@@ -49,9 +50,9 @@ class RLTrainer(Trainer):
             except (TransferError, ProtocolError) as exc:
                 log.info("round %d: rollout batch %s not usable yet: %s", round_, entry.blob_sha256[:12], exc)
                 return False
-        view = PoolView()
-        view.set(batches, self.setup.manifest.rl.groups_per_batch)
-        self.rollouts = {round_: view.groups(self.assignment(round_).seeds)}
+        source = PoolSource(groups_per_seed=self.setup.manifest.rl.groups_per_batch)
+        source.set(batches)
+        self.rollouts = {round_: source.groups(self.assignment(round_).seeds)}
         return True
 
     def train(self, round_: int, weights: State) -> State:

@@ -7,22 +7,19 @@ round; exactly the prompts (run id, round, worker key) derive; G completions eac
 long; and every claimed reward equal to the recomputed one. A batch that fails is refused with
 its reason in the signed `RolloutPool`, and its worker is left out of pools for
 `PENALTY_ROUNDS` rounds. Miners draw their groups from the pool with their assignment seeds,
-so the validator knows exactly which rollouts each miner trained on (`PoolView`).
+so the validator knows exactly which rollouts each miner trained on (`evaluator.PoolSource`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from node.peer import Peer
 from node.rl.config import RLConfig
-from node.rl.grpo import RolloutTensors, rollout_tensors
 from node.rl.task import problems_for, verify_groups
 from node.runtime import Events
 from protocol import rollouts
@@ -188,44 +185,3 @@ class PoolKeeper:
             if r < oldest:
                 del self.checked[sha]
                 self.peer.store.remove(sha)
-
-
-class PoolView:
-    """Batches of a round's pool named by seed, the same on every node (the validator and miners).
-
-    The pool's groups, in pool order, form one list of n; seed s draws the `groups_per_batch` groups
-    with the smallest SHA-256(s, i), in pool order. Hash ranks rather than a library RNG, so nodes
-    with different torch or numpy builds draw the same groups. Different seeds draw different (mostly
-    disjoint) groups, so miners train on different rollouts even when the pool has few batches, and
-    the validator's random batches are mostly rollouts the miner did not train on (the indicator).
-    The tensors of a seed are built once per pool: the evaluator caches by batch object.
-    """
-
-    def __init__(self, block_size: int | None = None) -> None:
-        self.block_size = block_size
-        self.all: list[RolloutGroup] = []
-        self.per_batch = 1
-        self._tensors: dict[int, RolloutTensors] = {}
-
-    def set(self, groups_by_batch: Sequence[Sequence[RolloutGroup]], groups_per_batch: int) -> None:
-        flat = [g for groups in groups_by_batch for g in groups]
-        if not flat:
-            raise ValueError("a rollout pool needs at least one group")
-        self.all, self.per_batch, self._tensors = flat, min(groups_per_batch, len(flat)), {}
-
-    def indices(self, seed: int) -> list[int]:
-        if not self.all:
-            raise RuntimeError("no rollout pool is set")
-        prefix = b"pulse/rl-pool-draw/v1\x00" + struct.pack(">Q", seed)
-        ranks = sorted(range(len(self.all)), key=lambda i: hashlib.sha256(prefix + struct.pack(">I", i)).digest())
-        return sorted(ranks[: self.per_batch])
-
-    def groups(self, seeds: Sequence[int]) -> list[RolloutGroup]:
-        """What a miner trains on: the groups its seeds draw, each once, in seed order."""
-        order = dict.fromkeys(i for seed in seeds for i in self.indices(seed))
-        return [self.all[i] for i in order]
-
-    def __call__(self, seed: int) -> RolloutTensors:
-        if seed not in self._tensors:
-            self._tensors[seed] = rollout_tensors([self.all[i] for i in self.indices(seed)], self.block_size)
-        return self._tensors[seed]

@@ -2,7 +2,7 @@
 
 - scoring: the Gauntlet's evaluator is `GRPOEvaluator` (loss = 1 - GRPO objective, so the relative
   gain of an update is the objective's improvement) and its batches are rollout batches of the
-  round's pool, drawn by seed exactly as miners draw theirs (`PoolView`);
+  round's pool, drawn by seed exactly as miners draw theirs (`PoolSource`);
 - before a round opens: build, sign and publish the round's rollout pool (`pool.py`);
 - after it closes: the policy's reward on the fixed held-out prompts (greedy), every `reward_every` rounds.
 """
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import torch
 
 from node.peer import Peer
-from node.rl.evaluator import GRPOEvaluator, held_out_reward
-from node.rl.pool import PoolKeeper, PoolView
+from node.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
+from node.rl.pool import PoolKeeper
 from node.rl.task import held_out_prompts
 from node.runtime import Events, RunSetup
 from node.train import load_bf16_state
@@ -27,7 +27,8 @@ class RLValidation:
     def __init__(self, setup: RunSetup, events: Events) -> None:
         self.setup, self.events = setup, events
         self.cfg = setup.manifest.rl
-        self.batches = PoolView(setup.manifest.model.gpt.block_size)  # the Gauntlet's batch function
+        gpt = setup.manifest.model.gpt  # the Gauntlet's batch function:
+        self.batches = PoolSource(gpt.block_size, groups_per_seed=self.cfg.groups_per_batch)
         self.prompts = held_out_prompts(self.cfg)
         self.probe = setup.new_model().eval()
         self.keeper: PoolKeeper | None = None
@@ -41,7 +42,7 @@ class RLValidation:
         if self.keeper is None:
             self.keeper = PoolKeeper(peer, self.cfg, self.setup.run_id, self.events)
         pool, groups = await self.keeper.build(round_, states)
-        self.batches.set(groups, self.cfg.groups_per_batch)
+        self.batches.set(groups)
         await peer.publish(pool)
         rounds = sorted({e.round for e in pool.entries})
         self.events.emit(
