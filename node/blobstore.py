@@ -124,7 +124,12 @@ class BlobWriter:
         self._store = store
         self._hash = hashlib.sha256()
         fd, self._tmp = store._temp_file(sha256)
-        self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=0)
+        try:
+            self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=0)
+        except BaseException:  # no writer exists to abort: remove the temp file here
+            os.close(fd)
+            self._tmp.unlink(missing_ok=True)
+            raise
         self.committed = False
 
     def write(self, chunk: bytes | memoryview) -> None:

@@ -91,3 +91,17 @@ def test_a_validator_round_on_a_full_disk_leaves_the_last_commit(
     assert reopened.round == 1 and reopened.state_hash == v.state_hash
     reopened.run_round([])  # space is back: the round commits
     assert StateStore(folder).load().book.round == 2
+
+
+def test_a_blob_writer_that_cannot_open_its_temp_file_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BlobStore(tmp_path)
+
+    def refuse(fd: int, *args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("node.blobstore.os.fdopen", refuse)
+    with pytest.raises(OSError, match="No space left"):
+        store.put(b"a blob")
+    assert not store.partial_files() and not list(store)
