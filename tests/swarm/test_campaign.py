@@ -1,0 +1,41 @@
+"""The campaign's fast subset: every attack at once against a real swarm, one round of each.
+
+Two honest miners and a follower run 2 rounds beside three hostile processes: one pushing
+transport-level attacks (7 keys), one sending malformed, copied, scaled and colluding payloads
+(15 keys, one attack each), and a sybil flooding the round from 20 fresh keys. The validator's
+event log must give every push exactly one outcome with a reason, none detectable aggregated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.campaign.attacks import ATTACKS, NEEDS_HONEST, PAYLOAD, TRAINED, TRANSPORT
+from tests.campaign.swarms import Keys, Team, attack_run
+
+pytestmark = pytest.mark.swarm
+
+WIRE = TRANSPORT
+PAYLOADS = (*PAYLOAD, *TRAINED, *NEEDS_HONEST)
+
+
+def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
+    keys = Keys.make(tmp_path / "keys", honest=2, hostile=len(WIRE) + len(PAYLOADS) + 1)
+    teams = [Team("wire", WIRE, len(WIRE)), Team("payloads", PAYLOADS, len(PAYLOADS)), Team("sybil", ("sybil",), 1)]
+    report = attack_run(tmp_path / "run", keys, teams, rounds=2, deadline=15.0)
+    ledger = report.ledger
+    assert not report.crashes, report.crashes
+    assert all(report.checks.values()), report.checks
+    played = ledger.per_attack()
+    assert set(played) == set(ATTACKS) - {"replay"} | ({"replay"} & set(played)), sorted(played)
+    assert ledger.unaccounted == 0, [o for o in ledger.outcomes if o.kind == "unaccounted" or not o.logged]
+    assert ledger.aggregated(detectable_only=True) == 0, [o for o in ledger.outcomes if o.kind == "aggregated"]
+    refusals = {o.attack: o.reason for o in ledger.outcomes if o.kind == "refused" and "BUSY" not in o.reason}
+    for attack in TRANSPORT:
+        if attack in played:
+            assert played[attack]["refused"] == played[attack]["sends"], (attack, played[attack])
+            assert attack in refusals, f"{attack} never met its own check (only BUSY answers)"
+    for attack in PAYLOAD:
+        assert played[attack]["rejected"] == played[attack]["sends"], (attack, played[attack])

@@ -1,0 +1,98 @@
+"""The campaign's crafted submissions, in process against the real validator: each one gets its
+one outcome with the reason the defence gives (the swarm tier sends the same bytes over libp2p)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.gpteval import GPTEvaluator
+from node.manifest import parse_manifest
+from node.roles_command import DEFAULT_CONFIG
+from node.runtime import RunSetup
+from protocol.identity import Identity
+from tests.campaign import crafting
+from tests.campaign.crafting import Forge
+from validator.core import Validator
+from validator.intake import Submission
+
+EXPECTED = {  # attack -> (status, reason fragment)
+    "zstd-bomb": ("rejected", "undecodable"),
+    "trailing": ("rejected", "TrailingBytes"),
+    "out-of-range": ("rejected", "InvalidPositions"),
+    "dup-positions": ("rejected", "InvalidPositions"),
+    "nan": ("rejected", "NonFiniteValues"),
+    "inf": ("rejected", "NonFiniteValues"),
+    "junk": ("rejected", "undecodable"),
+    "size-lie": ("rejected", "header says"),
+    "other-run": ("ignored", "WrongRun"),
+    "other-round": ("ignored", "future round"),
+    "forged-sig": ("ignored", "InvalidSignature"),
+    "copy": ("rejected", "copy of"),
+    "near-copy": ("rejected", "copy of"),
+    "ipm": ("rejected", ""),
+}
+
+
+def _key(label: str) -> Identity:
+    return Identity.from_seed(hashlib.sha256(f"pulse-test-campaign/{label}".encode()).digest())
+
+
+@pytest.fixture(scope="module")
+def validator(tmp_path_factory: pytest.TempPathFactory) -> tuple[Validator, RunSetup]:
+    data: dict[str, Any] = tomllib.loads(DEFAULT_CONFIG.read_text())
+    data["validators"] = [_key("validator").public_hex]
+    setup = RunSetup.from_manifest(parse_manifest(data))
+    folder: Path = tmp_path_factory.mktemp("validator")
+    v = Validator.create(
+        folder,
+        setup.manifest.gauntlet(),
+        setup.run_id,
+        _key("validator"),
+        setup.initial_master(),
+        GPTEvaluator(setup.new_model()),
+        setup.eval_batch,
+    )
+    return v, setup
+
+
+def _crafted(forge: Forge, honest: list[bytes]) -> dict[str, Submission]:
+    small = forge.compress(forge.small_update(7))
+    me = {name: _key(name) for name in EXPECTED}
+    return {
+        "zstd-bomb": forge.submission(me["zstd-bomb"], crafting.zstd_bomb(forge)),
+        "trailing": forge.submission(me["trailing"], crafting.trailing_bytes(forge, 1)),
+        "out-of-range": forge.submission(me["out-of-range"], crafting.tampered_positions(forge, 2, "range")),
+        "dup-positions": forge.submission(me["dup-positions"], crafting.tampered_positions(forge, 3, "duplicate")),
+        "nan": forge.submission(me["nan"], crafting.poisoned_values(forge, 4, math.nan)),
+        "inf": forge.submission(me["inf"], crafting.poisoned_values(forge, 5, math.inf)),
+        "junk": forge.submission(me["junk"], crafting.junk(6)),
+        "size-lie": forge.submission(me["size-lie"], small, payload_size=len(small) // 2),
+        "other-run": crafting.other_run(forge, me["other-run"], small),
+        "other-round": crafting.other_round(forge, me["other-round"], small),
+        "forged-sig": crafting.forged_signature(forge, me["forged-sig"], small),
+        "copy": forge.submission(me["copy"], honest[0]),
+        "near-copy": forge.submission(me["near-copy"], crafting.near_copy(forge, honest[0], 8)),
+        "ipm": forge.submission(me["ipm"], crafting.inner_product_manipulation(forge, honest)),
+    }
+
+
+def test_each_crafted_submission_gets_its_reason(validator: tuple[Validator, RunSetup]) -> None:
+    v, setup = validator
+    forge = Forge(setup, v.round, v.weights, v.state_hash)
+    miners = [_key(f"honest{i}") for i in range(3)]
+    # stand-ins for honest updates: independent random directions of the same size
+    honest = [forge.compress(forge.small_update(100 + i)) for i in range(3)]
+    crafted = _crafted(forge, honest)
+    subs = [forge.submission(m, p) for m, p in zip(miners, honest, strict=True)] + list(crafted.values())
+    report = v.run_round(subs)
+    assert len(report.outcomes) == len(subs)
+    for name, outcome in zip(crafted, report.outcomes[len(honest) :], strict=True):
+        status, fragment = EXPECTED[name]
+        assert outcome.status == status and fragment in outcome.reason, (name, outcome.status, outcome.reason)
+    assert all(o.status != "selected" for o in report.outcomes[len(honest) :])
