@@ -20,6 +20,7 @@ BENCHES = {
     "loco": "node.bench.loco",
     "gauntlet": "node.bench.gauntlet",
     "rl": "node.bench.rl",
+    "attacks": "node.bench.attacks",
 }
 
 
