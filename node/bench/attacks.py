@@ -83,8 +83,10 @@ def run(args: argparse.Namespace) -> BenchResult:
     for fraction, n in zip(fractions, hostile, strict=True):
         share = n / (n + args.honest)
         _say(f"{share:.0%} hostile: {n} hostile miners beside {args.honest} honest, mixed attacks")
-        team = swarms.Team(f"hostile{round(100 * fraction)}", names, n, rotate=True)
-        reports.append(swarms.attack_run(out / team.name, keys, [team], args.rounds, deadline=args.deadline))
+        name = f"hostile{round(100 * fraction)}"
+        # one process per hostile miner; together they walk through every attack, one step a round
+        teams = [swarms.Team(f"{name}-{i}", names, 1, rotate=True, offset=i, stride=n) for i in range(n)]
+        reports.append(swarms.attack_run(out / name, keys, teams, args.rounds, deadline=args.deadline))
         _say(_line(reports[-1]))
     faults = None
     if not args.skip_faults:

@@ -65,11 +65,13 @@ class Hostile:
         self.deadline = 0.0
         self.tasks: list[asyncio.Task[None]] = []
         self.mine = {k.public_hex for k in keys}
+        self.offset, self.stride = 0, 0
         self.victims: list[str] = []  # other miners' keys, from their heartbeats (a thief's victims)
 
     def attack(self, i: int, round_: int) -> str:
-        n = len(self.attacks)
-        return self.attacks[(i + round_ * len(self.keys)) % n if self.rotate else i % n]
+        """Key i's attack in `round_`; `offset`/`stride` spread one rotation over several processes."""
+        n, stride = len(self.attacks), self.stride or len(self.keys)
+        return self.attacks[(i + self.offset + round_ * stride) % n if self.rotate else i % n]
 
     async def run(self, rounds: int) -> None:
         self.gate = asyncio.Semaphore(STREAMS)
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=Path, nargs="+", required=True, help="one key file per hostile identity")
     parser.add_argument("--attacks", required=True, help=f"comma-separated, of {sorted(ATTACKS)}")
     parser.add_argument("--rotate", action="store_true", help="key i plays a different attack each round")
+    parser.add_argument("--offset", type=int, default=0, help="with --rotate: key i starts at attack i + offset")
+    parser.add_argument("--stride", type=int, default=0, help="with --rotate: attacks skipped per round (default keys)")
     parser.add_argument("--rounds", type=int, required=True)
     parser.add_argument("--events", type=Path, required=True)
     parser.add_argument("--state-dir", type=Path, required=True)
@@ -293,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
 async def _run(args: argparse.Namespace, setup: RunSetup, keys: list[Identity], attacks: list[str]) -> int:
     peer = await Peer.create(net_config_from_args(args), setup.manifest, keys[0], args.state_dir, role="miner")
     hostile = Hostile(setup, keys, attacks, args.rotate, peer)
+    hostile.offset, hostile.stride = args.offset, args.stride
     hostile.events = Events("hostile", args.events)
     hostile.events.emit(
         "start",

@@ -80,6 +80,8 @@ class Team:
     attacks: tuple[str, ...]
     keys: int
     rotate: bool = False
+    offset: int = 0  # with rotate: where this process starts in `attacks`
+    stride: int = 0  # with rotate: how far every key moves each round (default: this team's keys)
 
 
 @dataclass
@@ -135,6 +137,7 @@ class CampaignSwarm(Swarm):
     def start_team(self, team: Team, keys: list[Path]) -> Proc:
         args = ["--config", str(self.out / "run.toml"), "--attacks", ",".join(team.attacks), "--threads", "1"]
         args += ["--keys", *map(str, keys), *(["--rotate"] if team.rotate else []), *self.net_args(team.name)]
+        args += ["--offset", str(team.offset), "--stride", str(team.stride)]
         return self.spawn_module(team.name, "tests.campaign.hostile", args)
 
     def start_skewed(self, name: str, role: str, key: Path | None, offset: float) -> Proc:
@@ -216,9 +219,12 @@ def make_report(
     ledger = ledger_mod.build(records, swarm.log_text(*validators), killed)
     losses = [r["loss"] for r in sorted(ledger.rounds.values(), key=lambda r: r["round"]) if r.get("loss") is not None]
     hashes = {r["name"]: r["state_hash"] for r in records if r["event"] in ("final", "done")}
-    crashes = [f"{n}: exit {c}" for n, c in codes.items() if c != 0 and n not in killed]
+    hostile = {p.name for p in swarm.procs if p.role == "hostile"}
+    # a crash is a pulse role (validator, miner, follower) that did not exit cleanly
+    crashes = [f"{n}: exit {c}" for n, c in codes.items() if c != 0 and n not in killed | hostile]
     report = RunReport(name, ledger, losses[-1] if losses else None, hashes, crashes, seconds=seconds)
     report.checks["all rounds closed"] = sorted(ledger.rounds) == list(range(swarm.rounds))
+    report.checks["hostile processes ran to the end"] = all(codes.get(n) == 0 for n in hostile - killed)
     report.checks["hashes agree"] = report.hashes_agree
     report.checks["no partial blobs at the validator"] = not any(
         p.is_file() for v in validators for p in (swarm.work / v / "blobs" / "partial").glob("*")
