@@ -88,6 +88,7 @@ class RunRecord:
     seconds: float = 0.0
     validator_seconds: float = 0.0
     rejected_batches: int = 0
+    step_density: float | None = None  # centralized: mean fraction of BF16 weights one optimizer step changes
 
 
 @dataclass
@@ -160,6 +161,24 @@ def _submit(manifest: Manifest, miner: _Holder, pool: PoolSource, round_: int) -
     return Submission(sign(miner.identity, header).to_bytes(), payload), stats.density
 
 
+def _miner(manifest: Manifest, i: int, weights: State, state: str, reference: State | None) -> _Holder:
+    """Miner i: BF16 weights, and a GRPO trainer whose AdamW state persists across rounds."""
+    model = build_gpt(manifest.model.gpt)
+    rl = manifest.rl
+    trainer = GRPOTrainer(model, manifest.train.inner, rl, reference=reference, minibatch_groups=rl.prompts_per_batch)
+    return _Holder(identity_for(f"miner/{i}"), weights, state, trainer)
+
+
+def _sync(holders: list[_Holder], patch: bytes, announced: str) -> bool:
+    """Every holder applies the round's PULSESync patch; True when all reach the announced state hash."""
+    agree = True
+    for holder in holders:
+        holder.weights = pulsesync.apply(holder.weights, patch)  # checks the old and new hashes it names
+        holder.state_hash = state_hash(holder.weights)
+        agree &= holder.state_hash == announced
+    return agree
+
+
 def decentralized(
     manifest: Manifest, shape: Shape, cache_dir: Path | None = None, progress: Progress | None = None
 ) -> RunRecord:
@@ -179,36 +198,20 @@ def decentralized(
         load_bf16_state(probe, v.weights)
         record = RunRecord(reward_start=held_out_reward(probe, held, cfg))
         workers = [_Holder(identity_for(f"worker/{i}"), v.weights, v.state_hash) for i in range(shape.workers)]
-        miners = [
-            _Holder(
-                identity_for(f"miner/{i}"),
-                v.weights,
-                v.state_hash,
-                GRPOTrainer(
-                    build_gpt(gpt),
-                    manifest.train.inner,
-                    cfg,
-                    reference=reference,
-                    minibatch_groups=cfg.prompts_per_batch,
-                ),
-            )
-            for i in range(shape.miners)
-        ]
+        miners = [_miner(manifest, i, v.weights, v.state_hash, reference) for i in range(shape.miners)]
         worker_model = build_gpt(gpt)
         for r in range(shape.rounds):
             blobs = [publish_batch(manifest, worker_model, w, r) for w in workers]
             batches, rejected = checked_pool(manifest, blobs, r, v.state_hash)
             record.rejected_batches += rejected
-            pool.set([b.groups for b in batches])
-            made = [_submit(manifest, m, pool, r) for m in miners]
+            made: list[tuple[Submission, float]] = []
+            if batches:  # no usable rollouts: the round closes with no submissions and an empty patch
+                pool.set([b.groups for b in batches])
+                made = [_submit(manifest, m, pool, r) for m in miners]
             old = v.weights  # W_r: run_round replaces, never mutates, the validator's weights
             report = v.run_round([s for s, _ in made])
             record.validator_seconds += report.seconds
-            agree = True
-            for holder in [*workers, *miners]:
-                holder.weights = pulsesync.apply(holder.weights, report.patch)
-                holder.state_hash = state_hash(holder.weights)
-                agree &= holder.state_hash == report.state_hash == v.state_hash
+            agree = _sync([*workers, *miners], report.patch, report.state_hash) and v.state_hash == report.state_hash
             load_bf16_state(probe, v.weights)
             row = RoundRow(
                 round=r,
@@ -218,8 +221,8 @@ def decentralized(
                 patch_bytes=len(report.patch),
                 dense_bytes=sum(2 * t.numel() for t in v.weights.values()),
                 density=_changed(old, v.weights),
-                payload_bytes=sum(len(s.payload) for s, _ in made) / len(made),
-                payload_density=sum(d for _, d in made) / len(made),
+                payload_bytes=sum(len(s.payload) for s, _ in made) / max(len(made), 1),
+                payload_density=sum(d for _, d in made) / max(len(made), 1),
                 hashes_agree=agree,
             )
             record.rows.append(row)
@@ -247,6 +250,7 @@ def centralized(
     keys = [identity_for(f"worker/{i}").public_hex for i in range(shape.workers)]
     load_bf16_state(probe, bf16_state(model))
     record = RunRecord(reward_start=held_out_reward(probe, held, cfg))
+    steps_seen = _StepDensity(model)
     start = time.perf_counter()
     for r in range(shape.rounds):
         groups: list[RolloutGroup] = []
@@ -254,8 +258,8 @@ def centralized(
             prompts = problems_for(manifest.run_id, r, key, cfg.prompts_per_batch, cfg)
             groups += rollout_groups(model, prompts, cfg, rollout_seed(manifest.run_id, r, key))
         before = bf16_state(model)
-        trainer.steps(groups, shape.miners * manifest.train.inner_steps)
-        after = bf16_state(model)
+        trainer.steps(groups, shape.miners * manifest.train.inner_steps, steps_seen)
+        after = steps_seen.last
         load_bf16_state(probe, after)
         row = RoundRow(
             round=r,
@@ -272,7 +276,21 @@ def centralized(
         record.rows.append(row)
         _note(progress, _describe("centralized", row, shape.rounds))
     record.seconds = time.perf_counter() - start
+    record.step_density = sum(steps_seen.fractions) / len(steps_seen.fractions)
     return record
+
+
+class _StepDensity:
+    """After each optimizer step: the fraction of BF16 weights that step changed."""
+
+    def __init__(self, model: GPT) -> None:
+        self.model, self.last = model, bf16_state(model)
+        self.fractions: list[float] = []
+
+    def __call__(self, _: int) -> None:
+        now = bf16_state(self.model)
+        self.fractions.append(_changed(self.last, now))
+        self.last = now
 
 
 def _changed(old: State, new: State) -> float:

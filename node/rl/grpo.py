@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -184,10 +184,13 @@ class GRPOTrainer:
         local = unique_state(self.model)
         return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
 
-    def steps(self, groups: Sequence[RolloutGroup], steps: int) -> list[float]:
+    def steps(
+        self, groups: Sequence[RolloutGroup], steps: int, on_step: Callable[[int], None] | None = None
+    ) -> list[float]:
         """`steps` AdamW steps on `groups` from the weights the model holds; the loss of each step.
 
         logp_old is taken once, at the weights held on entry (the policy the update starts from).
+        `on_step(k)` runs after the k-th optimizer step of this call (e.g. to measure BF16 changes).
         """
         if steps < 1:
             raise ValueError("steps must be >= 1")
@@ -212,6 +215,8 @@ class GRPOTrainer:
             self.optimizer.step()
             self.steps_done += 1
             losses.append(loss.item())
+            if on_step is not None:
+                on_step(k)
         self.last_loss = sum(losses) / len(losses)
         self.last_reward = float(torch.cat([b.rewards for b in batches]).mean())
         return losses
