@@ -145,6 +145,9 @@ def _result(
                 elif k != "reason":
                     into[k] += v
     fault_checks = {k: v for k, v in faults.checks.items() if ":" in k} if faults is not None else {}
+    faults_by_name: dict[str, list[bool]] = {}  # a fault is recovered when every check of it holds
+    for check, ok in fault_checks.items():
+        faults_by_name.setdefault(check.split(":")[0], []).append(ok)
     clean = reports[0].final_loss
     summary: dict[str, Any] = {
         "hostile_aggregated": sum(r.ledger.aggregated() for r in reports),
@@ -152,8 +155,8 @@ def _result(
         "crashes": sum(len(r.crashes) for r in everything),
         "unaccounted_submissions": sum(r.ledger.unaccounted for r in everything),
         "final_loss_clean": clean,
-        "faults_recovered": sum(fault_checks.values()),
-        "faults_total": len(fault_checks),
+        "faults_recovered": sum(all(ok) for ok in faults_by_name.values()),
+        "faults_total": len(faults_by_name),
         "hashes_agree": all(r.hashes_agree for r in everything),
         "honest_miners": args.honest,
         "hostile_miners": dict(zip([r.name for r in reports[1:]], hostile, strict=True)),
