@@ -24,7 +24,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -306,15 +306,11 @@ async def _run(args: argparse.Namespace, setup: RunSetup, keys: list[Identity], 
         peer_id=peer.peer_id.to_base58(),
     )
     try:
-        await _bounded(hostile.run(args.rounds))
+        await hostile.run(args.rounds)
     finally:
         await peer.shutdown()
         hostile.events.finish()
     return 0
-
-
-async def _bounded(work: Awaitable[None]) -> None:
-    await work
 
 
 if __name__ == "__main__":
