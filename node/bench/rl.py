@@ -38,6 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inner-steps", type=int, default=None, help="H (default: the manifest's)")
     parser.add_argument("--inner-lr", type=float, default=None, help="inner AdamW lr (default: the manifest's)")
     parser.add_argument("--outer-lr", type=float, default=None, help="outer lr (default: the manifest's)")
+    parser.add_argument("--outer-momentum", type=float, default=None, help="outer momentum (default: the manifest's)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per worker batch (default: the manifest's)")
     parser.add_argument("--group-size", type=int, default=None, help="G (default: the manifest's)")
     parser.add_argument("--held-out", type=int, default=None, help="held-out prompts (default: the manifest's)")
@@ -64,6 +65,8 @@ def manifest_for(args: argparse.Namespace) -> Manifest:
         data["train"]["inner"]["lr"] = args.inner_lr
     if args.outer_lr is not None:
         data["train"]["outer"]["lr"] = args.outer_lr
+    if args.outer_momentum is not None:
+        data["train"]["outer"]["momentum"] = args.outer_momentum
     return parse_manifest(data, str(args.config))
 
 
