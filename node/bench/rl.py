@@ -12,6 +12,7 @@ over rounds: 0.01 means 100x smaller), the per-round series, and each target wit
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--held-out", type=int, default=None, help="held-out prompts (default: the manifest's)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="warm-start cache (default: ~/.cache/pulse)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--save", type=Path, default=None, help="also write the JSON summary to this file")
     parser.add_argument("--skip-centralized", action="store_true", help="only the decentralized run")
 
 
@@ -79,7 +81,10 @@ def run(args: argparse.Namespace) -> BenchResult:
     progress = log.info
     dec = decentralized(manifest, shape, args.cache_dir, progress)
     cen = None if args.skip_centralized else centralized(manifest, shape, args.cache_dir, progress)
-    return result(manifest, shape, dec, cen)
+    out = result(manifest, shape, dec, cen)
+    if args.save is not None:
+        args.save.write_text(json.dumps(out.summary, sort_keys=True) + "\n")
+    return out
 
 
 def summary(manifest: Manifest, shape: Shape, dec: RunRecord, cen: RunRecord | None) -> dict[str, Any]:
