@@ -38,7 +38,6 @@ ATTACK_COLUMNS = [
     "aggregated",
     "rounds until excluded",
     "unaccounted",
-    "first reason",
 ]
 
 
@@ -182,12 +181,16 @@ def _result(
             m["aggregated"],
             m["rounds_until_excluded"],
             m["unaccounted"],
-            m["reason"][:60],
         ]
         for a, m in merged.items()
     ]
     tables = [
         table("Attacks (30% and 45% runs together)", ATTACK_COLUMNS, rows),
+        table(
+            "Why (the first reason logged for each attack)",
+            ["attack", "reason"],
+            [[a, m["reason"][:100]] for a, m in merged.items()],
+        ),
         table(
             "Runs",
             ["run", "rounds", "final loss", "vs clean", "hostile aggregated", "unaccounted", "crashes", "hashes agree"],
@@ -196,7 +199,7 @@ def _result(
                     r.name,
                     len(r.ledger.rounds),
                     r.final_loss if r.final_loss is not None else "-",
-                    f"{r.final_loss / clean - 1:+.2%}" if clean and r.final_loss else "-",
+                    f"{r.final_loss / clean - 1:+.2%}" if clean and r.final_loss and r in reports else "-",
                     r.ledger.aggregated(),
                     r.ledger.unaccounted,
                     len(r.crashes),
