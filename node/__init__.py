@@ -36,6 +36,8 @@
                    against single-process GRPO: held-out reward, patch density, bytes per sync
 - `bench/gauntlet.py` the validator against fake miners (`fakeminers.py`, run by `arena.py`): selection,
                    loss, time and memory
+- `bench/attacks.py` the attack and fault campaign of `tests/campaign/` (hostile miner processes,
+                   faults) against real loopback swarms; needs the source checkout
 
 `node` may import `protocol` and `validator`; neither imports `node`.
 """
