@@ -57,3 +57,16 @@ def test_bad_cache_file_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert "rebuilding" in caplog.text
     assert _same(again, first)  # training is deterministic: the rebuilt file holds the same weights
     assert _same(warm_start(GPT, 0, CFG, tmp_path), first)
+
+
+def test_the_callers_thread_count_does_not_change_w0(tmp_path: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = warm_start(GPT, 0, CFG, tmp_path / "a")
+        torch.set_num_threads(1)
+        one = warm_start(GPT, 0, CFG, tmp_path / "b")
+    finally:
+        torch.set_num_threads(before)
+    assert _same(one, two)
+    assert torch.get_num_threads() == before

@@ -9,7 +9,10 @@ The file is `<cache dir>/rl-warmstart/<key>.safetensors` (FP32 weights, never pi
 hash of everything that decides the weights: recipe version, model config, seed, digits, steps,
 learning rate, optimizer and batch size. Its metadata holds the key and the state's SHA-256; a file
 that is unreadable, from another key or with other content is logged, ignored and rebuilt.
-Every node of a run computes the same key; the first one trains (seconds on a CPU), later calls read.
+Training runs on one CPU thread, so the weights do not depend on the caller's thread count (which
+changes the order of float reductions, and 300 steps amplify that into a different W_0); another
+CPU architecture or torch build may still differ, which is why only the validator's W_0 counts:
+everyone else joins from its checkpoint. The first call trains (seconds), later calls read.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from protocol.statehash import state_hash
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 1  # bump when the recipe below changes in a way the key does not see
+RECIPE_VERSION = 2  # bump when the recipe below changes in a way the key does not see
+THREADS = 1  # CPU threads of the training: another count changes float reduction order, and so W_0
 BATCH_SIZE = 64  # examples per step
 FOLDER = "rl-warmstart"
 
@@ -77,7 +81,12 @@ def warm_start(gpt: GPTConfig, seed: int, cfg: RLConfig, cache_dir: Path | None 
             log.warning("warm-start cache %s rejected (%s); rebuilding it", path, exc)
     model = build_gpt(gpt, seed)
     start = time.perf_counter()
-    loss = train_sft(model, cfg, seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)  # the same W_0 whatever the caller's thread count (one CPU build)
+    try:
+        loss = train_sft(model, cfg, seed)
+    finally:
+        torch.set_num_threads(threads)
     state = {name: t.detach().cpu().float().contiguous() for name, t in unique_state(model).items()}
     meta = {"key": key, "state_sha256": state_hash(state), "final_loss": repr(loss)}
     write_atomic(path, save(state, metadata=meta))
