@@ -22,6 +22,7 @@ from validator.core import Validator
 from validator.intake import Submission
 
 EXPECTED = {  # attack -> (status, reason fragment)
+    "oversize": ("rejected", "oversize"),
     "zstd-bomb": ("rejected", "undecodable"),
     "trailing": ("rejected", "TrailingBytes"),
     "out-of-range": ("rejected", "InvalidPositions"),
@@ -65,6 +66,7 @@ def _crafted(forge: Forge, honest: list[bytes]) -> dict[str, Submission]:
     small = forge.compress(forge.small_update(7))
     me = {name: _key(name) for name in EXPECTED}
     return {
+        "oversize": forge.submission(me["oversize"], crafting.oversize(forge, 9)),
         "zstd-bomb": forge.submission(me["zstd-bomb"], crafting.zstd_bomb(forge)),
         "trailing": forge.submission(me["trailing"], crafting.trailing_bytes(forge, 1)),
         "out-of-range": forge.submission(me["out-of-range"], crafting.tampered_positions(forge, 2, "range")),

@@ -22,7 +22,7 @@ from node.bench.fakeminers import RoundView
 from node.bench.fakeminers import RunSetup as FakeSetup
 from node.manifest import Manifest
 from node.runtime import RunSetup
-from protocol.codec import Codec, layout_digest
+from protocol.codec import Codec, default_max_bytes, layout_digest
 from protocol.codec_options import build_codec
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
@@ -150,6 +150,11 @@ def zstd_bomb(forge: Forge) -> bytes:
 def trailing_bytes(forge: Forge, seed: int) -> bytes:
     """A well-formed payload with 16 extra bytes after its end (the header names all of it)."""
     return forge.compress(forge.small_update(seed)) + b"\x00" * 16
+
+
+def oversize(forge: Forge, seed: int) -> bytes:
+    """Random bytes 1 MB longer than the largest payload the run's codec accepts."""
+    return junk(seed, default_max_bytes(forge.weights) + (1 << 20))
 
 
 def junk(seed: int, size: int = 4096) -> bytes:

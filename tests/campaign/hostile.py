@@ -252,6 +252,7 @@ def _malformed(attack: str, forge: Forge, me: Identity, seed: int) -> tuple[Subm
         "size-lie": lambda: _size_lie(forge, me, small()),
         "truncated": lambda: (forge.submission(me, p := small()), {"cut_at": len(p) // 2}),
         "slow": lambda: (forge.submission(me, small()), {"trickle": Trickle(step=64, pause=0.5)}),
+        "oversize": lambda: (forge.submission(me, crafting.oversize(forge, seed)), {}),
         "zstd-bomb": lambda: (forge.submission(me, crafting.zstd_bomb(forge)), {}),
         "trailing": lambda: (forge.submission(me, crafting.trailing_bytes(forge, seed)), {}),
         "out-of-range": lambda: (forge.submission(me, crafting.tampered_positions(forge, seed, "range")), {}),
