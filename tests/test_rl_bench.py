@@ -37,7 +37,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _tiny(tmp_path: Path) -> tuple[Manifest, argparse.Namespace]:
     parser = argparse.ArgumentParser()
     bench.configure(parser)
-    flags = "--rounds 2 --workers 3 --miners 2 --inner-steps 2 --prompts 3 --group-size 4 --held-out 8 --threads 1"
+    flags = "--rounds 2 --workers 3 --miners 3 --inner-steps 2 --prompts 3 --groups-per-batch 3 --group-size 4"
+    flags += " --held-out 8 --threads 1"
     args = parser.parse_args([*flags.split(), "--cache-dir", str(tmp_path)])
     manifest = bench.manifest_for(args)
     data = manifest.model_dump(mode="python")

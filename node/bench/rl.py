@@ -41,6 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outer-lr", type=float, default=None, help="outer lr (default: the manifest's)")
     parser.add_argument("--outer-momentum", type=float, default=None, help="outer momentum (default: the manifest's)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per worker batch (default: the manifest's)")
+    parser.add_argument(
+        "--groups-per-batch", type=int, default=None, help="groups a seed draws from the pool (default: the manifest's)"
+    )
     parser.add_argument("--group-size", type=int, default=None, help="G (default: the manifest's)")
     parser.add_argument("--held-out", type=int, default=None, help="held-out prompts (default: the manifest's)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="warm-start cache (default: ~/.cache/pulse)")
@@ -59,6 +62,7 @@ def manifest_for(args: argparse.Namespace) -> Manifest:
         ("inner_steps", "train", "inner_steps"),
         ("prompts", "rl", "prompts_per_batch"),
         ("group_size", "rl", "group_size"),
+        ("groups_per_batch", "rl", "groups_per_batch"),
         ("held_out", "rl", "held_out_prompts"),
     ]:
         if getattr(args, flag) is not None:

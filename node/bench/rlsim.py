@@ -6,7 +6,7 @@ Decentralized (`decentralized`), every round r:
                (run id, r, worker key), score them, publish `protocol.rollouts` bytes
     validator  decodes each batch, checks its state hash, prompts and claimed rewards
                (`task.verify_groups`), orders the pool by worker key: the round's `PoolSource`
-    miners     hold BF16 W_r, train H GRPO steps on the pool batches their assignment seeds name,
+    miners     hold BF16 W_r, train H GRPO steps on the pool samples their assignment seeds name,
                compress W_r - W_local with the run's PULSELoCo codec and error feedback, sign
     validator  `validator.core.Validator.run_round`: Gauntlet scoring with `GRPOEvaluator` on the
                pool, selection, aggregation, outer step, PULSESync patch W_r -> W_{r+1}
@@ -14,7 +14,7 @@ Decentralized (`decentralized`), every round r:
 
 Centralized (`centralized`): one model, FP32 weights, the same prompts and rollouts per round
 (W workers' worth, sampled from the current policy) and the same optimizer steps (R x H AdamW
-steps per round, one worker batch of groups per step, cycling), no codec and no outer step.
+steps per round, `groups_per_batch` groups per step as a miner's, cycling), no codec and no outer step.
 
 Both measure the held-out reward (greedy) on the BF16 weights a node would serve, every round.
 """
@@ -165,7 +165,7 @@ def _miner(manifest: Manifest, i: int, weights: State, state: str, reference: St
     """Miner i: BF16 weights, and a GRPO trainer whose AdamW state persists across rounds."""
     model = build_gpt(manifest.model.gpt)
     rl = manifest.rl
-    trainer = GRPOTrainer(model, manifest.train.inner, rl, reference=reference, minibatch_groups=rl.prompts_per_batch)
+    trainer = GRPOTrainer(model, manifest.train.inner, rl, reference=reference, minibatch_groups=rl.groups_per_batch)
     return _Holder(identity_for(f"miner/{i}"), weights, state, trainer)
 
 
@@ -188,7 +188,7 @@ def decentralized(
     reference = w0 if cfg.kl_coef > 0 else None
     held = held_out_prompts(cfg)
     probe = _policy(manifest, w0)
-    pool = PoolSource(gpt.block_size)
+    pool = PoolSource(gpt.block_size, groups_per_seed=cfg.groups_per_batch)
     evaluator = GRPOEvaluator(build_gpt(gpt), cfg, reference)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pulse-bench-rl-") as folder:
@@ -243,7 +243,7 @@ def centralized(
         manifest.train.inner,
         cfg,
         reference=w0 if cfg.kl_coef > 0 else None,
-        minibatch_groups=cfg.prompts_per_batch,
+        minibatch_groups=cfg.groups_per_batch,
     )
     held = held_out_prompts(cfg)
     probe = _policy(manifest, w0)
