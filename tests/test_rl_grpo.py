@@ -107,6 +107,14 @@ def _trained(steps: int = 4) -> tuple[dict[str, torch.Tensor], dict[str, torch.T
     return weights, delta, groups
 
 
+def test_trainer_refuses_nothing_to_train_on() -> None:
+    trainer = GRPOTrainer(build_gpt(GPT), InnerOptimConfig(lr=1e-3), CFG)
+    with pytest.raises(ValueError, match="no rollout groups"):
+        trainer.steps([], 1)
+    with pytest.raises(ValueError, match="steps"):
+        trainer.steps(_groups(), 0)
+
+
 def test_trainer_is_deterministic_and_returns_w_minus_local() -> None:
     w1, d1, _ = _trained()
     _, d2, _ = _trained()

@@ -194,6 +194,8 @@ class GRPOTrainer:
         """
         if steps < 1:
             raise ValueError("steps must be >= 1")
+        if not groups:
+            raise ValueError("no rollout groups to train on")
         block = getattr(getattr(self.model, "cfg", None), "block_size", None)
         m = self.minibatch_groups or len(groups)
         chunks = [_cycle(groups, j * m, m) for j in range(min(steps, _chunk_count(len(groups), m)))]
