@@ -48,24 +48,34 @@ class Swarm:
     def work(self) -> Path:
         return self.out / "work"
 
-    def _spawn(self, name: str, role: str, args: list[str]) -> Proc:
+    def spawn(
+        self, name: str, role: str, args: list[str], *, module: str = "node.cli", cwd: Path | None = None
+    ) -> Proc:
+        """Start `python -m module args` as `name` (default: a `pulse` command), logging to `logs/name.log`.
+
+        `cwd` (default: this process's) is also put on PYTHONPATH, so modules of a source checkout
+        (such as the test tier's hostile peers) can be started from anywhere.
+        """
         events = self.out / "events" / f"{name}.jsonl"
         log = self.out / "logs" / f"{name}.log"
         for folder in (events.parent, log.parent):
             folder.mkdir(parents=True, exist_ok=True)
         events.unlink(missing_ok=True)
+        cwd = cwd or Path.cwd()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "node.cli", *args]
+        if module != "node.cli":
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", module, *args]
         # own session: a killed role takes its DHT process and libp2p daemon with it (`kill`)
         popen = subprocess.Popen(
-            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=Path.cwd(), start_new_session=True
+            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
         )
         proc = Proc(name, role, popen, events, log)
         self.procs.append(proc)
         return proc
 
     def start_bootstrap(self, timeout: float = 60.0) -> None:
-        proc = self._spawn(
+        proc = self.spawn(
             "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0"]
         )
         deadline = time.monotonic() + timeout
@@ -100,7 +110,7 @@ class Swarm:
         ]
         if key is not None:
             args += ["--key", str(key)]
-        return self._spawn(name, role, args)
+        return self.spawn(name, role, args)
 
     def stop(self, proc: Proc) -> None:
         """Ctrl+C a role; SIGKILL its whole process group if it does not exit in time."""

@@ -97,6 +97,9 @@ def run(role: str, args: argparse.Namespace) -> int:
         except (ConfigError, NetworkError) as exc:
             print(f"pulse {role}: {exc}", file=sys.stderr)
             return 1
+        except OSError as exc:  # a full disk or an unwritable state folder: one line, not a traceback
+            print(f"pulse {role}: cannot write to {folder}: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -32,6 +32,7 @@ from node.peer import Peer
 from node.rl.validation import RLValidation
 from node.runtime import Events, RunSetup, mb
 from node.train import evaluate, load_bf16_state
+from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
 from protocol.messages import CheckpointAnnouncement, Heartbeat, SubmissionHeader
@@ -59,6 +60,8 @@ class ValidatorService:
         self.probe = setup.new_model()
         self.held_out = setup.held_out() if self.rl is None else []
         self.dense_bytes = setup.dense_bytes()
+        # refuse an oversize payload from its header, before its body is read or stored
+        self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
 
     @classmethod
     async def create(
@@ -102,6 +105,8 @@ class ValidatorService:
             return f"round {header.round} is not open (the open round is {self.round}, closed={self.closed})"
         if header.sender in self.received:
             return "one submission per miner per round"
+        if header.payload_size > self.max_payload:
+            return f"oversize: {header.payload_size} bytes announced, the cap is {self.max_payload}"
         return None
 
     def _on_submission(self, verified: Verified[SubmissionHeader]) -> None:
@@ -169,8 +174,12 @@ class ValidatorService:
                 blob_size=len(data),
                 format=CHECKPOINT_FORMAT,
             )
-            await self.peer.publish(announcement)
-            self.events.emit("checkpoint", f"announced the checkpoint of round {r} ({mb(len(data))})", round=r)
+            try:
+                await self.peer.publish(announcement)
+            except NetworkError as exc:  # joiners use an older or the next checkpoint meanwhile
+                log.warning("checkpoint of round %d not announced: %s", r, exc)
+            else:
+                self.events.emit("checkpoint", f"announced the checkpoint of round {r} ({mb(len(data))})", round=r)
         if self.rl is not None:
             # a heartbeat first, so that workers find the checkpoint and patch holders while the pool
             # is built; miners wait for the pool, and the heartbeat below restarts the deadline clock

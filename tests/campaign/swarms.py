@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Callable
@@ -103,22 +102,7 @@ class CampaignSwarm(Swarm):
     """`Swarm` plus processes started from this checkout's modules (hostile miners, skewed clocks)."""
 
     def spawn_module(self, name: str, module: str, args: list[str], role: str = "hostile") -> Proc:
-        events = self.out / "events" / f"{name}.jsonl"
-        log = self.out / "logs" / f"{name}.log"
-        for folder in (events.parent, log.parent):
-            folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-        popen = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        proc = Proc(name, role, popen, events, log)
-        self.procs.append(proc)
-        return proc
+        return self.spawn(name, role, args, module=module, cwd=REPO)
 
     def net_args(self, name: str) -> list[str]:
         return [

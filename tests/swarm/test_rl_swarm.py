@@ -8,9 +8,6 @@ refused with their reason and left out of later pools.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Iterator
@@ -45,15 +42,10 @@ def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
 
 
 def start_liar(swarm: Swarm, name: str, lie: str) -> Proc:
-    events, log = swarm.out / "events" / f"{name}.jsonl", swarm.out / "logs" / f"{name}.log"
-    cmd = [sys.executable, "-m", "tests.swarm.lying_worker", lie, "--config", str(swarm.out / "run.toml")]
-    cmd += ["--events", str(events), "--state-dir", str(swarm.work / name), "--rounds", str(ROUNDS)]
-    cmd += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *swarm.bootstrap]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    popen = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    proc = Proc(name, "follow", popen, events, log)
-    swarm.procs.append(proc)
-    return proc
+    args = [lie, "--config", str(swarm.out / "run.toml"), "--events", str(swarm.out / "events" / f"{name}.jsonl")]
+    args += ["--state-dir", str(swarm.work / name), "--rounds", str(ROUNDS)]
+    args += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *swarm.bootstrap]
+    return swarm.spawn(name, "follow", args, module="tests.swarm.lying_worker")
 
 
 def test_rl_round_trip_with_lying_workers(swarm: tuple[Swarm, Path, list[Path]]) -> None:
