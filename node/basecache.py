@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
@@ -44,7 +45,7 @@ BASE_OPTIM = InnerOptimConfig(lr=1e-3, warmup_steps=30)
 EVAL_BATCHES = 8  # held-out batches for the before/after loss
 
 
-class _Invalid(Exception):
+class InvalidCache(Exception):
     """A cache file that must not be used (the reason is the message)."""
 
 
@@ -115,7 +116,7 @@ def load_or_train(
     if path.exists():
         try:
             return _load(path, cfg, key)
-        except _Invalid as exc:
+        except InvalidCache as exc:
             log.warning("base model cache %s rejected (%s); rebuilding it", path, exc)
     model = build_gpt(cfg, seed)
     start = time.perf_counter()
@@ -158,29 +159,40 @@ def _pretrain(model: GPT, corpus: Corpus, steps: int, seed: int) -> tuple[float,
     return before, evaluate(model, held)
 
 
-def _save(path: Path, model: GPT, key: str, stats: dict[str, float]) -> None:
-    state = {name: t.detach().cpu().contiguous() for name, t in unique_state(model).items()}
+def write_cached_state(path: Path, state: dict[str, torch.Tensor], key: str, stats: dict[str, float]) -> None:
+    """FP32 `state` as safetensors (never pickle), its key and SHA-256 (and `stats`) in the metadata, atomically."""
     meta = {"key": key, "state_sha256": state_hash(state), **{k: repr(v) for k, v in stats.items()}}
     write_atomic(path, save(state, metadata=meta))
 
 
-def _load(path: Path, cfg: GPTConfig, key: str) -> CachedBase:
+def read_cached_state(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(state, metadata) of a file `write_cached_state` wrote for `key`; `InvalidCache` says why not."""
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError) as exc:
-        raise _Invalid(f"unreadable: {exc}") from exc
+        raise InvalidCache(f"unreadable: {exc}") from exc
     if meta.get("key") != key:
-        raise _Invalid("written for another key")
+        raise InvalidCache("written for another key")
     if meta.get("state_sha256") != state_hash(state):
-        raise _Invalid("content does not match its recorded SHA-256")
+        raise InvalidCache("content does not match its recorded SHA-256")
+    return state, meta
+
+
+def _save(path: Path, model: GPT, key: str, stats: dict[str, float]) -> None:
+    state = {name: t.detach().cpu().contiguous() for name, t in unique_state(model).items()}
+    write_cached_state(path, state, key, stats)
+
+
+def _load(path: Path, cfg: GPTConfig, key: str) -> CachedBase:
+    state, meta = read_cached_state(path, key)
     model = build_gpt(cfg)  # its initial weights are all overwritten
     try:
         load_state(model, state)
         stats = {k: float(meta[k]) for k in ("loss_before", "loss_after", "train_seconds")}
     except (ValueError, KeyError) as exc:
-        raise _Invalid(str(exc)) from exc
+        raise InvalidCache(str(exc)) from exc
     return CachedBase(
         model, key, path, stats["loss_before"], stats["loss_after"], stats["train_seconds"], from_cache=True
     )

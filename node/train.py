@@ -100,6 +100,12 @@ def load_bf16_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None
     load_state(model, state)
 
 
+def changed_fraction(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
+    """Share of BF16 weights whose bits differ between two states (what a PULSESync patch carries)."""
+    changed = sum(int((old[n].view(torch.int16) != t.view(torch.int16)).sum()) for n, t in new.items())
+    return changed / max(sum(t.numel() for t in new.values()), 1)
+
+
 def make_optimizer(model: nn.Module, cfg: InnerOptimConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on tensors of 2+ dims only (the nanoGPT convention)."""
     params = [p for p in model.parameters() if p.requires_grad]  # parameters() skips tied aliases

@@ -20,10 +20,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
-
-import torch
 
 from node.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
 from node.gpteval import GPTEvaluator
@@ -31,7 +28,7 @@ from node.netconfig import NetConfig
 from node.peer import Peer
 from node.rl.validation import RLValidation
 from node.runtime import Events, RunSetup, mb
-from node.train import evaluate, load_bf16_state
+from node.train import changed_fraction, evaluate, load_bf16_state
 from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
@@ -277,8 +274,3 @@ class ValidatorService:
         if self.peer is not None:
             await self.peer.shutdown()
 
-
-def changed_fraction(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
-    """Share of BF16 weights a round changed (what the PULSESync patch had to carry)."""
-    changed = sum(int((old[n].view(torch.int16) != new[n].view(torch.int16)).sum()) for n in new)
-    return changed / max(sum(t.numel() for t in new.values()), 1)

@@ -38,7 +38,7 @@ from node.rl.generate import rollout_groups, rollout_seed
 from node.rl.grpo import GRPOTrainer
 from node.rl.task import held_out_prompts, problems_for, verify_groups
 from node.rl.warmstart import warm_start
-from node.train import bf16_state, load_bf16_state, load_state
+from node.train import bf16_state, changed_fraction, load_bf16_state, load_state
 from protocol import pulsesync, rollouts
 from protocol.assignment import Assignment
 from protocol.identity import Identity
@@ -220,7 +220,7 @@ def decentralized(
                 aggregated=len(report.selected()),
                 patch_bytes=len(report.patch),
                 dense_bytes=sum(2 * t.numel() for t in v.weights.values()),
-                density=_changed(old, v.weights),
+                density=changed_fraction(old, v.weights),
                 payload_bytes=sum(len(s.payload) for s, _ in made) / max(len(made), 1),
                 payload_density=sum(d for _, d in made) / max(len(made), 1),
                 hashes_agree=agree,
@@ -268,7 +268,7 @@ def centralized(
             aggregated=0,
             patch_bytes=0,
             dense_bytes=sum(2 * t.numel() for t in after.values()),
-            density=_changed(before, after),
+            density=changed_fraction(before, after),
             payload_bytes=0.0,
             payload_density=0.0,
             hashes_agree=True,
@@ -289,14 +289,8 @@ class _StepDensity:
 
     def __call__(self, _: int) -> None:
         now = bf16_state(self.model)
-        self.fractions.append(_changed(self.last, now))
+        self.fractions.append(changed_fraction(self.last, now))
         self.last = now
-
-
-def _changed(old: State, new: State) -> float:
-    """Fraction of BF16 weights whose bits differ."""
-    changed = sum(int((a.view(torch.int16) != new[n].view(torch.int16)).sum()) for n, a in old.items())
-    return changed / sum(t.numel() for t in old.values())
 
 
 def _describe(name: str, row: RoundRow, rounds: int) -> str:

@@ -25,17 +25,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
 
-from node.atomicfile import write_atomic
-from node.basecache import default_cache_dir
+from node.basecache import InvalidCache, default_cache_dir, read_cached_state, write_cached_state
 from node.model import GPT, GPTConfig, build_gpt
 from node.rl.config import RLConfig
 from node.rl.grpo import completion_tensors
 from node.rl.task import sft_examples
 from node.train import InnerOptimConfig, derive_seed, load_state, make_optimizer, unique_state
-from protocol.statehash import state_hash
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +39,6 @@ RECIPE_VERSION = 2  # bump when the recipe below changes in a way the key does n
 THREADS = 1  # CPU threads of the training: another count changes float reduction order, and so W_0
 BATCH_SIZE = 64  # examples per step
 FOLDER = "rl-warmstart"
-
-
-class _Invalid(Exception):
-    """A cache file that must not be used (the reason is the message)."""
 
 
 def warm_start_optim(cfg: RLConfig) -> InnerOptimConfig:
@@ -76,8 +68,8 @@ def warm_start(gpt: GPTConfig, seed: int, cfg: RLConfig, cache_dir: Path | None 
     path = cache_path(gpt, seed, cfg, cache_dir)
     if path.exists():
         try:
-            return _load(path, key)
-        except _Invalid as exc:
+            return read_cached_state(path, key)[0]
+        except InvalidCache as exc:
             log.warning("warm-start cache %s rejected (%s); rebuilding it", path, exc)
     model = build_gpt(gpt, seed)
     start = time.perf_counter()
@@ -88,8 +80,7 @@ def warm_start(gpt: GPTConfig, seed: int, cfg: RLConfig, cache_dir: Path | None 
     finally:
         torch.set_num_threads(threads)
     state = {name: t.detach().cpu().float().contiguous() for name, t in unique_state(model).items()}
-    meta = {"key": key, "state_sha256": state_hash(state), "final_loss": repr(loss)}
-    write_atomic(path, save(state, metadata=meta))
+    write_cached_state(path, state, key, {"final_loss": loss})
     log.info(
         "rl warm start: %d steps in %.1f s, answer loss %.3f, cached at %s",
         cfg.warm_start_steps,
@@ -120,20 +111,6 @@ def train_sft(model: GPT, cfg: RLConfig, seed: int) -> float:
         opt.step()
         recent = [*recent, loss.item()][-max(1, cfg.warm_start_steps // 10) :]
     return sum(recent) / len(recent) if recent else float("nan")
-
-
-def _load(path: Path, key: str) -> dict[str, torch.Tensor]:
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
-    except (SafetensorError, OSError) as exc:
-        raise _Invalid(f"unreadable: {exc}") from exc
-    if meta.get("key") != key:
-        raise _Invalid("written for another key")
-    if meta.get("state_sha256") != state_hash(state):
-        raise _Invalid("content does not match its recorded SHA-256")
-    return state
 
 
 def warm_model(gpt: GPTConfig, seed: int, cfg: RLConfig, cache_dir: Path | None = None) -> GPT:
