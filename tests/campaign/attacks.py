@@ -25,7 +25,7 @@ ATTACKS: dict[str, Attack] = {
     "size-lie": Attack("header names half the payload's size, whole payload sent", "size-capped read + SHA-256"),
     "truncated": Attack("sends half the announced body, then hangs up", "stream read of exactly size bytes"),
     "slow": Attack("trickles the body, 64 bytes every 0.5 s", "minimum body rate / round closed"),
-    "oversize": Attack("a truthful header for junk 1 MB past the codec's cap", "size cap, checked from the header before the upload"),
+    "oversize": Attack("a truthful header for junk 1 MB past the codec's cap", "size cap, checked on the header"),
     "zstd-bomb": Attack("codec header then a ~40 KB zstd frame of 1 GiB of zeros", "decoder (no decompression)"),
     "trailing": Attack("well-formed payload plus 16 trailing bytes", "decoder: trailing bytes"),
     "out-of-range": Attack("a position gap running past the tensor's end", "decoder: position checks"),
