@@ -82,18 +82,19 @@ def run(args: argparse.Namespace) -> int:
         rl = args.task == "rl"
         curve = "reward.png" if rl else "loss.png"
         console.print(f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png; logs in {out}/logs")
-        progress = (
-            f"reward {summary['reward_first']} -> {summary['reward_last']}, "
-            f"patch density {summary['mean_patch_density']:.2%}"
-            if rl
-            else f"loss {summary['loss_first']} -> {summary['loss_last']}"
-        )
-        console.print(
-            f"{summary['rounds']} rounds, {progress}, hashes agree: {summary['hashes_agree']}, "
-            f"{summary['bytes_ratio_vs_dense']:.0f}x fewer bytes than dense"
-            if summary["rounds"]
-            else "no round completed"
-        )
+        if not summary["rounds"]:
+            console.print("no round completed")
+        else:
+            progress = (
+                f"reward {summary['reward_first']:.4f} -> {summary['reward_last']:.4f}, "
+                f"patch density {summary['mean_patch_density']:.2%}"
+                if rl
+                else f"loss {summary['loss_first']:.4f} -> {summary['loss_last']:.4f}"
+            )
+            console.print(
+                f"{summary['rounds']} rounds, {progress}, hashes agree: {summary['hashes_agree']}, "
+                f"{summary['bytes_ratio_vs_dense']:.0f}x fewer bytes than dense"
+            )
     good = ok and summary["hashes_agree"] and summary["rounds"] == args.rounds
     return 0 if good else 1
 

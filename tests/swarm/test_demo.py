@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from node.roles_command import DEFAULT_CONFIG
+
 pytestmark = pytest.mark.swarm
 
 
@@ -24,3 +26,22 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert set(summary["peak_rss_mb"]) >= {"validator", "miner", "follow"}
     for name in ("summary.json", "loss.png", "bytes.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_demo_rl_json_summary(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "node.cli", "demo", "--task", "rl", "--miners", "2", "--rounds", "2"]
+    done = subprocess.run([*cmd, "--out", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["rounds"] == 2 and summary["hashes_agree"] and summary["clean_shutdown"]
+    assert {"follower", "follower1"} <= set(summary["final_state_hashes"])  # two inference workers
+    assert summary["reward_first"] is not None and len(summary["reward_per_round"]) == 2
+    assert 0 < summary["mean_patch_density"] < 1 and summary["sync_ratio_vs_dense"] > 1
+    for name in ("summary.json", "reward.png", "bytes.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_demo_refuses_a_manifest_of_the_other_task(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "node.cli", "demo", "--task", "rl", "--config", str(DEFAULT_CONFIG)]
+    done = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "is a task 'lm' manifest, not 'rl'" in done.stderr
