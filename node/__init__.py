@@ -6,7 +6,6 @@
 - `data.py`        the embedded corpus (the standard library's `.py` sources) and seeded batches
 - `train.py`       training primitives: BF16 state copy/load, H AdamW inner steps, evaluation
 - `basecache.py`   the briefly pre-trained base model, cached as safetensors keyed by its recipe
-- `atomicfile.py`  atomic whole-file writes (temp file, fsync, rename, fsync folder)
 - `keyfile.py`     identity key files on disk: atomic, mode 0600, never overwritten, checked on load
 - `keygen_command.py` `pulse keygen`
 - `netconfig.py`   network start-up options (initial peers, listen/announce addrs, relays, identity)

@@ -22,7 +22,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from node.atomicfile import write_atomic
 from node.data import Corpus, stdlib_corpus
 from node.model import GPT, GPTConfig, build_gpt
 from node.train import (
@@ -35,6 +34,7 @@ from node.train import (
     unique_state,
 )
 from protocol.statehash import state_hash
+from validator.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 

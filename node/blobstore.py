@@ -22,7 +22,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
-from node.atomicfile import fsync_dir
 from protocol.errors import (
     BlobHashMismatch,
     BlobNotFound,
@@ -30,6 +29,7 @@ from protocol.errors import (
     SizeLimitExceeded,
     TruncatedPayload,
 )
+from validator.atomicfile import fsync_dir
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _PARALLEL_BYTES = 1 << 20  # below this, hashing inline is cheaper than a thread hand-off

@@ -9,9 +9,9 @@ import os
 import stat
 from pathlib import Path
 
-from node.atomicfile import fsync_dir
 from protocol.errors import KeyFileError
 from protocol.identity import MAX_KEY_FILE_BYTES, Identity, decode_key_file, encode_key_file
+from validator.atomicfile import fsync_dir
 
 DEFAULT_KEY_PATH = Path.home() / ".pulse" / "identity.key"
 

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from node import atomicfile
 from node.blobstore import BlobStore
 from protocol.identity import Identity
-from validator import state as validator_state
+from validator import atomicfile
 from validator.config import GauntletConfig
 from validator.core import Validator
 from validator.state import StateStore
@@ -80,7 +79,7 @@ def test_a_validator_round_on_a_full_disk_leaves_the_last_commit(
     v = Validator.create(folder, cfg, RUN, me, master, ZeroEvaluator(), lambda seed: seed)  # type: ignore[arg-type]
     v.run_round([])  # round 0 committed: the state of round 1
     before = StateStore(folder).load().book
-    monkeypatch.setattr(validator_state.os, "fdopen", _full_fdopen)
+    monkeypatch.setattr(atomicfile.os, "fdopen", _full_fdopen)
     with pytest.raises(OSError, match="No space left"):
         v.run_round([])
     monkeypatch.undo()

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from protocol.errors import CorruptState
+from validator.atomicfile import write_atomic
 from validator.ratings import RatingRecord
 
 COMMITTED = "COMMITTED"
@@ -78,33 +77,6 @@ class _Pointer(BaseModel):
     round: int = Field(ge=0)
     folder: str = Field(pattern=r"^round-[0-9]{12}$")
     book_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same folder, fsync, rename, fsync the folder.
-
-    The same steps as `node/atomicfile.py`, which the validator may not import.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StateStore:

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from node.atomicfile import write_atomic
 from node.basecache import DEFAULT_STEPS, CachedBase, default_cache_dir, load_or_train
 from node.bench.report import BenchResult, table
 from node.data import Corpus, stdlib_corpus
@@ -38,6 +37,7 @@ from node.train import (
     inner_train,
 )
 from protocol.statehash import state_hash
+from validator.atomicfile import write_atomic
 
 SWEEP_LRS = (1e-6, 3e-6, 1e-5, 1e-4)
 DELAYS = (1, 8, 32)

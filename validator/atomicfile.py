@@ -1,4 +1,8 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never a torn one."""
+"""Atomic file writes: a reader sees the old file or the whole new one, never a torn one.
+
+The validator's state needs them and may not import `node`; `node` (key files, blobs, caches)
+imports them from here.
+"""
 
 from __future__ import annotations
 
