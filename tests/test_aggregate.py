@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 
 import pytest
 import torch
@@ -13,27 +12,11 @@ from pydantic import ValidationError
 
 from protocol.codec import make_codec
 from protocol.errors import IncompatibleStates, TruncatedPayload
+from tests.tracked import Tracked
 from validator.aggregate import aggregate, clip_scales, global_norm
 from validator.outer import OuterConfig, OuterOptimizer
 
 State = dict[str, torch.Tensor]
-
-
-class Tracked(dict[str, torch.Tensor]):
-    """A decoded update that counts how many of its kind are alive."""
-
-    alive = 0
-    peak = 0
-
-    def __init__(self, data: State) -> None:
-        super().__init__(data)
-        Tracked.alive += 1
-        Tracked.peak = max(Tracked.peak, Tracked.alive)
-        weakref.finalize(self, Tracked._gone)
-
-    @staticmethod
-    def _gone() -> None:
-        Tracked.alive -= 1
 
 
 def updates(scales: list[float]) -> dict[bytes, State]:

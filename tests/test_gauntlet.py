@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import weakref
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from protocol.assignment import Assignment, data_digest
 from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import SeenCache, open_signed, sign
 from tests.fakeswarm import RUN_ID, make_swarm
+from tests.tracked import Tracked
 from validator.gauntlet import RoundPipeline
 from validator.intake import RoundContext, Submission, reason_text, screen
 from validator.ratings import Ratings
@@ -185,23 +185,6 @@ def test_ratings_rank_invalid_and_missing_last_and_survive_absence() -> None:
 
 
 # --- whole rounds -----------------------------------------------------------------------------
-
-
-class Tracked(dict[str, torch.Tensor]):
-    """A decoded update that counts how many of its kind are alive."""
-
-    alive = 0
-    peak = 0
-
-    def __init__(self, data: dict[str, torch.Tensor]) -> None:
-        super().__init__(data)
-        Tracked.alive += 1
-        Tracked.peak = max(Tracked.peak, Tracked.alive)
-        weakref.finalize(self, Tracked._gone)
-
-    @staticmethod
-    def _gone() -> None:
-        Tracked.alive -= 1
 
 
 def test_pipeline_decodes_one_update_at_a_time(tmp_path: Path) -> None:
