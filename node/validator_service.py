@@ -48,13 +48,13 @@ class ValidatorService:
         if identity.public_hex not in setup.manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
         self.setup, self.identity, self.folder, self.events = setup, identity, folder, events
-        self.rl = RLValidation(setup, events) if setup.manifest.task == "rl" else None
+        self.probe = setup.new_model()  # the model the held-out loss (or an RL run's reward) is measured with
+        self.rl = RLValidation(setup, events, self.probe) if setup.manifest.task == "rl" else None
         self.validator = self._open_state()
         self.peer: Peer | None = None
         self.received: dict[str, Submission] = {}  # by sender, this round
         self.previous_senders: set[str] = set()
         self.closed = True
-        self.probe = setup.new_model()
         self.held_out = setup.held_out() if self.rl is None else []
         self.dense_bytes = setup.dense_bytes()
         # refuse an oversize payload from its header, before its body is read or stored

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
+from node.model import CausalLM
 from node.peer import Peer
 from node.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
 from node.rl.pool import PoolKeeper
@@ -24,13 +25,13 @@ State = Mapping[str, torch.Tensor]
 
 
 class RLValidation:
-    def __init__(self, setup: RunSetup, events: Events) -> None:
+    def __init__(self, setup: RunSetup, events: Events, probe: CausalLM) -> None:
         self.setup, self.events = setup, events
         self.cfg = setup.manifest.rl
         gpt = setup.manifest.model.gpt  # the Gauntlet's batch function:
         self.batches = PoolSource(gpt.block_size, groups_per_seed=self.cfg.groups_per_batch)
         self.prompts = held_out_prompts(self.cfg)
-        self.probe = setup.new_model().eval()
+        self.probe = probe  # the service's model for held-out measurements
         self.keeper: PoolKeeper | None = None
 
     def evaluator(self) -> GRPOEvaluator:
