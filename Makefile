@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck clean
+.PHONY: install demo test test-fast lint clean
 
 install: $(STAMP)
 
@@ -24,7 +24,16 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+	$(MAKE) lint
+
+# The inner loop: the in-process tier (no real swarms), lint, import contracts and types.
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not swarm"
+	$(MAKE) lint
+
+lint: install
 	$(BIN)/ruff check protocol node validator tests
+	$(BIN)/lint-imports
 	$(BIN)/mypy
 
 clean:

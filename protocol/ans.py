@@ -55,9 +55,7 @@ class AnsEncoder:
         """Each value[i] uniform in range(sizes[i]); sizes of 1 carry no information and are skipped."""
         keep = sizes > 1
         if keep.any():
-            self._segments.append(
-                (values[keep].astype(np.int32), _model.Uniform(), sizes[keep].astype(np.int32))
-            )
+            self._segments.append((values[keep].astype(np.int32), _model.Uniform(), sizes[keep].astype(np.int32)))
 
     def finish(self) -> np.ndarray:
         """The compressed words (uint32)."""

@@ -6,7 +6,7 @@ can redraw a miner's data and check that the update helps it (the Gauntlet indic
     seed_j = SHA-256(DOMAIN | run id (32 bytes) | round u64 | miner key (32 bytes) | j u32)[:8] >> 1
     for j in 0 .. batches-1; inner step s trains on batch seed_{s mod batches}
 
-A batch seed names a batch of the run's training split (`node/data.py` draws it). A miner cycles
+A batch seed names a batch of the run's training split (`node/learn/data.py` draws it). A miner cycles
 over a few batches rather than drawing a fresh one per step: the validator evaluates on one of
 them, and an update that saw its batch several times helps it clearly more than random data.
 

@@ -11,7 +11,7 @@ Key file format (ASCII, three lines; the public key line lets a load detect a co
     public <64 hex>
 
 This module only encodes and decodes those bytes; reading and writing the file (mode 0600,
-atomic, never overwriting) is `node/keyfile.py`, since `protocol` does no I/O.
+atomic, never overwriting) is `node/net/keyfile.py`, since `protocol` does no I/O.
 """
 
 from __future__ import annotations

@@ -95,9 +95,7 @@ def check_layout(old: State, new: State) -> None:
     for name in old:
         a, b = old[name], new[name]
         if a.shape != b.shape or a.dtype != b.dtype:
-            raise IncompatibleStates(
-                f"{name}: old is {a.dtype}{tuple(a.shape)}, new is {b.dtype}{tuple(b.shape)}"
-            )
+            raise IncompatibleStates(f"{name}: old is {a.dtype}{tuple(a.shape)}, new is {b.dtype}{tuple(b.shape)}")
         dtype_name(a.dtype)  # raises UnsupportedDtype
 
 

@@ -1,6 +1,6 @@
 """A tiny in-process swarm for validator tests: a 1-block GPT, ~300 KB of corpus, fake miners.
 
-The miners are `node.bench.fakeminers`' (the benchmark uses the same ones); this module only
+The miners are `node.swarm.fakeminers`' (the benchmark uses the same ones); this module only
 picks settings small enough for 2 shared CPU cores and builds validators on them.
 """
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from node.bench.fakeminers import KINDS, Miner, RunSetup, identity_for, make_adversary
-from node.data import Corpus, stdlib_root
-from node.gpteval import GPTEvaluator, batch_source
-from node.model import GPTConfig, build_gpt
-from node.train import Batch, InnerOptimConfig, evaluate, load_bf16_state, unique_state
+from node.learn.data import Corpus, stdlib_root
+from node.learn.gpteval import GPTEvaluator, batch_source
+from node.learn.model import GPTConfig, build_gpt
+from node.learn.train import Batch, InnerOptimConfig, evaluate, load_bf16_state, unique_state
+from node.swarm.fakeminers import KINDS, Miner, RunSetup, identity_for, make_adversary
 from validator.config import GauntletConfig
 from validator.core import Validator
 from validator.state import CrashHook

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from node.bench.trace import write_trace
-from node.cli import main
+from node.commands.cli import main
 
 
 def tiny_trace(path: Path, steps: int) -> None:
@@ -30,9 +30,17 @@ def test_sync_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     for key in [
-        "lossless", "density", "bits_per_changed", "baseline_bits_per_changed", "bound_bits_per_changed",
-        "order0_bound_bits_per_changed", "ratio_vs_dense", "encode_gbps", "decode_gbps",
-        "baseline_encode_gbps", "baseline_decode_gbps",
+        "lossless",
+        "density",
+        "bits_per_changed",
+        "baseline_bits_per_changed",
+        "bound_bits_per_changed",
+        "order0_bound_bits_per_changed",
+        "ratio_vs_dense",
+        "encode_gbps",
+        "decode_gbps",
+        "baseline_encode_gbps",
+        "baseline_decode_gbps",
     ]:
         assert key in out, key
     assert out["lossless"] is True

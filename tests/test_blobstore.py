@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from node.blobstore import BlobStore
+from node.net.blobstore import BlobStore
 from protocol.errors import (
     BlobHashMismatch,
     BlobNotFound,

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from node.gpteval import GPTEvaluator
-from node.manifest import parse_manifest
-from node.roles_command import DEFAULT_CONFIG
-from node.runtime import RunSetup
+from node.commands.roles import DEFAULT_CONFIG
+from node.learn.gpteval import GPTEvaluator
+from node.run.manifest import parse_manifest
+from node.run.setup import RunSetup
+from node.swarm.campaign import crafting
+from node.swarm.campaign.crafting import Forge
 from protocol.identity import Identity
-from tests.campaign import crafting
-from tests.campaign.crafting import Forge
 from validator.core import Validator
 from validator.intake import Submission
 

@@ -13,8 +13,8 @@ import msgpack
 import pytest
 from hivemind.dht.validation import DHTRecord
 
-from node.dht import MAX_DHT_VALUE_BYTES, PulseRecordValidator, dht_key_id
-from node.netconfig import NetConfig, add_net_arguments, net_config_from_args
+from node.net.dht import MAX_DHT_VALUE_BYTES, PulseRecordValidator, dht_key_id
+from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
 from protocol.errors import ConfigError, InvalidRecord, InvalidSignature, MalformedPayload, WrongRun
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from node.blobstore import BlobStore
+from node.net.blobstore import BlobStore
 from protocol.identity import Identity
 from validator import atomicfile
 from validator.config import GauntletConfig
@@ -57,7 +57,7 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_file(tmp_path: Path, monkeypa
 def test_blob_put_on_a_full_disk_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = BlobStore(tmp_path)
     kept = store.put(b"already here")
-    monkeypatch.setattr("node.blobstore.os.fdopen", _full_fdopen)
+    monkeypatch.setattr("node.net.blobstore.os.fdopen", _full_fdopen)
     with pytest.raises(OSError, match="No space left"):
         store.put(b"a new blob" * 1000)
     assert list(store) == [kept] and not store.partial_files()
@@ -100,7 +100,7 @@ def test_a_blob_writer_that_cannot_open_its_temp_file_leaves_nothing(
     def refuse(fd: int, *args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("node.blobstore.os.fdopen", refuse)
+    monkeypatch.setattr("node.net.blobstore.os.fdopen", refuse)
     with pytest.raises(OSError, match="No space left"):
         store.put(b"a blob")
     assert not store.partial_files() and not list(store)

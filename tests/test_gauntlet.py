@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from node.bench.arena import Arena
-from node.bench.fakeminers import KINDS, Miner, RoundView, identity_for
+from node.swarm.fakeminers import KINDS, Miner, RoundView, identity_for
 from protocol.assignment import Assignment, data_digest
 from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import SeenCache, open_signed, sign

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.gpteval import GPTEvaluator
-from node.manifest import Manifest, parse_manifest
-from node.runtime import RunSetup
-from node.train import InnerOptimConfig, bf16_state, inner_train, load_bf16_state
+from node.learn.gpteval import GPTEvaluator
+from node.learn.train import InnerOptimConfig, bf16_state, inner_train, load_bf16_state
+from node.run.manifest import Manifest, parse_manifest
+from node.run.setup import RunSetup
 from protocol import pulsesync
 from protocol.errors import ConfigError
 from protocol.statehash import state_hash

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from node import keygen_command
-from node.keyfile import load_key_file, write_key_file
+from node.commands import keygen as keygen_command
+from node.net.keyfile import load_key_file, write_key_file
 from protocol.errors import InvalidSignature, KeyFileError
 from protocol.identity import Identity, decode_key_file, encode_key_file, verify_signature
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.manifest import Manifest, codec_for, load_manifest, parse_manifest
+from node.run.manifest import Manifest, codec_for, load_manifest, parse_manifest
 from protocol.errors import ConfigError
 from protocol.pulseloco import PulseLoCoCodec
 from protocol.sparseloco import SparseLoCoCodec

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from node.catchup import checkpoint_bytes, load_checkpoint
-from node.demo import summarize
-from node.manifest import Manifest, codec_for
-from node.runtime import RunSetup
-from node.train import bf16_state
-from node.trainer import Trainer
+from node.learn.train import bf16_state
+from node.roles.catchup import checkpoint_bytes, load_checkpoint
+from node.run.manifest import Manifest, codec_for
+from node.run.setup import RunSetup
+from node.run.trainer import Trainer
+from node.swarm.demo import summarize
 from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
 from protocol.identity import Identity
 from protocol.statehash import state_hash

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from node import peer as peer_mod
-from node.manifest import load_manifest
-from node.peer import Peer
-from node.roles_command import DEFAULT_CONFIG
+from node.commands.roles import DEFAULT_CONFIG
+from node.net import peer as peer_mod
+from node.net.peer import Peer
+from node.roles.records import run_records
+from node.run.manifest import load_manifest
 from protocol.errors import NetworkError
 from protocol.messages import Heartbeat
 
@@ -37,7 +38,7 @@ def test_publish_retries_twice(monkeypatch: pytest.MonkeyPatch, failures: int, s
     monkeypatch.setattr(peer_mod, "PUBLISH_RETRY_SECONDS", (0.01, 0.01))
     manifest = load_manifest(DEFAULT_CONFIG)
     dht = FlakyDHT(failures)
-    peer = Peer(dht, None, None, None, manifest, "validator")  # type: ignore[arg-type]
+    peer = Peer(dht, None, None, None, run_records(manifest), "validator")  # type: ignore[arg-type]
     beat = _beat(manifest.run_id)
     if stored:
         asyncio.run(peer.publish(beat))

@@ -19,10 +19,10 @@ from node.bench.rlsim import (
     identity_for,
     publish_batch,
 )
-from node.manifest import Manifest
-from node.model import build_gpt
-from node.rl.warmstart import warm_start
-from node.train import bf16_state
+from node.learn.model import build_gpt
+from node.learn.rl.warmstart import warm_start
+from node.learn.train import bf16_state
+from node.run.manifest import Manifest
 from protocol import rollouts
 from protocol.statehash import state_hash
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from node.model import GPTConfig, build_gpt
-from node.rl.config import RLConfig
-from node.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward, pool_batch_fn
-from node.rl.grpo import (
+from node.learn.model import GPTConfig, build_gpt
+from node.learn.rl.config import RLConfig
+from node.learn.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward, pool_batch_fn
+from node.learn.rl.grpo import (
     GRPOTrainer,
     group_advantages,
     grpo_loss,
@@ -19,8 +19,8 @@ from node.rl.grpo import (
     surrogate,
     token_logps,
 )
-from node.rl.task import answer, reward
-from node.train import InnerOptimConfig, bf16_state
+from node.learn.rl.task import answer, reward
+from node.learn.train import InnerOptimConfig, bf16_state
 from protocol.rollouts import RolloutGroup
 from validator.scoring import RoundEvaluation
 

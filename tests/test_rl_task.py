@@ -8,10 +8,10 @@ import struct
 import pytest
 import torch
 
-from node.model import GPTConfig, build_gpt
-from node.rl.config import RLConfig
-from node.rl.generate import greedy, rollout_groups, rollout_seed
-from node.rl.task import (
+from node.learn.model import GPTConfig, build_gpt
+from node.learn.rl.config import RLConfig
+from node.learn.rl.generate import greedy, rollout_groups, rollout_seed
+from node.learn.rl.task import (
     FORMAT_REWARD,
     answer,
     held_out_prompts,

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.model import GPTConfig
-from node.rl import warmstart
-from node.rl.config import RLConfig
-from node.rl.warmstart import cache_path, warm_start
+from node.learn.model import GPTConfig
+from node.learn.rl import warmstart
+from node.learn.rl.config import RLConfig
+from node.learn.rl.warmstart import cache_path, warm_start
 
 GPT = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
 CFG = RLConfig(digits=2, warm_start_steps=3)
@@ -52,7 +52,7 @@ def test_bad_cache_file_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixt
     else:
         data[-1] ^= 0x01  # a weight's last byte: the recorded SHA-256 no longer matches
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="node.rl.warmstart"):
+    with caplog.at_level(logging.WARNING, logger="node.learn.rl.warmstart"):
         again = warm_start(GPT, 0, CFG, tmp_path)
     assert "rebuilding" in caplog.text
     assert _same(again, first)  # training is deterministic: the rebuilt file holds the same weights

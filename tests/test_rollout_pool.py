@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from node.blobstore import BlobStore
-from node.rl.config import RLConfig
-from node.rl.pool import PENALTY_ROUNDS, PoolKeeper, check_batch
-from node.rl.task import answer, problems_for, reward
-from node.runtime import Events
+from node.events import Events
+from node.learn.rl.config import RLConfig
+from node.learn.rl.task import answer, problems_for, reward
+from node.net.blobstore import BlobStore
+from node.roles.rl.pool import PENALTY_ROUNDS, PoolKeeper, check_batch
 from protocol import rollouts
 from protocol.errors import TransferError
 from protocol.identity import Identity

@@ -10,11 +10,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-import node.basecache as basecache
 import node.bench.trace as trace
-from node.data import Corpus, stdlib_root
-from node.model import GPTConfig, build_gpt
-from node.train import (
+import node.learn.basecache as basecache
+from node.learn.data import Corpus, stdlib_root
+from node.learn.model import GPTConfig, build_gpt
+from node.learn.train import (
     InnerOptimConfig,
     bf16_state,
     corpus_batches,

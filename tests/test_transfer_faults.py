@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from node.blobstore import BlobStore, BlobWriter
-from node.streams import Status, TransferLimits, receive_body
-from node.transfer import TransferService
+from node.net.blobstore import BlobStore, BlobWriter
+from node.net.streams import Status, TransferLimits, receive_body
+from node.net.transfer import TransferService
 from protocol.errors import TransferTimeout
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from node.manifest import Manifest
-from node.runtime import Events, RunSetup
-from node.validator_service import ValidatorService
+from node.events import Events
+from node.roles.validator_service import ValidatorService
+from node.run.manifest import Manifest
+from node.run.setup import RunSetup
 from protocol.codec import default_max_bytes
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader

@@ -42,7 +42,7 @@ BatchFn = Callable[[int], Batch]  # batch seed -> batch of the run's training sp
 
 
 class Evaluator(Protocol):
-    """The model, as the validator sees it. The node wires in its GPT (`node/gpteval.py`)."""
+    """The model, as the validator sees it. The node wires in its GPT (`node/learn/gpteval.py`)."""
 
     def load(self, base: State, update: State | None = None, step: float = 0.0) -> None:
         """Set the weights to base - step * update, in FP32 (base alone when update is None)."""

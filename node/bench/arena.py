@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from node.bench.fakeminers import Miner, RoundView, arrival_order
+from node.swarm.fakeminers import Miner, RoundView, arrival_order
 from validator.core import RoundReport, Validator
 from validator.intake import Submission
 

@@ -1,10 +1,9 @@
-"""attacks: the attack and fault campaign against real loopback swarms (needs a source checkout).
+"""attacks: the attack and fault campaign against real loopback swarms.
 
 Runs, with the tiny preset and the same keys throughout: a clean run (the honest miners alone),
 the same honest miners with 30% and with 45% hostile miners (each hostile key plays a different
 attack every round, so every attack is met), then one swarm with every fault. The campaign's code
-(hostile miner processes, payload crafting, the ledger) lives in `tests/campaign/` beside `node/`,
-so this benchmark needs the repository, not just the installed package.
+(hostile miner processes, payload crafting, the ledger) is `node/swarm/campaign/`.
 
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
 counts only attacks visible in the payload), `crashes` (validator or honest processes that exited
@@ -16,19 +15,17 @@ outcome, rounds closed twice), `final_loss_*` (the validator's held-out loss aft
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from node.bench.report import BenchResult, table
+from node.swarm.campaign import attacks, netns, swarms
 
-REPO = Path(__file__).resolve().parents[2]
 ATTACK_COLUMNS = [
     "attack",
     "detectable",
@@ -52,24 +49,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="keep the runs' logs here (default: a temporary folder)")
 
 
-def _campaign() -> tuple[ModuleType, ModuleType]:
-    """The campaign modules from the checkout this package runs from."""
-    if not (REPO / "tests" / "campaign" / "swarms.py").is_file():
-        raise SystemExit(
-            f"pulse bench attacks needs a source checkout: {REPO / 'tests' / 'campaign'} is missing "
-            "(clone the repository and install it with `pip install -e .`)"
-        )
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    return importlib.import_module("tests.campaign.swarms"), importlib.import_module("tests.campaign.attacks")
-
-
 def _say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    swarms, attacks = _campaign()
     fractions = [float(f) for f in args.fractions.split(",") if f]
     hostile = [max(1, math.ceil(f * args.honest / (1 - f) - 1e-9)) for f in fractions]
     out = args.out or Path(tempfile.mkdtemp(prefix="pulse-bench-attacks-"))
@@ -92,13 +76,12 @@ def run(args: argparse.Namespace) -> BenchResult:
         _say(f"faults: {max(args.fault_rounds, 9)} rounds with every fault in one swarm")
         faults = swarms.fault_run(out / "faults", keys, max(args.fault_rounds, 9), deadline=args.deadline)
         _say(_line(faults))
-    netns = None if args.skip_netns else _netns(out, keys, args)
-    return _result(args, reports, faults, attacks, hostile, out, netns)
+    namespaces = None if args.skip_netns else _netns(out, keys, args)
+    return _result(args, reports, faults, hostile, out, namespaces)
 
 
-def _netns(out: Path, keys: Any, args: argparse.Namespace) -> dict[str, Any]:
+def _netns(out: Path, keys: swarms.Keys, args: argparse.Namespace) -> dict[str, Any]:
     """The swarm across two network namespaces (two hosts), where this machine allows it."""
-    netns = importlib.import_module("tests.campaign.netns")
     reason = netns.available()
     if reason is not None:
         _say(f"no swarm across network namespaces: {reason}")
@@ -116,7 +99,7 @@ def _netns(out: Path, keys: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _line(report: Any) -> str:
+def _line(report: swarms.RunReport) -> str:
     return (
         f"{report.name}: {len(report.ledger.rounds)} rounds in {report.seconds:.0f}s, final loss {report.final_loss}, "
         f"aggregated hostile {report.ledger.aggregated()}, unaccounted {report.ledger.unaccounted}, "
@@ -126,9 +109,8 @@ def _line(report: Any) -> str:
 
 def _result(
     args: argparse.Namespace,
-    reports: list[Any],
-    faults: Any,
-    attacks: ModuleType,
+    reports: list[swarms.RunReport],
+    faults: swarms.RunReport | None,
     hostile: list[int],
     out: Path,
     netns: dict[str, Any] | None,

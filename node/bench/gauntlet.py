@@ -32,13 +32,13 @@ from typing import Any
 import torch
 
 from node.bench.arena import Arena, RoundRecord
-from node.bench.fakeminers import KINDS, Miner, RoundView, RunSetup, Shapeshifter, identity_for
 from node.bench.report import BenchResult, table
-from node.data import stdlib_corpus
-from node.gpteval import GPTEvaluator, batch_source
-from node.model import GPTConfig, build_gpt
-from node.runtime import peak_rss_mb
-from node.train import InnerOptimConfig, evaluate, load_bf16_state, unique_state
+from node.events import peak_rss_mb
+from node.learn.data import stdlib_corpus
+from node.learn.gpteval import GPTEvaluator, batch_source
+from node.learn.model import GPTConfig, build_gpt
+from node.learn.train import InnerOptimConfig, evaluate, load_bf16_state, unique_state
+from node.swarm.fakeminers import KINDS, Miner, RoundView, RunSetup, Shapeshifter, identity_for
 from validator.config import GauntletConfig
 from validator.core import Validator
 from validator.intake import Submission

@@ -8,7 +8,7 @@ applies the outer step to the FP32 master (validator/). DDP averages gradients e
 one AdamW run on the R batches together, and ships H dense FP32 gradients per round.
 
 Two regimes: pre-training (inner lr 1e-3, from scratch) and fine-tuning (inner lr 1e-6, from
-the cached base, node/basecache.py). Every final loss is measured on the BF16 weights a node
+the cached base, node/learn/basecache.py). Every final loss is measured on the BF16 weights a node
 would hold, on fixed held-out batches.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from node.basecache import load_or_train
 from node.bench.report import BenchResult, table
-from node.data import Corpus, stdlib_corpus
-from node.model import GPT, GPTConfig, build_gpt
-from node.train import (
+from node.learn.basecache import load_or_train
+from node.learn.data import Corpus, stdlib_corpus
+from node.learn.model import GPT, GPTConfig, build_gpt
+from node.learn.train import (
     InnerOptimConfig,
     bf16_state,
     corpus_batches,

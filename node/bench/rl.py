@@ -21,11 +21,12 @@ import torch
 
 from node.bench.report import BenchResult, table
 from node.bench.rlsim import RunRecord, Shape, centralized, decentralized
-from node.manifest import Manifest, load_manifest, parse_manifest
+from node.run.manifest import Manifest, load_manifest, parse_manifest
+from node.run.presets import preset
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "rl.toml"
+DEFAULT_CONFIG = preset("rl")
 CLEAR_RISE = 0.05  # "clearly above the warm start": at least this much held-out reward gained
 CENTRALIZED_TOLERANCE = 0.05  # final reward at least (1 - this) x the centralized run's
 DENSITY_TARGET = 0.02  # mean fraction of BF16 weights a sync changes, at lr <= 3e-6

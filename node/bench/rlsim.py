@@ -31,14 +31,14 @@ from pathlib import Path
 
 import torch
 
-from node.manifest import Manifest, codec_for
-from node.model import GPT, build_gpt
-from node.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
-from node.rl.generate import rollout_groups, rollout_seed
-from node.rl.grpo import GRPOTrainer
-from node.rl.task import held_out_prompts, problems_for, verify_groups
-from node.rl.warmstart import warm_start
-from node.train import bf16_state, changed_fraction, load_bf16_state, load_state
+from node.learn.model import GPT, build_gpt
+from node.learn.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
+from node.learn.rl.generate import rollout_groups, rollout_seed
+from node.learn.rl.grpo import GRPOTrainer
+from node.learn.rl.task import held_out_prompts, problems_for, verify_groups
+from node.learn.rl.warmstart import warm_start
+from node.learn.train import bf16_state, changed_fraction, load_bf16_state, load_state
+from node.run.manifest import Manifest, codec_for
 from protocol import pulsesync, rollouts
 from protocol.assignment import Assignment
 from protocol.identity import Identity

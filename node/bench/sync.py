@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from node.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
 from node.bench import plainpatch
 from node.bench.report import BenchResult, table
 from node.bench.trace import load_trace, make_trace, read_manifest
-from node.data import stdlib_corpus
+from node.learn.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
+from node.learn.data import stdlib_corpus
 from protocol import pulsesync
 from protocol.statehash import state_hash
 
@@ -149,8 +149,11 @@ def _tables(s: dict[str, Any]) -> list[Any]:
         ["encoding", "bits per changed weight", "x vs dense BF16"],
         [
             ["PULSESync", s["bits_per_changed"], s["ratio_vs_dense"]],
-            ["plain: int32 delta indices + values + zstd-1", s["baseline_bits_per_changed"],
-             s["baseline_ratio_vs_dense"]],
+            [
+                "plain: int32 delta indices + values + zstd-1",
+                s["baseline_bits_per_changed"],
+                s["baseline_ratio_vs_dense"],
+            ],
             ["bound under PULSESync's model", s["bound_bits_per_changed"], _ratio(s, "bound_bits_per_changed")],
             ["order-0 bound", s["order0_bound_bits_per_changed"], _ratio(s, "order0_bound_bits_per_changed")],
         ],
@@ -170,10 +173,16 @@ def _tables(s: dict[str, Any]) -> list[Any]:
         [
             ["size <= 1.10 x bound", f"{s['x_bound']:.3f} x", s["x_bound"] <= 1.10],
             [">= 3x smaller than plain", f"{s['x_smaller_than_baseline']:.2f} x", s["x_smaller_than_baseline"] >= 3],
-            ["encode >= plain", f"{s['encode_gbps']:.3f} vs {s['baseline_encode_gbps']:.3f}",
-             s["encode_gbps"] >= s["baseline_encode_gbps"]],
-            ["decode >= plain", f"{s['decode_gbps']:.3f} vs {s['baseline_decode_gbps']:.3f}",
-             s["decode_gbps"] >= s["baseline_decode_gbps"]],
+            [
+                "encode >= plain",
+                f"{s['encode_gbps']:.3f} vs {s['baseline_encode_gbps']:.3f}",
+                s["encode_gbps"] >= s["baseline_encode_gbps"],
+            ],
+            [
+                "decode >= plain",
+                f"{s['decode_gbps']:.3f} vs {s['baseline_decode_gbps']:.3f}",
+                s["decode_gbps"] >= s["baseline_decode_gbps"],
+            ],
         ],
     )
     return [sizes, speed, targets]

@@ -1,6 +1,6 @@
 """trace: a real BF16 update trace of the embedded GPT and how sparse its per-step changes are.
 
-From the cached briefly pre-trained base (`node.basecache`), N AdamW steps at a constant LR on
+From the cached briefly pre-trained base (`node.learn.basecache`), N AdamW steps at a constant LR on
 FP32 master weights; after each step the BF16 copy (what a node ships) is snapshotted. The trace
 for the requested LR is written as `DIR/step_0000.safetensors` (the starting state) ..
 `step_NNNN.safetensors` plus `DIR/trace.json`; the sweep over `SWEEP_LRS` runs in memory. The
@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from node.basecache import DEFAULT_STEPS, CachedBase, default_cache_dir, load_or_train
 from node.bench.report import BenchResult, table
-from node.data import Corpus, stdlib_corpus
-from node.model import GPT
-from node.train import (
+from node.learn.basecache import DEFAULT_STEPS, CachedBase, default_cache_dir, load_or_train
+from node.learn.data import Corpus, stdlib_corpus
+from node.learn.model import GPT
+from node.learn.train import (
     BatchFn,
     InnerOptimConfig,
     StepHook,

@@ -27,9 +27,9 @@ import uvloop
 from hivemind.p2p import P2P, PeerID
 
 from node.bench.report import BenchResult, table
-from node.blobstore import BlobStore
-from node.streams import DEFAULT_LIMITS, open_stream, read_reply, send_request
-from node.transfer import FETCH, TransferService, call_fetch, fetch_request
+from node.net.blobstore import BlobStore
+from node.net.streams import DEFAULT_LIMITS, open_stream, read_reply, send_request
+from node.net.transfer import FETCH, TransferService, call_fetch, fetch_request
 
 RUN_ID = "0" * 64
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

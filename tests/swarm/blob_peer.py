@@ -21,9 +21,9 @@ from pathlib import Path
 import uvloop
 from hivemind.p2p import P2P
 
-from node.blobstore import BlobStore
-from node.streams import DEFAULT_LIMITS, Status, hang_up, read_request, reply
-from node.transfer import FETCH, TransferService
+from node.net.blobstore import BlobStore
+from node.net.streams import DEFAULT_LIMITS, Status, hang_up, read_request, reply
+from node.net.transfer import FETCH, TransferService
 
 CHUNK = 1 << 20
 

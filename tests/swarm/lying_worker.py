@@ -18,13 +18,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from node.catchup import Held
-from node.manifest import load_manifest
-from node.miner import Node
-from node.netconfig import add_net_arguments, net_config_from_args
-from node.peer import Peer
-from node.rl.worker import RolloutWorker
-from node.runtime import Events, RunSetup
+from node.events import Events
+from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.peer import Peer
+from node.roles.catchup import Held
+from node.roles.miner import Node
+from node.roles.records import run_records
+from node.roles.rl.worker import RolloutWorker
+from node.run.manifest import load_manifest
+from node.run.setup import RunSetup
 from protocol.identity import Identity
 from protocol.rollouts import RolloutBatch
 
@@ -51,7 +53,9 @@ async def main(args: argparse.Namespace) -> None:
     events = Events("follow", args.events)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.state_dir or Path(tmp)
-        peer = await Peer.create(net_config_from_args(args), setup.manifest, identity, folder, role="follower")
+        peer = await Peer.create(
+            net_config_from_args(args), run_records(setup.manifest), identity, folder, role="follower"
+        )
         worker = LyingWorker(setup, identity, peer, events)
         worker.lie = args.lie
         events.emit("start", f"lying worker ({args.lie}) {identity.public_hex[:12]}", sender=identity.public_hex)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.campaign.attacks import ATTACKS, NEEDS_HONEST, PAYLOAD, TRAINED, TRANSPORT
-from tests.campaign.swarms import Keys, Team, attack_run
+from node.swarm.campaign.attacks import ATTACKS, NEEDS_HONEST, PAYLOAD, TRAINED, TRANSPORT
+from node.swarm.campaign.swarms import Keys, Team, attack_run
 
 pytestmark = pytest.mark.swarm
 

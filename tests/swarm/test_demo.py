@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from node.roles_command import DEFAULT_CONFIG
+from node.commands.roles import DEFAULT_CONFIG
 
 pytestmark = pytest.mark.swarm
 
 
 def test_demo_json_summary(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "node.cli", "demo", "--miners", "2", "--rounds", "2", "--out", str(tmp_path), "--json"]
+    cmd = [sys.executable, "-m", "node", "demo", "--miners", "2", "--rounds", "2", "--out", str(tmp_path), "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
@@ -29,7 +29,7 @@ def test_demo_json_summary(tmp_path: Path) -> None:
 
 
 def test_demo_rl_json_summary(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "node.cli", "demo", "--task", "rl", "--miners", "2", "--rounds", "2"]
+    cmd = [sys.executable, "-m", "node", "demo", "--task", "rl", "--miners", "2", "--rounds", "2"]
     done = subprocess.run([*cmd, "--out", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
@@ -42,6 +42,6 @@ def test_demo_rl_json_summary(tmp_path: Path) -> None:
 
 
 def test_demo_refuses_a_manifest_of_the_other_task(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "node.cli", "demo", "--task", "rl", "--config", str(DEFAULT_CONFIG)]
+    cmd = [sys.executable, "-m", "node", "demo", "--task", "rl", "--config", str(DEFAULT_CONFIG)]
     done = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "is a task 'lm' manifest, not 'rl'" in done.stderr

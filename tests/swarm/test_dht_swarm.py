@@ -25,8 +25,8 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.utils.timed_storage import get_dht_time
 
-from node.dht import PulseDHT, dht_key
-from node.netconfig import NetConfig
+from node.net.dht import PulseDHT, dht_key
+from node.net.netconfig import NetConfig
 from protocol.errors import NetworkError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
@@ -272,7 +272,7 @@ def test_unreachable_initial_peer_is_a_clear_error() -> None:
 
 _DHT_CLI = """
 import argparse, sys
-from node import dht_command
+from node.commands import dht as dht_command
 parser = argparse.ArgumentParser()
 dht_command.register(parser.add_subparsers())
 args = parser.parse_args(sys.argv[1:])

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from node.demo import Proc, Swarm, prepare, read_events, summarize
-from node.manifest import parse_manifest
-from node.roles_command import RL_CONFIG
+from node.commands.roles import RL_CONFIG
+from node.run.manifest import parse_manifest
+from node.swarm.demo import Proc, Swarm, prepare, read_events, summarize
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from node.demo import Proc, Swarm, prepare, read_events, summarize
-from node.manifest import Manifest, parse_manifest
-from node.roles_command import DEFAULT_CONFIG
+from node.commands.roles import DEFAULT_CONFIG
+from node.run.manifest import Manifest, parse_manifest
+from node.swarm.demo import Proc, Swarm, prepare, read_events, summarize
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3
@@ -126,7 +126,7 @@ def test_status_shows_the_round(swarm: tuple[Swarm, Path, list[Path]]) -> None:
     s, validator_key, miner_keys = swarm
     s.start_role("validator", "validator", validator_key)
     _finish(s, [s.start_role("miner0", "miner", miner_keys[0])])
-    cmd = [sys.executable, "-m", "node.cli", "status", "--config", str(s.out / "run.toml")]
+    cmd = [sys.executable, "-m", "node", "status", "--config", str(s.out / "run.toml")]
     cmd += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *s.bootstrap]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, start_new_session=True)
     assert done.returncode == 0, done.stderr

@@ -24,11 +24,11 @@ import pytest
 import uvloop
 from hivemind.p2p import P2P, PeerID
 
-from node.blobstore import BlobStore
-from node.dht import PulseDHT
-from node.netconfig import NetConfig
-from node.streams import DEFAULT_LIMITS, Status, TransferLimits, open_stream, read_reply, send_request
-from node.transfer import FETCH, SUBMIT, TransferService, call_fetch, call_submit, fetch_from_any
+from node.net.blobstore import BlobStore
+from node.net.dht import PulseDHT
+from node.net.netconfig import NetConfig
+from node.net.streams import DEFAULT_LIMITS, Status, TransferLimits, open_stream, read_reply, send_request
+from node.net.transfer import FETCH, SUBMIT, TransferService, call_fetch, call_submit, fetch_from_any
 from protocol.errors import (
     BlobHashMismatch,
     BlobNotFound,

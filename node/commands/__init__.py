@@ -1,0 +1,10 @@
+"""The `pulse` CLI: each module parses one command's flags and calls the library.
+
+- `cli.py`        the entry point; `COMMANDS` lists the modules below in `--help` order
+- `keygen.py`     `pulse keygen`
+- `dht.py`        `pulse dht`: a bootstrap peer that prints its multiaddrs
+- `roles.py`      `pulse validator`, `pulse miner`, `pulse follow`; clean Ctrl+C shutdown
+- `demo.py`       `pulse demo`: a loopback swarm, live table, report and plots
+- `status.py`     `pulse status`: current round, active nodes, latest scores
+- `bench.py`      `pulse bench NAME`: registers the benchmarks of `node/bench/`
+"""

@@ -1,0 +1,126 @@
+"""`pulse demo [--task lm|rl] [--miners N] [--rounds R] [--out DIR] [--json]`: a loopback swarm (`demo.py`).
+
+`--task rl` runs the RL preset (`configs/rl.toml`): followers are inference workers publishing
+rollouts, miners train GRPO on them, and the table shows the held-out reward per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG
+from node.run.manifest import load_manifest
+from node.swarm.demo import Swarm, plot, prepare, read_events, summarize
+from protocol.errors import ConfigError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("demo", help="run a whole swarm on loopback and report on it")
+    parser.add_argument("--task", choices=("lm", "rl"), default="lm", help="language modelling or RL (%(default)s)")
+    parser.add_argument("--miners", type=int, default=3, help="miner processes (%(default)s)")
+    parser.add_argument("--followers", type=int, default=None, help="follower processes (1; 2 workers for rl)")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds to run (%(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("pulse-demo"), help="report folder (%(default)s)")
+    parser.add_argument("--config", type=Path, default=None, help="base manifest (configs/tiny.toml; rl.toml for rl)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    parser.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = args.config or (RL_CONFIG if args.task == "rl" else DEFAULT_CONFIG)
+    try:
+        base = load_manifest(config)
+    except ConfigError as exc:
+        print(f"pulse demo: {exc}", file=sys.stderr)
+        return 2
+    if base.task != args.task:
+        print(f"pulse demo: {config} is a task '{base.task}' manifest, not '{args.task}'", file=sys.stderr)
+        return 2
+    followers = args.followers if args.followers is not None else (2 if args.task == "rl" else 1)
+    out: Path = args.out
+    shutil.rmtree(out / "work", ignore_errors=True)
+    shutil.rmtree(out / "events", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest, validator_key, miner_keys = prepare(out, base, args.miners)
+    swarm = Swarm(out, manifest, args.rounds)
+    console = Console(stderr=args.json)
+    ok = False
+    try:
+        swarm.start_bootstrap()
+        validator = swarm.start_role("validator", "validator", validator_key)
+        workers = [swarm.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
+        workers += [swarm.start_role(f"follower{i}" if i else "follower", "follow", None) for i in range(followers)]
+        deadline = time.monotonic() + args.timeout
+        with Live(_table([], args.rounds), console=console, refresh_per_second=2, transient=args.json) as live:
+            while time.monotonic() < deadline:
+                live.update(_table(read_events(out / "events"), args.rounds))
+                if all(w.popen.poll() is not None for w in workers) or validator.popen.poll() is not None:
+                    break
+                time.sleep(0.5)
+        ok = all(w.popen.poll() == 0 for w in workers)
+    finally:
+        swarm.stop_all()
+    summary = summarize(read_events(out / "events"), args.rounds)
+    summary["clean_shutdown"] = not swarm.unclean  # every role exited on Ctrl+C, daemons included
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if summary["rounds"]:
+        plot(summary, out)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        rl = args.task == "rl"
+        curve = "reward.png" if rl else "loss.png"
+        console.print(f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png; logs in {out}/logs")
+        if not summary["rounds"]:
+            console.print("no round completed")
+        else:
+            progress = (
+                f"reward {summary['reward_first']:.4f} -> {summary['reward_last']:.4f}, "
+                f"patch density {summary['mean_patch_density']:.2%}"
+                if rl
+                else f"loss {summary['loss_first']:.4f} -> {summary['loss_last']:.4f}"
+            )
+            console.print(
+                f"{summary['rounds']} rounds, {progress}, hashes agree: {summary['hashes_agree']}, "
+                f"{summary['bytes_ratio_vs_dense']:.0f}x fewer bytes than dense"
+            )
+    good = ok and summary["hashes_agree"] and summary["rounds"] == args.rounds
+    return 0 if good else 1
+
+
+def _table(records: list[dict[str, Any]], rounds: int) -> Table:
+    table = Table(title=f"pulse demo: {rounds} rounds on loopback")
+    rl = any(r.get("reward") is not None for r in records if r["event"] in ("round", "baseline"))
+    key = "reward" if rl else "loss"
+    metric = f"held-out {key}"
+    for col in ("round", metric, "submissions", "selected", "sent", "vs dense", "patch", "scores"):
+        table.add_column(col, justify="right" if col != "scores" else "left")
+    names = {r["sender"]: r["name"] for r in records if r["event"] == "start" and "sender" in r}
+    for r in records:
+        if r["event"] != "round":
+            continue
+        scores = ", ".join(
+            f"{names.get(k, k[:8])} {v:.3g}" for k, v in sorted(r["scores"].items(), key=lambda kv: -kv[1])
+        )
+        table.add_row(
+            str(r["round"]),
+            "-" if r.get(key) is None else f"{r[key]:.4f}",
+            str(r["submissions"]),
+            str(r["selected"]),
+            f"{r['bytes'] / 1e3:.1f} kB",
+            f"{r['dense_bytes'] / max(r['bytes'], 1):.0f}x smaller",
+            f"{r['patch_bytes'] / 1e3:.1f} kB",
+            scores or "-",
+        )
+    return table

@@ -1,0 +1,141 @@
+"""`pulse validator`, `pulse miner`, `pulse follow`: the long-running roles of a run.
+
+Each parses its flags, loads the manifest and the key, and runs the role's service
+(`validator_service.py`, `miner.py`) until Ctrl+C (or `--rounds`); shutting down stops the
+libp2p daemon and the DHT process, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.commands.keygen import DEFAULT_KEY_PATH
+from node.events import Events
+from node.net.keyfile import load_key_file
+from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.roles.miner import Node
+from node.roles.validator_service import ValidatorService
+from node.run.manifest import load_manifest
+from node.run.presets import preset
+from node.run.setup import RunSetup
+from protocol.errors import ConfigError, KeyFileError, NetworkError
+from protocol.identity import Identity
+
+DEFAULT_CONFIG = preset("tiny")
+RL_CONFIG = preset("rl")  # the `task = "rl"` preset
+
+
+def register(subparsers: Any) -> None:
+    roles = {
+        "validator": "run the validator: collect, score, aggregate and publish each round",
+        "miner": "train on assigned data each round and submit compressed pseudo-gradients",
+        "follow": "keep bit-identical BF16 weights through PULSESync patches (an inference worker)",
+    }
+    for name, text in roles.items():
+        parser = subparsers.add_parser(name, help=text, description=text)
+        parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
+        key_help = "Ed25519 key file from `pulse keygen`"
+        if name == "follow":
+            parser.add_argument("--key", type=Path, help=key_help + " (default: a throwaway key)")
+        else:
+            parser.add_argument("--key", type=Path, default=DEFAULT_KEY_PATH, help=key_help + " (%(default)s)")
+        parser.add_argument(
+            "--state-dir",
+            type=Path,
+            help="folder for blobs (and the validator's state); "
+            "default: a temporary folder (validator: ./pulse-validator-state)",
+        )
+        parser.add_argument(
+            "--device",
+            choices=["cpu", "cuda"],
+            default="cpu",
+            help="where miners train (%(default)s); cuda needs a CUDA torch",
+        )
+        parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+        parser.add_argument("--rounds", type=int, help="stop after the run reaches this round (default: never)")
+        parser.add_argument("--events", type=Path, help="also append machine-readable JSON lines here")
+        add_net_arguments(parser)
+        parser.set_defaults(func=lambda args, role=name: run(role, args))
+
+
+def run(role: str, args: argparse.Namespace) -> int:
+    try:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: this torch build sees no CUDA device (install a CUDA torch)")
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        setup = RunSetup.from_manifest(load_manifest(args.config))
+        identity = load_key_file(args.key) if args.key is not None else Identity.generate()
+        config = net_config_from_args(args)
+    except (ConfigError, KeyFileError) as exc:
+        print(f"pulse {role}: {exc}", file=sys.stderr)
+        return 2
+    if role == "validator" and not setup.manifest.validators:
+        print(
+            f"pulse validator: {args.config} names no validator: put {identity.public_hex} in `validators`",
+            file=sys.stderr,
+        )
+        return 2
+    events = Events(role, args.events)
+    with contextlib.ExitStack() as stack:
+        folder = args.state_dir
+        if folder is None:
+            if role == "validator":
+                folder = Path("pulse-validator-state")
+            else:
+                folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"pulse-{role}-")))
+        try:
+            return asyncio.run(_main(role, setup, identity, folder, config, events, args.rounds, args.device))
+        except (ConfigError, NetworkError) as exc:
+            print(f"pulse {role}: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:  # a full disk or an unwritable state folder: one line, not a traceback
+            print(f"pulse {role}: cannot write to {folder}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+async def _main(
+    role: str,
+    setup: RunSetup,
+    identity: Identity,
+    folder: Path,
+    config: Any,
+    events: Events,
+    rounds: int | None,
+    device: str,
+) -> int:
+    if role == "validator":
+        service: ValidatorService | Node = await ValidatorService.create(setup, identity, folder, config, events)
+    else:
+        service = await Node.create(setup, identity, folder, config, events, mine=role == "miner", device=device)
+    try:
+        await _until_signal(service.run(rounds))
+    finally:
+        await service.shutdown()
+        events.finish()
+    return 0
+
+
+async def _until_signal(work: Awaitable[Any]) -> None:
+    """Run `work` until it ends or SIGINT / SIGTERM arrives (then cancel it)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+
+    def stop() -> None:
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,187 @@
+"""The validator's rollout pool: which workers' batches miners train on in a round, each one checked.
+
+Before it opens round r, the validator gathers the rollout batches announced for rounds
+r - max_staleness .. r, newest first, fetches each (hash- and size-checked) and checks it
+(`check_batch`): right run, round and worker; generated from the validator's own state of that
+round; exactly the prompts (run id, round, worker key) derive; G completions each, none too
+long; and every claimed reward equal to the recomputed one. A batch that fails is refused with
+its reason in the signed `RolloutPool`, and its worker is left out of pools for
+`PENALTY_ROUNDS` rounds. Miners draw their groups from the pool with their assignment seeds,
+so the validator knows exactly which rollouts each miner trained on (`evaluator.PoolSource`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from node.events import Events
+from node.learn.rl.config import RLConfig
+from node.learn.rl.task import problems_for, verify_groups
+from node.net.peer import Peer
+from protocol import rollouts
+from protocol.errors import ProtocolError, TransferError
+from protocol.messages import (
+    MAX_POOL_BATCHES,
+    MAX_REASON_CHARS,
+    PoolEntry,
+    PoolRejection,
+    RolloutAnnouncement,
+    RolloutPool,
+)
+from protocol.rollouts import RolloutBatch, RolloutGroup, RolloutLimits
+from protocol.signing import Verified
+
+log = logging.getLogger(__name__)
+PENALTY_ROUNDS = 10
+POLL_SECONDS = 0.5
+LIMITS = RolloutLimits()
+
+Groups = tuple[RolloutGroup, ...]
+
+
+def check_batch(
+    batch: RolloutBatch,
+    announced: RolloutAnnouncement,
+    worker: str,
+    run_id: str,
+    states: Mapping[int, str],
+    cfg: RLConfig,
+) -> str | None:
+    """Why `batch` (announced by `worker`) may not be trained on, or None if it may."""
+    if batch.run_id != run_id or batch.round != announced.round or batch.worker != worker:
+        return "batch names another run, round or worker than its announcement"
+    known = states.get(batch.round)
+    if known is None:
+        return f"the validator keeps no state of round {batch.round}"
+    if batch.state_hash != announced.state_hash or batch.state_hash != known:
+        return f"generated from a state other than round {batch.round}'s"
+    if len(batch.groups) != announced.groups:
+        return "group count differs from the announcement"
+    expected = problems_for(run_id, batch.round, worker, cfg.prompts_per_batch, cfg)
+    return verify_groups(batch.groups, expected, cfg)
+
+
+@dataclass
+class PoolKeeper:
+    """Builds and remembers the validator's pools; one per validator service."""
+
+    peer: Peer
+    cfg: RLConfig
+    run_id: str
+    events: Events
+    penalized: dict[str, int] = field(default_factory=dict)  # worker -> first round it may return
+    checked: dict[str, tuple[int, Groups]] = field(default_factory=dict)  # blob sha -> (round, groups)
+    refused: dict[str, PoolRejection] = field(default_factory=dict)  # blob sha -> why, this round
+
+    async def build(self, round_: int, states: Mapping[int, str]) -> tuple[RolloutPool, list[Groups]]:
+        """The pool of `round_`: the one this validator already published (after a restart), or a new one."""
+        published = await self.peer.from_validator(RolloutPool, round_)
+        if published is not None:
+            groups = await self._reload(published)
+            if groups is not None:
+                return published, groups
+        self.refused = {}
+        deadline = time.monotonic() + self.cfg.pool_wait_seconds
+        waited_long = False
+        while True:
+            entries = await self._gather(round_, states)
+            if len(entries) >= self.cfg.min_pool_batches or (entries and time.monotonic() > deadline):
+                break
+            if not waited_long and time.monotonic() > deadline:
+                self.events.emit("waiting", f"round {round_}: no checked rollout batch yet; waiting for workers")
+                waited_long = True
+            await asyncio.sleep(POLL_SECONDS)
+        self._forget_before(round_ - self.cfg.max_staleness)
+        pool = RolloutPool(
+            run_id=self.run_id,
+            round=round_,
+            entries=tuple(e for e, _ in entries),
+            rejections=tuple(self.refused.values())[:MAX_POOL_BATCHES],
+        )
+        return pool, [g for _, g in entries]
+
+    async def _gather(self, round_: int, states: Mapping[int, str]) -> list[tuple[PoolEntry, Groups]]:
+        entries: list[tuple[PoolEntry, Groups]] = []
+        for verified in await self._candidates(round_):
+            if len(entries) >= self.cfg.pool_batches:
+                break
+            a = verified.message
+            groups = await self._checked(verified, states, round_)
+            if groups is not None:
+                entry = PoolEntry(
+                    worker=verified.sender_hex, round=a.round, blob_sha256=a.blob_sha256, blob_size=a.blob_size
+                )
+                entries.append((entry, groups))
+        return entries
+
+    async def _candidates(self, round_: int) -> list[Verified[RolloutAnnouncement]]:
+        """Announcements for the rounds a pool may draw on, newest round first, by worker key within one."""
+        found: list[Verified[RolloutAnnouncement]] = []
+        for r in range(round_, max(-1, round_ - self.cfg.max_staleness - 1), -1):
+            batch = await self.peer.get(RolloutAnnouncement, r)
+            found += sorted(batch, key=lambda v: v.sender_hex)
+        return [v for v in found if self.penalized.get(v.sender_hex, -1) <= round_]
+
+    async def _checked(
+        self, verified: Verified[RolloutAnnouncement], states: Mapping[int, str], round_: int
+    ) -> Groups | None:
+        a, worker = verified.message, verified.sender_hex
+        if a.blob_sha256 in self.checked:
+            return self.checked[a.blob_sha256][1]
+        if a.blob_sha256 in self.refused:
+            return None
+        if a.blob_size > LIMITS.max_batch_bytes:
+            self._refuse(worker, a, f"batch of {a.blob_size} bytes is over the cap", round_)
+            return None
+        try:
+            path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
+            batch = rollouts.decode(path.read_bytes(), LIMITS)
+        except TransferError as exc:
+            log.info("rollout batch %s from %s not fetched: %s", a.blob_sha256[:12], worker[:12], exc)
+            return None
+        except ProtocolError as exc:
+            self._refuse(worker, a, f"malformed batch: {exc}", round_)
+            return None
+        reason = check_batch(batch, a, worker, self.run_id, states, self.cfg)
+        if reason is not None:
+            self.peer.store.remove(a.blob_sha256)
+            self._refuse(worker, a, reason, round_)
+            return None
+        self.peer.hold(a.blob_sha256)  # miners may fetch it from the validator as well as the worker
+        self.checked[a.blob_sha256] = (a.round, batch.groups)
+        return batch.groups
+
+    def _refuse(self, worker: str, a: RolloutAnnouncement, reason: str, round_: int) -> None:
+        reason = reason[:MAX_REASON_CHARS]
+        self.refused[a.blob_sha256] = PoolRejection(worker=worker, blob_sha256=a.blob_sha256, reason=reason)
+        self.penalized[worker] = round_ + PENALTY_ROUNDS
+        self.events.emit(
+            "rollouts_refused",
+            f"round {round_}: refused worker {worker[:12]}'s rollouts ({reason}); left out for {PENALTY_ROUNDS} rounds",
+            round=round_,
+            worker=worker,
+            reason=reason,
+        )
+
+    async def _reload(self, pool: RolloutPool) -> list[Groups] | None:
+        """The groups of a pool published before a restart, from this node's store (or any holder)."""
+        groups: list[Groups] = []
+        for entry in pool.entries:
+            try:
+                path = await self.peer.fetch(entry.blob_sha256, entry.blob_size, entry.round)
+                groups.append(rollouts.decode(path.read_bytes(), LIMITS).groups)
+            except (TransferError, ProtocolError) as exc:
+                log.warning("the published pool of round %d cannot be reloaded (%s): building anew", pool.round, exc)
+                return None
+            self.checked[entry.blob_sha256] = (entry.round, groups[-1])
+        return groups
+
+    def _forget_before(self, oldest: int) -> None:
+        for sha, (r, _) in list(self.checked.items()):
+            if r < oldest:
+                del self.checked[sha]
+                self.peer.store.remove(sha)

@@ -1,0 +1,84 @@
+"""The inference worker of an RL run: a follower that generates, scores and publishes rollouts.
+
+Once it holds W_r (bit-identical, via PULSESync), the worker samples G completions for each of
+the prompts derived from (run id, r, its key), scores them with the task's reward, and publishes
+the batch as a blob plus a signed `RolloutAnnouncement` tagged with the state hash it generated
+from. It re-serves the batches of the last `max_staleness + 1` rounds (miners may train on them
+that long) and deletes older ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from node.events import Events, mb
+from node.learn.rl.generate import rollout_groups, rollout_seed
+from node.learn.rl.task import problems_for
+from node.learn.train import load_bf16_state
+from node.net.peer import Peer
+from node.roles.catchup import Held
+from node.run.setup import RunSetup
+from protocol import rollouts
+from protocol.errors import NetworkError
+from protocol.identity import Identity
+from protocol.messages import RolloutAnnouncement
+from protocol.rollouts import RolloutBatch
+
+
+class RolloutWorker:
+    def __init__(self, setup: RunSetup, identity: Identity, peer: Peer, events: Events, device: str = "cpu") -> None:
+        self.setup, self.identity, self.peer, self.events = setup, identity, peer, events
+        self.cfg = setup.manifest.rl
+        self.device = torch.device(device)
+        self.model = setup.new_model().to(self.device).eval()
+        self.published: list[tuple[int, str]] = []  # (round, blob sha), oldest first
+
+    async def serve(self, held: Held) -> None:
+        """Generate and publish this worker's batch for `held.round`, once per round."""
+        if self.published and self.published[-1][0] >= held.round:
+            return
+        batch = await asyncio.get_running_loop().run_in_executor(None, self.generate, held)
+        data = rollouts.encode(batch)
+        sha = self.peer.store.put(data)
+        self.peer.hold(sha)
+        self.published.append((held.round, sha))
+        self._drop_old(held.round)
+        announcement = RolloutAnnouncement(
+            run_id=self.setup.run_id,
+            round=held.round,
+            state_hash=held.state_hash,
+            blob_sha256=sha,
+            blob_size=len(data),
+            groups=len(batch.groups),
+            mean_reward=batch.mean_reward,
+        )
+        await self.peer.heartbeat(held.round, held.state_hash)  # lists the new blob, so miners find a holder
+        try:
+            await self.peer.publish(announcement)
+        except NetworkError as exc:
+            self.events.emit("missed", f"round {held.round}: rollouts not announced: {exc}", round=held.round)
+            return
+        self.events.emit(
+            "rollouts",
+            f"round {held.round}: published {batch.completions} rollouts ({mb(len(data))}), "
+            f"mean reward {batch.mean_reward:.3f}",
+            round=held.round,
+            completions=batch.completions,
+            bytes=len(data),
+            mean_reward=batch.mean_reward,
+        )
+
+    def generate(self, held: Held) -> RolloutBatch:
+        me, run_id = self.identity.public_hex, self.setup.run_id
+        load_bf16_state(self.model, held.weights)
+        prompts = problems_for(run_id, held.round, me, self.cfg.prompts_per_batch, self.cfg)
+        groups = rollout_groups(self.model, prompts, self.cfg, rollout_seed(run_id, held.round, me))
+        return RolloutBatch(run_id, held.round, me, held.state_hash, tuple(groups))
+
+    def _drop_old(self, round_: int) -> None:
+        keep_from = round_ - self.cfg.max_staleness
+        while self.published and self.published[0][0] < keep_from:
+            _, sha = self.published.pop(0)
+            self.peer.store.remove(sha)

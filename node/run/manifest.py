@@ -1,0 +1,247 @@
+"""Run manifests: the TOML file that names a run, validated by pydantic at load.
+
+A manifest fixes everything the nodes of one run must agree on: the model and its initial
+weights, the data, the inner and outer optimizers, the codec, the round deadline, the
+Gauntlet's selection settings and the validator keys. Its canonical JSON (sorted keys, no
+whitespace) hashes to the run id, which enters every signature: two nodes with different
+manifests never accept each other's messages.
+
+    manifest = load_manifest(Path("configs/tiny.toml"))
+    manifest.run_id          # 64 hex
+    manifest.gauntlet()      # the validator library's settings
+    codec_for(manifest)      # the run's codec, with its options
+
+Unknown keys and bad values fail at load with the field named (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from node.learn.model import GPTConfig
+from node.learn.rl.config import RLConfig
+from node.learn.train import InnerOptimConfig
+from protocol.codec import REGISTRY, Codec
+from protocol.codec_options import CodecOptions, build_codec
+from protocol.errors import ConfigError
+from validator.config import GauntletConfig
+from validator.outer import OuterConfig
+
+PublicKeyHex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ModelSection(BaseModel):
+    """Which model the run trains and how its initial weights are made."""
+
+    model_config = _STRICT
+
+    kind: Literal["gpt", "hf"] = "gpt"
+    """'gpt': the embedded byte-level GPT; 'hf': a Hugging Face causal LM from a local directory."""
+    gpt: GPTConfig = GPTConfig()
+    """Sizes of the embedded GPT (kind 'gpt')."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the embedded GPT's initial weights; every node derives the same W_0 from it."""
+    path: str | None = None
+    """Local directory of the Hugging Face model (kind 'hf'), the same files on every node."""
+    precision: Literal["fp32", "bf16-autocast"] = "fp32"
+    """Inner-step arithmetic: plain FP32, or BF16 autocast on CUDA (weights stay FP32 masters)."""
+
+    @model_validator(mode="after")
+    def _path_for_hf(self) -> Self:
+        if self.kind == "hf" and not self.path:
+            raise ValueError("a model of kind 'hf' needs `path`, a local model directory")
+        return self
+
+
+class DataSection(BaseModel):
+    """Where training and evaluation batches come from."""
+
+    model_config = _STRICT
+
+    kind: Literal["embedded", "files"] = "embedded"
+    """'embedded': the Python standard library's sources; 'files': local text or JSONL files."""
+    paths: list[str] = Field(default_factory=list, max_length=10_000)
+    """Text / JSONL files (kind 'files'), read in this order."""
+    cap_bytes: int = Field(default=4 * 2**20, ge=4096)
+    """Bytes of text read at most (train and held-out together)."""
+    batch_size: int = Field(default=8, ge=1, le=4096)
+    """Sequences per inner step."""
+    seq_len: int = Field(default=64, ge=8)
+    """Tokens per sequence; at most the model's context length."""
+
+    @model_validator(mode="after")
+    def _paths_for_files(self) -> Self:
+        if self.kind == "files" and not self.paths:
+            raise ValueError("data of kind 'files' needs `paths`")
+        return self
+
+
+class TrainSection(BaseModel):
+    """The miners' inner loop (DiLoCo: H local AdamW steps per round)."""
+
+    model_config = _STRICT
+
+    inner_steps: int = Field(default=10, ge=1, le=100_000)
+    """H: inner steps a miner trains per round."""
+    inner: InnerOptimConfig = InnerOptimConfig(lr=1e-3)
+    """Inner AdamW settings."""
+    overlap: bool = True
+    """Miners train round r+1 from W_r while round r is scored, and submit that one-round-stale
+    pseudo-gradient for r+1 (as in overlapped / streaming DiLoCo), so they do not sit idle."""
+    codec: str = "sparseloco"
+    """Pseudo-gradient codec: 'pulseloco', 'sparseloco' (or 'dense', for comparisons)."""
+    codec_options: CodecOptions = CodecOptions()
+    """The codec's parameters (PULSELoCo: value_format; SparseLoCo: k, beta); part of the run id."""
+    outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)
+    """Outer step the validator applies to the FP32 master."""
+
+    @model_validator(mode="after")
+    def _codec_known(self) -> Self:
+        if self.codec not in REGISTRY:
+            raise ValueError(f"codec {self.codec!r} is not one of {sorted(REGISTRY)}")
+        return self
+
+
+class RoundSection(BaseModel):
+    """Round timing and checkpoints."""
+
+    model_config = _STRICT
+
+    deadline_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    """Longest a round stays open for submissions; a miner that misses it is recorded as missing."""
+    min_seconds: float = Field(default=0.0, ge=0)
+    """Shortest a round stays open, even when every recent miner has already submitted."""
+    checkpoint_every: int = Field(default=5, ge=1, le=10_000)
+    """The validator announces a full BF16 checkpoint every this many rounds (and at start-up)."""
+    record_ttl_seconds: float = Field(default=6 * 3600.0, gt=0, le=86_400)
+    """How long round results, checkpoints and heartbeats live in the DHT."""
+
+
+class SelectionSection(BaseModel):
+    """The Gauntlet settings a run fixes (the rest keep `GauntletConfig`'s defaults)."""
+
+    model_config = _STRICT
+
+    top_g: int = Field(default=8, ge=1, le=64)
+    """At most this many submissions are aggregated per round."""
+    assignment_batches: int = Field(default=2, ge=1, le=1024)
+    """Batches in a miner's data assignment per round; miners cycle over them."""
+    random_batches: int = Field(default=2, ge=1, le=64)
+    """Random batches the validator scores every submission on."""
+    eval_batch_size: int = Field(default=8, ge=1, le=4096)
+    """Sequences per scoring batch (a prefix of the miners' batch of the same seed)."""
+    min_indicator_average: float = Field(default=0.1, ge=0, le=1)
+    """A miner is aggregated only once its own-data indicator average reaches this."""
+    held_out_batches: int = Field(default=4, ge=0, le=1024)
+    """Held-out batches the validator reports the loss on after each round (0: no report)."""
+
+
+class Manifest(BaseModel):
+    """One training run. Its canonical JSON hashes to the run id."""
+
+    model_config = _STRICT
+
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    """Human-readable run name (does not have to be unique; the run id is)."""
+    validators: list[PublicKeyHex] = Field(default_factory=list, max_length=16)
+    """Ed25519 public keys (hex) whose round results nodes follow; `pulse keygen` prints one."""
+    task: Literal["lm", "rl"] = "lm"
+    """'lm': language-model training on the corpus; 'rl': GRPO post-training with rollouts from the
+    run's inference workers (followers), on the arithmetic task of `[rl]`."""
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    train: TrainSection = TrainSection()
+    round: RoundSection = RoundSection()
+    selection: SelectionSection = SelectionSection()
+    rl: RLConfig = RLConfig()
+    """The RL task, GRPO and rollout settings (read when `task = "rl"`)."""
+
+    @model_validator(mode="after")
+    def _seq_fits(self) -> Self:
+        if self.model.kind == "gpt" and self.data.seq_len > self.model.gpt.block_size:
+            raise ValueError(f"data.seq_len {self.data.seq_len} exceeds model.gpt.block_size")
+        return self
+
+    @model_validator(mode="after")
+    def _rl_needs_bytes(self) -> Self:
+        if self.task == "rl" and self.model.kind != "gpt":
+            raise ValueError("task 'rl' runs on the embedded byte-level GPT (model.kind 'gpt')")
+        if self.task == "rl" and self.train.overlap:
+            # a miner cannot train round r+1 ahead: its rollouts come from the pool the validator
+            # publishes when r+1 opens
+            raise ValueError("task 'rl' needs train.overlap = false")
+        return self
+
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256(b"pulse/manifest/v1\x00" + self.canonical_bytes()).hexdigest()
+
+    def canonical_bytes(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+    def gauntlet(self) -> GauntletConfig:
+        s = self.selection
+        return GauntletConfig(
+            codec=self.train.codec,
+            codec_options=self.train.codec_options,
+            assignment_batches=s.assignment_batches,
+            outer=self.train.outer,
+            top_g=s.top_g,
+            random_batches=s.random_batches,
+            min_indicator_average=s.min_indicator_average,
+        )
+
+    def with_validators(self, keys: list[str]) -> Manifest:
+        """A copy naming `keys` as the validators (a different run id)."""
+        return Manifest.model_validate({**self.model_dump(mode="python"), "validators": keys})
+
+    def to_toml(self) -> str:
+        return _toml(self.model_dump(mode="json"))
+
+
+def codec_for(manifest: Manifest) -> Codec:
+    """The run's pseudo-gradient codec, built with the manifest's options (miners and validators alike)."""
+    return build_codec(manifest.train.codec, manifest.train.codec_options)
+
+
+def parse_manifest(data: dict[str, object], source: str = "manifest") -> Manifest:
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "manifest"
+        raise ConfigError(f"{source}: {where}: {first['msg']}") from exc
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate a TOML manifest; `ConfigError` names the file and the bad field."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return parse_manifest(data, str(path))
+
+
+def _toml(data: dict[str, object], prefix: str = "") -> str:
+    """A minimal TOML writer for manifests (scalars, lists of scalars, nested tables)."""
+    lines = [f"{k} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            name = f"{prefix}{key}"
+            lines += ["", f"[{name}]", _toml(value, name + ".")]
+    return "\n".join(line for line in lines if line != "") + "\n"
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return json.dumps(value)

@@ -1,0 +1,63 @@
+"""The attacks of the campaign: what each one sends and what must stop it.
+
+`detectable` means the submission can be told hostile from its own bytes (and the round's other
+payloads, for copies): it must never be aggregated. The others (thief, ALIE, IPM) look like
+plausible updates; the Gauntlet has to out-score them, and the campaign reports how often it did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Attack:
+    does: str
+    stopped_by: str
+    detectable: bool = True
+
+
+ATTACKS: dict[str, Attack] = {
+    "replay": Attack("resends a signed submission stored in an earlier round", "replay cache / round check"),
+    "other-run": Attack("valid signature over a header for another run id", "signature preimage (run id)"),
+    "other-round": Attack("valid signature over a header for the next round", "round is not open"),
+    "forged-sig": Attack("honest header, one bit of the signature flipped", "signature check"),
+    "size-lie": Attack("header names half the payload's size, whole payload sent", "size-capped read + SHA-256"),
+    "truncated": Attack("sends half the announced body, then hangs up", "stream read of exactly size bytes"),
+    "slow": Attack("trickles the body, 64 bytes every 0.5 s", "minimum body rate / round closed"),
+    "oversize": Attack("a truthful header for junk 1 MB past the codec's cap", "size cap, checked on the header"),
+    "zstd-bomb": Attack("codec header then a ~40 KB zstd frame of 1 GiB of zeros", "decoder (no decompression)"),
+    "trailing": Attack("well-formed payload plus 16 trailing bytes", "decoder: trailing bytes"),
+    "out-of-range": Attack("a position gap running past the tensor's end", "decoder: position checks"),
+    "dup-positions": Attack("one flat position claimed by two chunks", "decoder: position checks"),
+    "nan": Attack("well-formed payload with NaN values", "decoder: finite check"),
+    "inf": Attack("well-formed payload with inf values", "decoder: finite check"),
+    "copy": Attack("an honest miner's payload of this round, re-signed", "copy detection (same hash)"),
+    "near-copy": Attack("an honest payload, values x(1 + 5% noise), re-encoded", "copy detection (sketches)"),
+    "freerider": Attack("a zero update", "free-rider norm check"),
+    "signflip": Attack("trains honestly, sends -1000 x its update", "norm cap (x median)"),
+    "random-x1000": Attack("random direction at 1000 x an honest norm", "norm cap (x median)"),
+    "alie": Attack("mean - 1.0 x std of the round's honest updates", "scoring (no gain)", detectable=False),
+    "ipm": Attack("-0.1 x the mean of the round's honest updates", "free rider / scoring", detectable=False),
+    "thief": Attack("trains honestly on another miner's assignment", "indicator (own data)", detectable=False),
+    "stale": Attack("trains from the previous round's state and says so", "base state hash (behind)"),
+    "sybil": Attack(f"{20} fresh keys each push random bytes in one round", "decoder; ranked last"),
+}
+
+NEEDS_HONEST = ("copy", "near-copy", "alie", "ipm")
+"""Attacks built from the honest payloads of the round (fetched from their miners)."""
+
+TRAINED = {
+    "signflip": "signflip",
+    "random-x1000": "noise",
+    "freerider": "freerider",
+    "thief": "thief",
+    "stale": "behind",
+}
+"""Attacks played by a `node.swarm.fakeminers` adversary (by its kind there)."""
+
+TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "truncated", "slow")
+"""Attacks the validator refuses on the stream, before the round sees them."""
+
+PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, "sybil"))
+"""Malformed payloads the decoder refuses."""

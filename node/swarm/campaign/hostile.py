@@ -1,0 +1,324 @@
+"""A hostile miner process: `python -m node.swarm.campaign.hostile --attacks a,b --keys K1 K2 ...`.
+
+It joins a run like a miner (DHT peer, checkpoint and patch chain, a heartbeat as a miner each
+round, so the validator waits for it) and in every round pushes one hostile submission per key
+over the real submit stream. Key i plays `attacks[i % n]`, or with `--rotate` attack
+`attacks[(i + round * keys) % n]`, so a few keys meet every attack over a few rounds.
+
+Each push is logged as one `attack` event: the attack, round, signer, message id, payload hash
+and what the validator answered on the stream (OK = stored and handed to the round; anything
+else is a refusal with the validator's reason). The validator's own verdict on the stored ones is
+in its `round` events; `ledger.py` joins the two.
+
+Attacks that copy or combine honest updates (copy, near-copy, ALIE, IPM) fetch the honest
+miners' payloads of the round from the miners themselves: a miner announces its signed header in
+the DHT after submitting and keeps the payload fetchable, as any peer could see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from hivemind.p2p import PeerID
+
+from node.events import Events
+from node.net.keyfile import load_key_file
+from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.peer import Peer
+from node.net.transfer import call_fetch
+from node.roles.catchup import Held, advance, join
+from node.roles.records import run_records
+from node.run.manifest import load_manifest
+from node.run.setup import RunSetup
+from node.swarm.campaign import crafting
+from node.swarm.campaign.attacks import ATTACKS, NEEDS_HONEST, TRAINED
+from node.swarm.campaign.crafting import Forge
+from node.swarm.campaign.push import Answer, Trickle, push
+from node.swarm.fakeminers import Miner, make_adversary
+from protocol.errors import ProtocolError, TransferError
+from protocol.identity import Identity
+from protocol.messages import Heartbeat, SubmissionHeader
+from protocol.signing import SignedMessage
+from validator.intake import Submission
+
+T = TypeVar("T")
+log = logging.getLogger("pulse.hostile")
+POLL_SECONDS = 0.5
+SYBILS = 20
+STREAMS = 3
+
+
+class Hostile:
+    def __init__(self, setup: RunSetup, keys: list[Identity], attacks: list[str], rotate: bool, peer: Peer) -> None:
+        self.setup, self.keys, self.attacks, self.rotate, self.peer = setup, keys, attacks, rotate, peer
+        self.events: Events = Events("hostile")
+        self.fake = crafting.fake_setup(setup)
+        self.trainers: dict[tuple[str, str], Miner] = {}
+        self.history: list[tuple[int, Submission]] = []  # (round sent, submission) of stored pushes
+        self.previous: tuple[dict[str, torch.Tensor], str] | None = None
+        self.deadline = 0.0
+        self.tasks: list[asyncio.Task[None]] = []
+        self.mine = {k.public_hex for k in keys}
+        self.offset, self.stride = 0, 0
+        self.victims: list[str] = []  # other miners' keys, from their heartbeats (a thief's victims)
+
+    def attack(self, i: int, round_: int) -> str:
+        """Key i's attack in `round_`; `offset`/`stride` spread one rotation over several processes."""
+        n, stride = len(self.attacks), self.stride or len(self.keys)
+        return self.attacks[(i + self.offset + round_ * stride) % n if self.rotate else i % n]
+
+    async def run(self, rounds: int) -> None:
+        self.gate = asyncio.Semaphore(STREAMS)
+        held = await join(self.peer, self.events)
+        done: set[tuple[int, str, int]] = set()
+        while held.round < rounds:
+            held = await self._advance(held)
+            if held.round >= rounds:
+                break
+            r = held.round
+            beat = await self.peer.validator_heartbeat(r)
+            opened = (r, beat.peer_id, beat.sent_at) if beat is not None else None
+            if opened is None or opened in done or await self.peer.round_result(r) is not None:
+                await asyncio.sleep(POLL_SECONDS)
+                continue
+            done.add(opened)
+            self.deadline = opened[2] + self.setup.manifest.round.deadline_seconds
+            await self.peer.heartbeat(r, held.state_hash)
+            forge = Forge(self.setup, r, held.weights, held.state_hash)
+            for i, me in enumerate(self.keys):
+                self.tasks.append(asyncio.ensure_future(self._play(self.attack(i, r), me, forge)))
+        await asyncio.wait_for(asyncio.gather(*self.tasks), 180.0)
+        self.events.emit("hostile_final", f"done at round {held.round}", round=held.round, state_hash=held.state_hash)
+
+    async def _advance(self, held: Held) -> Held:
+        new = await advance(self.peer, held, self.events)
+        if new.round != held.round:
+            self.previous = (held.weights, held.state_hash) if new.round == held.round + 1 else None
+        return new
+
+    async def _play(self, attack: str, me: Identity, forge: Forge) -> None:
+        try:
+            sends = await self._craft(attack, me, forge)
+        except (TransferError, ProtocolError) as exc:
+            sends = []
+            self.events.emit("skipped", f"{attack}: {exc}", round=forge.round, attack=attack, sender=me.public_hex)
+        if not sends:
+            return
+        answers = await asyncio.gather(*(self._gated(attack, forge.round, *send) for send in sends))
+        for (sub, _), answer in zip(sends, answers, strict=True):
+            if answer.stored:
+                self.history.append((forge.round, sub))
+
+    async def _gated(self, attack: str, round_: int, sub: Submission, mode: dict[str, object]) -> Answer:
+        """At most `STREAMS` pushes of this process at once (the validator's cap per peer is 4); a
+        sybil flood is the exception: it opens all its streams at once, as a flood would."""
+        if attack == "sybil":
+            return await self._push(attack, round_, sub, mode)
+        async with self.gate:
+            return await self._push(attack, round_, sub, mode)
+
+    async def _push(self, attack: str, round_: int, sub: Submission, mode: dict[str, object]) -> Answer:
+        signed = SignedMessage.from_bytes(sub.envelope)
+        body = sub.payload
+        uploading = asyncio.Event()
+        watcher = asyncio.ensure_future(self._say_uploading(uploading, attack, round_, signed))
+        assert self.peer.validator_peer is not None
+        answer = await push(
+            self.peer.p2p,
+            self.peer.validator_peer,
+            sub.envelope,
+            body,
+            on_body=uploading,
+            **mode,  # type: ignore[arg-type]
+        )
+        watcher.cancel()
+        self.events.emit(
+            "attack",
+            f"round {round_}: {attack} from {signed.sender_hex[:12]}: {answer.status} {answer.reason}",
+            round=round_,
+            attack=attack,
+            sender=signed.sender_hex,
+            header_round=signed.round,
+            message_id=signed.message_id,
+            payload_sha256=hashlib.sha256(body).hexdigest(),
+            status=answer.status,
+            reason=answer.reason,
+            body_sent=answer.body_sent,
+            peer_id=self.peer.peer_id.to_base58(),
+        )
+        return answer
+
+    async def _say_uploading(self, started: asyncio.Event, attack: str, round_: int, signed: SignedMessage) -> None:
+        await started.wait()
+        sender = signed.sender_hex
+        self.events.emit("uploading", f"{attack}: sending the body", round=round_, attack=attack, sender=sender)
+
+    # -- crafting --------------------------------------------------------------------------------
+
+    async def _craft(self, attack: str, me: Identity, forge: Forge) -> list[tuple[Submission, dict[str, object]]]:
+        """(submission, how to push it) for each push this attack makes this round."""
+        seed = int.from_bytes(hashlib.sha256(f"{me.public_hex}/{forge.round}".encode()).digest()[:4], "big")
+        if attack == "sybil":
+            flood = [Identity.from_seed(hashlib.sha256(f"sybil/{seed}/{i}".encode()).digest()) for i in range(SYBILS)]
+            return [(forge.submission(s, crafting.junk(seed + i)), {}) for i, s in enumerate(flood)]
+        if attack == "replay":
+            old = [sub for r, sub in self.history if r < forge.round]
+            return [(old[-1], {})] if old else []
+        if attack in NEEDS_HONEST:
+            honest = await self._honest_payloads(forge.round, 1 if attack in ("copy", "near-copy") else 2)
+            if len(honest) < (1 if attack in ("copy", "near-copy") else 2):
+                raise TransferError(f"only {len(honest)} honest payloads were fetchable in time")
+            payload = await self._cpu(lambda: _from_honest(attack, forge, honest, seed))
+            return [(forge.submission(me, payload), {})]
+        if attack in TRAINED:
+            if attack == "thief":
+                await self._find_victims(forge.round)
+            return [(await self._cpu(lambda: self._trained(attack, me, forge)), {})]
+        return [_malformed(attack, forge, me, seed)]
+
+    def _trained(self, attack: str, me: Identity, forge: Forge) -> Submission:
+        kind = TRAINED[attack]
+        miner = self.trainers.get((attack, me.public_hex))
+        if miner is None:
+            miner = self.trainers[(attack, me.public_hex)] = make_adversary(kind, self.fake, me, ["0" * 64])
+        if kind == "thief":
+            miner.victims = self.victims or [me.public_hex]  # type: ignore[attr-defined]
+        sub = miner.submit(forge.view(self.previous))
+        assert sub is not None
+        return sub
+
+    async def _cpu(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+    async def _find_victims(self, round_: int) -> dict[str, str]:
+        """Other miners of the round (key -> peer id), from their heartbeats."""
+        beats = {
+            v.sender_hex: v.message.peer_id
+            for v in await self.peer.get(Heartbeat, round_)
+            if v.message.role == "miner" and v.sender_hex not in self.mine
+        }
+        self.victims = sorted(beats) or self.victims
+        return beats
+
+    async def _honest_payloads(self, round_: int, want: int) -> list[bytes]:
+        """Payloads other miners submitted this round, fetched from them; waits until 6 s before the deadline."""
+        got: dict[str, bytes] = {}
+        until = self.deadline - 6.0
+        while len(got) < want and time.time() < until:
+            beats = await self._find_victims(round_)
+            for v in await self.peer.get(SubmissionHeader, round_):
+                h = v.message
+                if h.payload_sha256 in got or v.sender_hex not in beats:
+                    continue
+                try:
+                    path = await call_fetch(
+                        self.peer.p2p,
+                        PeerID.from_base58(beats[v.sender_hex]),
+                        h.payload_sha256,
+                        self.peer.store,
+                        max_size=h.payload_size,
+                    )
+                except (TransferError, ProtocolError) as exc:
+                    log.info("could not fetch %s's payload: %s", v.sender_hex[:12], exc)
+                    continue
+                got[h.payload_sha256] = path.read_bytes()
+            if len(got) < want:
+                await asyncio.sleep(POLL_SECONDS)
+        return list(got.values())
+
+
+def _from_honest(attack: str, forge: Forge, honest: list[bytes], seed: int) -> bytes:
+    if attack == "copy":
+        return honest[0]
+    if attack == "near-copy":
+        return crafting.near_copy(forge, honest[0], seed)
+    if attack == "alie":
+        return crafting.alie(forge, honest)
+    return crafting.inner_product_manipulation(forge, honest)
+
+
+def _malformed(attack: str, forge: Forge, me: Identity, seed: int) -> tuple[Submission, dict[str, object]]:
+    small = lambda: forge.compress(forge.small_update(seed))  # noqa: E731
+    makers: dict[str, Callable[[], tuple[Submission, dict[str, object]]]] = {
+        "other-run": lambda: (crafting.other_run(forge, me, small()), {}),
+        "other-round": lambda: (crafting.other_round(forge, me, small()), {}),
+        "forged-sig": lambda: (crafting.forged_signature(forge, me, small()), {}),
+        "size-lie": lambda: _size_lie(forge, me, small()),
+        "truncated": lambda: (forge.submission(me, p := small()), {"cut_at": len(p) // 2}),
+        "slow": lambda: (forge.submission(me, small()), {"trickle": Trickle(step=64, pause=0.5)}),
+        "oversize": lambda: (forge.submission(me, crafting.oversize(forge, seed)), {}),
+        "zstd-bomb": lambda: (forge.submission(me, crafting.zstd_bomb(forge)), {}),
+        "trailing": lambda: (forge.submission(me, crafting.trailing_bytes(forge, seed)), {}),
+        "out-of-range": lambda: (forge.submission(me, crafting.tampered_positions(forge, seed, "range")), {}),
+        "dup-positions": lambda: (forge.submission(me, crafting.tampered_positions(forge, seed, "duplicate")), {}),
+        "nan": lambda: (forge.submission(me, crafting.poisoned_values(forge, seed, math.nan)), {}),
+        "inf": lambda: (forge.submission(me, crafting.poisoned_values(forge, seed, math.inf)), {}),
+    }
+    return makers[attack]()
+
+
+def _size_lie(forge: Forge, me: Identity, payload: bytes) -> tuple[Submission, dict[str, object]]:
+    """The header names the whole payload's hash but half its size; the whole payload is sent."""
+    return forge.submission(me, payload, payload_size=len(payload) // 2), {}
+
+
+# -- process entry point -------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m node.swarm.campaign.hostile", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--keys", type=Path, nargs="+", required=True, help="one key file per hostile identity")
+    parser.add_argument("--attacks", required=True, help=f"comma-separated, of {sorted(ATTACKS)}")
+    parser.add_argument("--rotate", action="store_true", help="key i plays a different attack each round")
+    parser.add_argument("--offset", type=int, default=0, help="with --rotate: key i starts at attack i + offset")
+    parser.add_argument("--stride", type=int, default=0, help="with --rotate: attacks skipped per round (default keys)")
+    parser.add_argument("--rounds", type=int, required=True)
+    parser.add_argument("--events", type=Path, required=True)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    add_net_arguments(parser)
+    args = parser.parse_args(argv)
+    attacks = [a for a in args.attacks.split(",") if a]
+    if unknown := sorted(set(attacks) - set(ATTACKS)):
+        parser.error(f"unknown attacks {unknown}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    setup = RunSetup.from_manifest(load_manifest(args.config))
+    keys = [load_key_file(k) for k in args.keys]
+    return asyncio.run(_run(args, setup, keys, attacks))
+
+
+async def _run(args: argparse.Namespace, setup: RunSetup, keys: list[Identity], attacks: list[str]) -> int:
+    peer = await Peer.create(
+        net_config_from_args(args), run_records(setup.manifest), keys[0], args.state_dir, role="miner"
+    )
+    hostile = Hostile(setup, keys, attacks, args.rotate, peer)
+    hostile.offset, hostile.stride = args.offset, args.stride
+    hostile.events = Events("hostile", args.events)
+    hostile.events.emit(
+        "start",
+        f"hostile miner with {len(keys)} keys: {','.join(attacks)}",
+        senders=[k.public_hex for k in keys],
+        peer_id=peer.peer_id.to_base58(),
+    )
+    try:
+        await hostile.run(args.rounds)
+    finally:
+        await peer.shutdown()
+        hostile.events.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""One outcome per submission, from the swarm's event logs and the validator's log.
+
+A hostile push ends in exactly one of:
+
+- refused: the validator answered anything but OK on the stream (its log names the message or the
+  stream, with the reason);
+- rejected / outscored / aggregated: it was stored and handed to round r, whose `round` event
+  lists its sender under `rejections` (with the reason) or `scores` (aggregated);
+- voided: the validator that took it was killed before closing the round (the restarted one
+  reopens the round; nothing of the killed one counts).
+
+Anything else is unaccounted. Honest submissions (`received` events of non-hostile senders) are
+checked the same way. A round closed twice (by a validator and its restarted self) is a double count.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.swarm.campaign.attacks import ATTACKS
+
+OUTSCORED = ("score ", "final score", "indicator average")
+
+
+@dataclass
+class Outcome:
+    attack: str
+    round: int
+    sender: str
+    kind: str  # refused | rejected | outscored | aggregated | voided | unaccounted
+    reason: str
+    logged: bool = True
+
+
+@dataclass
+class Ledger:
+    outcomes: list[Outcome] = field(default_factory=list)
+    honest_unaccounted: list[str] = field(default_factory=list)
+    double_counted: list[int] = field(default_factory=list)
+    rounds: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def unaccounted(self) -> int:
+        hostile = sum(1 for o in self.outcomes if o.kind == "unaccounted" or not o.logged)
+        return hostile + len(self.honest_unaccounted) + len(self.double_counted)
+
+    def aggregated(self, detectable_only: bool = False) -> int:
+        return sum(
+            1 for o in self.outcomes if o.kind == "aggregated" and (not detectable_only or ATTACKS[o.attack].detectable)
+        )
+
+    def per_attack(self) -> dict[str, dict[str, Any]]:
+        table: dict[str, dict[str, Any]] = {}
+        for attack in ATTACKS:
+            mine = sorted((o for o in self.outcomes if o.attack == attack), key=lambda o: o.round)
+            if not mine:
+                continue
+            kinds: defaultdict[str, int] = defaultdict(int)
+            for o in mine:
+                kinds[o.kind] += 1
+            aggregated_at = [i for i, o in enumerate(mine) if o.kind == "aggregated"]
+            table[attack] = {
+                "sends": len(mine),
+                "refused": kinds["refused"],
+                "rejected": kinds["rejected"],
+                "outscored": kinds["outscored"],
+                "aggregated": kinds["aggregated"],
+                "voided": kinds["voided"],
+                "unaccounted": kinds["unaccounted"] + sum(1 for o in mine if not o.logged),
+                # sends of this attack up to its last aggregated one: 0 = excluded from its first send
+                "rounds_until_excluded": aggregated_at[-1] + 1 if aggregated_at else 0,
+                "reason": next((o.reason for o in mine if o.kind != "aggregated"), ""),
+            }
+        return table
+
+
+def build(records: list[dict[str, Any]], validator_log: str, killed_validators: set[str] = frozenset()) -> Ledger:  # type: ignore[assignment]
+    ledger = Ledger()
+    closers: dict[int, str] = {}
+    for r in records:
+        if r["event"] == "round":
+            if r["round"] in ledger.rounds:
+                ledger.double_counted.append(r["round"])
+            ledger.rounds[r["round"]] = r
+            closers[r["round"]] = r["name"]
+    receivers = {(r["round"], r["sender"]): r["name"] for r in records if r["event"] == "received"}
+    hostile = set()
+    for send in (r for r in records if r["event"] == "attack"):
+        hostile.add(send["sender"])
+        ledger.outcomes.append(_outcome(send, ledger.rounds, receivers, killed_validators, validator_log))
+    for (round_, sender), name in receivers.items():
+        if sender in hostile:
+            continue
+        closed = ledger.rounds.get(round_)
+        if closed is not None and closers.get(round_) == name:
+            if (sender in closed["scores"]) == (sender in closed["rejections"]):
+                ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]}")
+        elif name not in killed_validators:
+            ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]} received, round never closed")
+    return ledger
+
+
+def _outcome(
+    send: dict[str, Any],
+    rounds: dict[int, dict[str, Any]],
+    receivers: dict[tuple[int, str], str],
+    killed: set[str],
+    validator_log: str,
+) -> Outcome:
+    attack, round_, sender = send["attack"], send["round"], send["sender"]
+    if send["status"] != "OK":
+        logged = send["message_id"][:12] in validator_log or f"submit from {send['peer_id']}" in validator_log
+        return Outcome(attack, round_, sender, "refused", f"{send['status']} {send['reason']}".strip(), logged)
+    receiver = receivers.get((round_, sender))
+    closed = rounds.get(round_)
+    if receiver in killed and (closed is None or closed["name"] != receiver):
+        return Outcome(attack, round_, sender, "voided", "its validator was killed before closing the round")
+    if closed is None or receiver is None:
+        return Outcome(attack, round_, sender, "unaccounted", "stored, but no round outcome", logged=False)
+    in_scores, reason = sender in closed["scores"], closed["rejections"].get(sender)
+    if in_scores == (reason is not None):
+        return Outcome(attack, round_, sender, "unaccounted", "not exactly one outcome in the round", logged=False)
+    if in_scores:
+        return Outcome(attack, round_, sender, "aggregated", f"score {closed['scores'][sender]:.4g}")
+    kind = "outscored" if reason.startswith(OUTSCORED) else "rejected"
+    return Outcome(attack, round_, sender, kind, reason)

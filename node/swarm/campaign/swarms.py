@@ -1,0 +1,354 @@
+"""Campaign scenarios on loopback: a swarm of real `pulse` processes plus hostile miners, and faults.
+
+    keys = Keys.make(folder, honest=7, hostile=3)
+    report = attack_run(out, keys, hostile=[Team("wire", TRANSPORT, 7)], rounds=8)
+    report = fault_run(out, keys, rounds=9)
+
+Every run reuses `Swarm` from `node/swarm/demo.py` (bootstrap, validator, miners, follower, each in its
+own session so a kill takes its DHT process and daemon along) and checks itself with `ledger.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.net.keyfile import write_key_file
+from node.run.manifest import Manifest, parse_manifest
+from node.run.presets import preset
+from node.swarm.campaign import ledger as ledger_mod
+from node.swarm.demo import Proc, Swarm, read_events
+from protocol.identity import Identity
+from validator.state import StateStore
+
+Records = list[dict[str, Any]]
+
+
+def campaign_manifest(deadline: float, validator: str) -> Manifest:
+    data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
+    data["round"].update(deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=3)
+    data["selection"]["held_out_batches"] = 2
+    data["validators"] = [validator]
+    return parse_manifest(data)
+
+
+@dataclass
+class Keys:
+    folder: Path
+    validator: Path
+    honest: list[Path]
+    hostile: list[Path]
+
+    @classmethod
+    def make(cls, folder: Path, honest: int, hostile: int) -> Keys:
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def key(name: str) -> Path:
+            path = folder / f"{name}.key"
+            if not path.exists():
+                write_key_file(Identity.generate(), path)
+            return path
+
+        return cls(
+            folder,
+            key("validator"),
+            [key(f"honest{i}") for i in range(honest)],
+            [key(f"hostile{i}") for i in range(hostile)],
+        )
+
+    def validator_hex(self) -> str:
+        from node.net.keyfile import load_key_file
+
+        return load_key_file(self.validator).public_hex
+
+
+@dataclass(frozen=True)
+class Team:
+    """One hostile miner process: `keys` identities playing `attacks` (rotating each round if `rotate`)."""
+
+    name: str
+    attacks: tuple[str, ...]
+    keys: int
+    rotate: bool = False
+    offset: int = 0  # with rotate: where this process starts in `attacks`
+    stride: int = 0  # with rotate: how far every key moves each round (default: this team's keys)
+
+
+@dataclass
+class RunReport:
+    name: str
+    ledger: ledger_mod.Ledger
+    final_loss: float | None
+    hashes: dict[str, str]
+    crashes: list[str]
+    checks: dict[str, bool] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def hashes_agree(self) -> bool:
+        return len(self.hashes) >= 2 and len(set(self.hashes.values())) == 1
+
+
+class CampaignSwarm(Swarm):
+    """`Swarm` plus processes started from this checkout's modules (hostile miners, skewed clocks)."""
+
+    def spawn_module(self, name: str, module: str, args: list[str], role: str = "hostile") -> Proc:
+        return self.spawn(name, role, args, module=module)
+
+    def net_args(self, name: str) -> list[str]:
+        return [
+            "--rounds",
+            str(self.rounds),
+            "--events",
+            str(self.out / "events" / f"{name}.jsonl"),
+            "--state-dir",
+            str(self.work / name),
+            "--host",
+            "/ip4/127.0.0.1/tcp/0",
+            "--initial-peers",
+            *self.bootstrap,
+        ]
+
+    def start_team(self, team: Team, keys: list[Path]) -> Proc:
+        args = ["--config", str(self.out / "run.toml"), "--attacks", ",".join(team.attacks), "--threads", "1"]
+        args += ["--keys", *map(str, keys), *(["--rotate"] if team.rotate else []), *self.net_args(team.name)]
+        args += ["--offset", str(team.offset), "--stride", str(team.stride)]
+        return self.spawn_module(team.name, "node.swarm.campaign.hostile", args)
+
+    def start_skewed(self, name: str, role: str, key: Path | None, offset: float) -> Proc:
+        args = [f"--offset={offset}", role, "--config", str(self.out / "run.toml"), "--threads", "1"]
+        args += [*(["--key", str(key)] if key else []), *self.net_args(name)]
+        return self.spawn_module(name, "node.swarm.campaign.skewed", args, role=role)
+
+    def events(self) -> Records:
+        return read_events(self.out / "events")
+
+    def wait(self, what: str, found: Callable[[Records], bool], timeout: float = 300.0) -> Records:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            records = self.events()
+            if found(records):
+                return records
+            time.sleep(0.2)
+        raise TimeoutError(f"timed out waiting for {what}")
+
+    def log_text(self, *names: str) -> str:
+        return "".join((self.out / "logs" / f"{n}.log").read_text(errors="replace") for n in names)
+
+
+def has(name: str, event: str, round_: int | None = None) -> Callable[[Records], bool]:
+    return lambda records: any(
+        r["name"] == name and r["event"] == event and (round_ is None or r.get("round") == round_) for r in records
+    )
+
+
+def write_manifest(out: Path, manifest: Manifest) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.toml").write_text(manifest.to_toml())
+
+
+def exit_codes(procs: list[Proc], timeout: float) -> dict[str, int | None]:
+    deadline = time.monotonic() + timeout
+    codes: dict[str, int | None] = {}
+    for proc in procs:
+        try:
+            codes[proc.name] = proc.popen.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            codes[proc.name] = None
+    return codes
+
+
+def attack_run(
+    out: Path, keys: Keys, teams: list[Team], rounds: int, *, deadline: float = 20.0, honest: int | None = None
+) -> RunReport:
+    """Validator, honest miners and a follower for `rounds`, with hostile teams alongside."""
+    start = time.monotonic()
+    manifest = campaign_manifest(deadline, keys.validator_hex())
+    write_manifest(out, manifest)
+    swarm = CampaignSwarm(out, manifest, rounds)
+    try:
+        swarm.start_bootstrap()
+        validator = swarm.start_role("validator", "validator", keys.validator)
+        workers = [swarm.start_role(f"miner{i}", "miner", k) for i, k in enumerate(keys.honest[:honest])]
+        workers.append(swarm.start_role("follower", "follow", None))
+        used = 0
+        teams_procs = []
+        for team in teams:
+            teams_procs.append(swarm.start_team(team, keys.hostile[used : used + team.keys]))
+            used += team.keys
+        timeout = 120.0 + rounds * (deadline + 25.0)
+        codes = exit_codes(workers + teams_procs, timeout)
+        alive = validator.popen.poll() is None
+        swarm.stop(validator)
+        codes["validator"] = 0 if alive else validator.popen.returncode
+    finally:
+        swarm.stop_all()
+    return make_report(out.name, swarm, codes, killed=set(), seconds=time.monotonic() - start)
+
+
+def make_report(
+    name: str, swarm: CampaignSwarm, codes: dict[str, int | None], killed: set[str], seconds: float
+) -> RunReport:
+    records = swarm.events()
+    validators = sorted({r["name"] for r in records if r["role"] == "validator"})
+    ledger = ledger_mod.build(records, swarm.log_text(*validators), killed)
+    losses = [r["loss"] for r in sorted(ledger.rounds.values(), key=lambda r: r["round"]) if r.get("loss") is not None]
+    hashes = {r["name"]: r["state_hash"] for r in records if r["event"] in ("final", "done")}
+    hostile = {p.name for p in swarm.procs if p.role == "hostile"}
+    # a crash is a pulse role (validator, miner, follower) that did not exit cleanly
+    crashes = [f"{n}: exit {c}" for n, c in codes.items() if c != 0 and n not in killed | hostile]
+    report = RunReport(name, ledger, losses[-1] if losses else None, hashes, crashes, seconds=seconds)
+    report.checks["all rounds closed"] = sorted(ledger.rounds) == list(range(swarm.rounds))
+    report.checks["hostile processes ran to the end"] = all(codes.get(n) == 0 for n in hostile - killed)
+    report.checks["hashes agree"] = report.hashes_agree
+    report.checks["no partial blobs at the validator"] = not any(
+        p.is_file() for v in validators for p in (swarm.work / v / "blobs" / "partial").glob("*")
+    )
+    return report
+
+
+def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0) -> RunReport:
+    """Every fault in one swarm, in this order (round numbers with rounds=9):
+
+    r1  a slow uploader is killed (-9) mid-upload
+    r1  follower `paused` stops (SIGSTOP) and misses 5 rounds (SIGCONT at r6)
+    r2  honest miner0, which holds (re-serves) every patch so far, is killed: later fetches of its
+        blobs fall back to the validator or another holder; a late follower joins at r4 and needs them
+    r5  the validator is killed mid-round (after a submission arrived) and restarted on its state
+    all miner2 runs 2.5 s ahead and the late follower 2.5 s behind (clock skew; hivemind refuses to
+        join a DHT whose initial peers are more than 3 s off)
+    """
+    start = time.monotonic()
+    manifest = campaign_manifest(deadline, keys.validator_hex())
+    write_manifest(out, manifest)
+    swarm = CampaignSwarm(out, manifest, rounds)
+    checks: dict[str, bool] = {}
+    killed: set[str] = set()
+    try:
+        swarm.start_bootstrap()
+        validator = swarm.start_role("validator", "validator", keys.validator)
+        m0 = swarm.start_role("miner0", "miner", keys.honest[0])
+        m1 = swarm.start_role("miner1", "miner", keys.honest[1])
+        m2 = swarm.start_skewed("miner2", "miner", keys.honest[2], +2.5)
+        paused = swarm.start_role("paused", "follow", None)
+        slow = swarm.start_team(Team("slow", ("slow",), 1), keys.hostile[:1])
+
+        swarm.wait("the slow upload of round 1", has("slow", "uploading", 1))
+        swarm.kill(slow)
+        killed.add("slow")
+        swarm.wait("the paused follower at round 1", has("paused", "patch", 0))
+        os.kill(paused.popen.pid, signal.SIGSTOP)
+        swarm.wait("round 2 closing", has("validator", "round", 2))
+        swarm.kill(m0)
+        killed.add("miner0")
+        swarm.wait("round 4 opening", has("validator", "open", 4))
+        late = swarm.start_skewed("late", "follow", None, -2.5)
+        swarm.wait("a submission in round 5", lambda rs: any(r["event"] == "received" and r["round"] == 5 for r in rs))
+        swarm.kill(validator)
+        killed.add("validator")
+        committed = StateStore(swarm.work / "validator" / "validator").load().book
+        validator2 = swarm.start_role("validator2", "validator", keys.validator, state="validator")
+        swarm.wait("round 6 opening", has("validator2", "open", 6))
+        os.kill(paused.popen.pid, signal.SIGCONT)
+        codes = exit_codes([m1, m2, paused, late], 120.0 + rounds * (deadline + 25.0))
+        alive = validator2.popen.poll() is None
+        swarm.stop(validator2)
+        codes["validator2"] = 0 if alive else validator2.popen.returncode
+    finally:
+        for proc in swarm.procs:  # a stopped process must not outlive the run
+            with contextlib.suppress(ProcessLookupError):
+                if proc.popen.poll() is None:
+                    os.kill(proc.popen.pid, signal.SIGCONT)
+        swarm.stop_all()
+    report = make_report(out.name, swarm, codes, killed, time.monotonic() - start)
+    records = swarm.events()
+    final = StateStore(swarm.work / "validator" / "validator").load().book
+    starts = [r for r in records if r["name"] == "validator2" and r["event"] == "start"]
+    hashes = report.hashes
+    slow_peer = next((r["peer_id"] for r in records if r["name"] == "slow" and r["event"] == "start"), "?")
+    checks["kill -9 mid-upload: stream failure logged, no partial file, validator went on"] = (
+        f"submit from {slow_peer} failed" in swarm.log_text("validator")
+        and report.checks["no partial blobs at the validator"]
+        and has("validator", "round", 2)(records)
+    )
+    checks["validator restart: resumed at its committed round"] = bool(starts) and starts[0]["round"] == committed.round
+    checks["validator restart: ratings intact"] = set(committed.ratings) <= set(final.ratings)
+    checks["validator restart: no round closed twice"] = not report.ledger.double_counted
+    checks["validator restart: hash chain continuous"] = report.checks["all rounds closed"] and _chain(records)
+    checks["follower missing 5 rounds: back on the validator's hash"] = hashes.get("paused") == hashes.get("validator2")
+    checks["holder left: late follower on the validator's hash"] = hashes.get("late") == hashes.get("validator2")
+    checks["clock skew: skewed miner aggregated and on the hash"] = hashes.get("miner2") == hashes.get(
+        "validator2"
+    ) and _aggregated(records, "miner2")
+    checks["full disk (simulated ENOSPC): clear error, nothing partial"] = full_disk_recovers(out / "disk")
+    report.checks.update(checks)
+    report.checks["info - a fetch from the departed holder failed over"] = "failed: could not open a stream" in (
+        swarm.log_text("late")
+    )
+    return report
+
+
+def full_disk_recovers(folder: Path) -> bool:
+    """ENOSPC on every file write while a blob is stored and while the validator commits a round:
+    each raises a clear OSError, leaves no temp file, and the last state still loads and runs on."""
+    import errno
+    import hashlib
+    from unittest import mock
+
+    import torch
+
+    from node.net.blobstore import BlobStore
+    from validator.config import GauntletConfig
+    from validator.core import Validator
+
+    def full(fd: int, *args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    class Flat:  # no submission is evaluated in this check: any loss will do
+        def load(self, base: Any, update: Any = None, step: float = 0.0) -> None:
+            pass
+
+        def loss(self, batch: Any) -> float:
+            return 1.0
+
+    store = BlobStore(folder / "blobs")
+    kept = store.put(b"kept")
+    cfg, run_id, me = GauntletConfig(codec="dense"), hashlib.sha256(b"disk").hexdigest(), Identity.generate()
+    v = Validator.create(folder / "validator", cfg, run_id, me, {"w": torch.ones(4, 4)}, Flat(), lambda s: s)
+    v.run_round([])
+    errors = []
+    with mock.patch("os.fdopen", full):
+        for attempt in (lambda: store.put(b"new" * 1000), lambda: v.run_round([])):
+            try:
+                attempt()
+            except OSError as exc:
+                errors.append(exc.errno == errno.ENOSPC)
+    reopened = Validator.open(folder / "validator", cfg, run_id, me, Flat(), lambda s: s)
+    reopened.run_round([])
+    return (
+        errors == [True, True]
+        and list(store) == [kept]
+        and not store.partial_files()
+        and not list((folder / "validator").rglob("*.tmp"))
+        and reopened.round == 2
+    )
+
+
+def _chain(records: Records) -> bool:
+    """Every patch a node applied names the state hash the validator published for that round."""
+    published = {r["round"]: r["state_hash"] for r in records if r["event"] == "round"}
+    patches = [r for r in records if r["event"] == "patch"]
+    return bool(patches) and all(published.get(r["round"]) == r["state_hash"] for r in patches)
+
+
+def _aggregated(records: Records, name: str) -> bool:
+    sender = next((r.get("sender") for r in records if r["name"] == name and r["event"] == "start"), None)
+    return any(r["event"] == "round" and sender in r["scores"] for r in records)

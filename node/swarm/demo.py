@@ -1,0 +1,248 @@
+"""`pulse demo`: a whole swarm on loopback, as separate processes, with a live table and a report.
+
+Starts a bootstrap peer (`pulse dht`), a validator, N miners and a follower with a copy of
+`configs/tiny.toml` that names a fresh validator key, runs R rounds and stops everyone. Every
+role appends JSON lines to `DIR/events/<name>.jsonl` (`runtime.Events`); the demo reads them to
+draw the table, and at the end writes `DIR/summary.json`, `DIR/loss.png` and `DIR/bytes.png`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.net.keyfile import write_key_file
+from node.run.manifest import Manifest
+from protocol.identity import Identity
+
+STOP_SECONDS = 20.0
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str
+    popen: subprocess.Popen[bytes]
+    events: Path
+    log: Path
+
+
+@dataclass
+class Swarm:
+    out: Path
+    manifest: Manifest
+    rounds: int
+    procs: list[Proc] = field(default_factory=list)
+    bootstrap: list[str] = field(default_factory=list)
+    unclean: list[str] = field(default_factory=list)  # roles that did not shut down cleanly on Ctrl+C
+
+    @property
+    def work(self) -> Path:
+        return self.out / "work"
+
+    def spawn(self, name: str, role: str, args: list[str], *, module: str = "node", cwd: Path | None = None) -> Proc:
+        """Start `python -m module args` as `name` (default: a `pulse` command), logging to `logs/name.log`.
+
+        `cwd` (default: this process's) is also put on PYTHONPATH, so modules of a source checkout
+        (such as the test tier's hostile peers) can be started from anywhere.
+        """
+        events = self.out / "events" / f"{name}.jsonl"
+        log = self.out / "logs" / f"{name}.log"
+        for folder in (events.parent, log.parent):
+            folder.mkdir(parents=True, exist_ok=True)
+        events.unlink(missing_ok=True)
+        cwd = cwd or Path.cwd()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        if module != "node":
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", module, *args]
+        # own session: a killed role takes its DHT process and libp2p daemon with it (`kill`)
+        popen = subprocess.Popen(
+            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+        )
+        proc = Proc(name, role, popen, events, log)
+        self.procs.append(proc)
+        return proc
+
+    def start_bootstrap(self, timeout: float = 60.0) -> None:
+        proc = self.spawn(
+            "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0"]
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = proc.log.read_text(errors="replace")
+            if "ready" in text:
+                self.bootstrap = [line for line in text.splitlines() if line.startswith("/ip4/127.0.0.1/")][:1]
+                return
+            if proc.popen.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
+
+    def start_role(self, name: str, role: str, key: Path | None, *, state: str | None = None) -> Proc:
+        """Start `pulse <role>`; `state` names its state folder (default: `name`; a restart reuses one)."""
+        args = [
+            role,
+            "--config",
+            str(self.out / "run.toml"),
+            "--rounds",
+            str(self.rounds),
+            "--threads",
+            "1",
+            "--events",
+            str(self.out / "events" / f"{name}.jsonl"),
+            "--state-dir",
+            str(self.work / (state or name)),
+            "--host",
+            "/ip4/127.0.0.1/tcp/0",
+            "--initial-peers",
+            *self.bootstrap,
+        ]
+        if key is not None:
+            args += ["--key", str(key)]
+        return self.spawn(name, role, args)
+
+    def stop(self, proc: Proc) -> None:
+        """Ctrl+C a role; SIGKILL its whole process group if it does not exit in time."""
+        if proc.popen.poll() is None:
+            proc.popen.send_signal(signal.SIGINT)
+            try:
+                proc.popen.wait(STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.unclean.append(f"{proc.name}: did not exit within {STOP_SECONDS:.0f}s of Ctrl+C")
+                self.kill(proc)
+        if _group_alive(proc.popen.pid, wait=5.0):  # its DHT process or libp2p daemon outlived it
+            self.unclean.append(f"{proc.name}: left processes behind")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL a role and everything it started (a crash, for fault tests)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait()
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+def _group_alive(pgid: int, wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+
+
+def prepare(out: Path, base: Manifest, miners: int) -> tuple[Manifest, Path, list[Path]]:
+    """Fresh keys, and the run manifest naming the validator key, written to `out`."""
+    keys = out / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    for stale in keys.glob("*.key"):
+        stale.unlink()
+    validator = Identity.generate()
+    write_key_file(validator, keys / "validator.key")
+    miner_keys = []
+    for i in range(miners):
+        write_key_file(Identity.generate(), keys / f"miner{i}.key")
+        miner_keys.append(keys / f"miner{i}.key")
+    manifest = base.with_validators([validator.public_hex])
+    (out / "run.toml").write_text(manifest.to_toml())
+    return manifest, keys / "validator.key", miner_keys
+
+
+def read_events(folder: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            record["name"] = path.stem
+            records.append(record)
+    return sorted(records, key=lambda r: r["t"])
+
+
+def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+    closed = [r for r in records if r["event"] == "round"]
+    baseline = [r["loss"] for r in records if r["event"] == "baseline" and r.get("loss") is not None]
+    finals = {r["name"]: r["state_hash"] for r in records if r["event"] in ("final", "done")}
+    busy = [r["busy_fraction"] for r in records if r["event"] == "final" and r.get("busy_fraction") is not None]
+    rss: dict[str, float] = {}
+    for r in records:
+        if r["event"] == "exit":
+            rss[r["role"]] = max(rss.get(r["role"], 0.0), round(r["peak_rss_mb"], 1))
+    sent = sum(r["bytes"] for r in closed)
+    dense = sum(r["dense_bytes"] for r in closed)
+    losses = [r["loss"] for r in closed if r.get("loss") is not None]
+    rewards = [r["reward"] for r in closed if r.get("reward") is not None]
+    reward_start = [r["reward"] for r in records if r["event"] == "baseline" and r.get("reward") is not None]
+    changed = [r["changed_fraction"] for r in closed if r.get("changed_fraction") is not None]
+    patch = sum(r["patch_bytes"] for r in closed)
+    return {
+        "rounds": len(closed),
+        "rounds_requested": rounds,
+        "hashes_agree": len(finals) >= 2 and len(set(finals.values())) == 1,
+        "final_state_hashes": finals,
+        "loss_first": baseline[0] if baseline else (losses[0] if losses else None),
+        "loss_last": losses[-1] if losses else None,
+        "loss_per_round": losses,
+        "bytes_per_round": [r["bytes"] for r in closed],
+        "dense_bytes_per_round": [r["dense_bytes"] for r in closed],
+        "patch_bytes_per_round": [r["patch_bytes"] for r in closed],
+        "bytes_ratio_vs_dense": dense / sent if sent else None,
+        "miner_busy_fraction": sum(busy) / len(busy) if busy else None,
+        "reward_first": reward_start[0] if reward_start else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "reward_per_round": rewards,
+        "mean_patch_density": sum(changed) / len(changed) if changed else None,
+        # PULSESync patches against shipping the whole BF16 state every round
+        "sync_ratio_vs_dense": sum(r.get("state_bytes", 0) for r in closed) / patch if patch else None,
+        "peak_rss_mb": rss,
+    }
+
+
+def plot(summary: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rl = bool(summary["reward_per_round"])
+    values = summary["reward_per_round"] if rl else summary["loss_per_round"]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    xs = list(range(len(values) + 1))
+    ax.plot(xs, [summary["reward_first" if rl else "loss_first"], *values], marker="o")
+    if rl:
+        ax.set(xlabel="round", ylabel="held-out reward (greedy)", title="Reward per round")
+    else:
+        ax.set(xlabel="round", ylabel="held-out loss (nats/byte)", title="Loss per round")
+    fig.tight_layout()
+    fig.savefig(out / ("reward.png" if rl else "loss.png"), dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    n = len(summary["bytes_per_round"])
+    ax.bar([i - 0.2 for i in range(n)], summary["dense_bytes_per_round"], width=0.4, label="dense FP32")
+    ax.bar([i + 0.2 for i in range(n)], summary["bytes_per_round"], width=0.4, label="sent (compressed)")
+    ax.plot(range(n), summary["patch_bytes_per_round"], "k.", label="PULSESync patch")
+    ax.set_yscale("log")
+    ax.set(xlabel="round", ylabel="bytes", title="Bytes on the wire per round")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bytes.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,282 @@
+"""Fake miners for in-process Gauntlet runs: honest ones and one class per attack.
+
+Every miner holds the round's BF16 weights and returns at most one `Submission` per round
+(signed header envelope + payload), built the way a real miner builds it. The attacks:
+
+| kind      | does                                                                    | caught by             |
+|-----------|-------------------------------------------------------------------------|-----------------------|
+| copycat   | resubmits an earlier miner's payload; every other round a re-encoded near copy (x1.05) | copy detection |
+| thief     | trains honestly on another miner's assignment, announces its own digest | indicator, copies     |
+| signflip  | trains honestly, sends -1000 x its update                               | norm cap              |
+| noise     | sends random noise at 1000 x its honest update's norm                   | norm cap              |
+| freerider | sends a zero update                                                     | free-rider check      |
+| nan       | a well-formed payload with NaN values (SparseLoCo centroids, dense raw) | decoder               |
+| replay    | resends an honest miner's previous-round submission (this round's in round 0) | round / replay check |
+| behind    | trains from the previous round's weights and says so                   | base state hash       |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import torch
+
+from node.learn.model import GPTConfig, build_gpt
+from node.learn.train import Batch, InnerOptimConfig, inner_train, load_bf16_state, make_optimizer, unique_state
+from protocol.assignment import Assignment
+from protocol.codec_options import CodecOptions, build_codec
+from protocol.identity import Identity
+from protocol.messages import SubmissionHeader
+from protocol.signing import sign
+from protocol.wire import Reader
+from validator.aggregate import global_norm
+from validator.intake import Submission
+
+State = dict[str, torch.Tensor]
+T = TypeVar("T")
+KINDS = ("copycat", "thief", "signflip", "noise", "freerider", "nan", "replay", "behind")
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What every miner of a run shares."""
+
+    run_id: str
+    gpt: GPTConfig
+    codec: str
+    inner: InnerOptimConfig
+    steps: int  # H inner steps per round
+    assignment_batches: int
+    batch: Callable[[int], Batch]  # seed -> training batch
+    codec_options: CodecOptions = field(default_factory=CodecOptions)
+
+
+@dataclass
+class RoundView:
+    """What a miner sees when it builds its submission for a round."""
+
+    round: int
+    weights: State  # BF16 W_r
+    state_hash: str
+    previous: tuple[State, str] | None  # (W_{r-1}, its hash), if any
+    earlier: list[Submission] = field(default_factory=list)  # already published this round
+    last_round: list[Submission] = field(default_factory=list)  # honest submissions of round r-1
+
+
+def identity_for(label: str) -> Identity:
+    return Identity.from_seed(hashlib.sha256(f"pulse-fake-miner/{label}".encode()).digest())
+
+
+class Miner:
+    """An honest miner: H AdamW steps on its own assignment from W_r, compressed with error feedback."""
+
+    kind = "honest"
+
+    def __init__(self, setup: RunSetup, identity: Identity) -> None:
+        self.setup, self.identity = setup, identity
+        self.codec = build_codec(setup.codec, setup.codec_options)
+        self.model = build_gpt(setup.gpt)
+        self.optimizer = make_optimizer(self.model, setup.inner)
+        self.error: State | None = None
+        self.steps_done = 0
+        self.seconds: list[float] = []  # compute time of each round (train + compress)
+
+    @property
+    def key(self) -> str:
+        return self.identity.public_hex
+
+    def role(self, round_: int) -> str:
+        """The kind of submission this miner makes in `round_`."""
+        return self.kind
+
+    def assignment(self, round_: int, miner: str | None = None) -> Assignment:
+        return Assignment(self.setup.run_id, round_, miner or self.key, self.setup.assignment_batches)
+
+    def submit(self, view: RoundView) -> Submission | None:
+        start = time.perf_counter()
+        delta = self.train(view.weights, self.assignment(view.round))
+        payload = self.compress(delta, view.weights)
+        self.seconds.append(time.perf_counter() - start)
+        return self.package(view.round, view.state_hash, payload)
+
+    def train(self, weights: State, assignment: Assignment) -> State:
+        """FP32 pseudo-gradient W - W_local after H steps on `assignment` from `weights`."""
+        load_bf16_state(self.model, weights)
+        first = self.steps_done
+        batches = lambda step: self.setup.batch(assignment.step_seed(step - first))  # noqa: E731
+        inner_train(self.model, self.setup.inner, batches, self.setup.steps, optimizer=self.optimizer, first_step=first)
+        self.steps_done += self.setup.steps
+        local = unique_state(self.model)
+        return {name: weights[name].float() - local[name].detach() for name in weights}
+
+    def compress(self, delta: State, weights: State) -> bytes:
+        payload, self.error, _ = self.codec.compress(delta, self.error, weights)
+        return payload
+
+    def package(self, round_: int, base_hash: str, payload: bytes, digest: str | None = None) -> Submission:
+        header = SubmissionHeader.for_payload(
+            run_id=self.setup.run_id,
+            round_=round_,
+            base_hash=base_hash,
+            payload=payload,
+            codec=self.setup.codec,
+            data_digest=digest or self.assignment(round_).digest,
+            sender=self.key,
+        )
+        return Submission(sign(self.identity, header).to_bytes(), payload)
+
+
+class Thief(Miner):
+    """Trains on a victim's assignment, at a slightly different learning rate so that its payload
+    is not byte-identical to the victim's (which the exact-copy check would catch)."""
+
+    kind = "thief"
+
+    def __init__(self, setup: RunSetup, identity: Identity, victims: Sequence[str]) -> None:
+        inner = setup.inner.model_copy(update={"lr": setup.inner.lr * 1.1})
+        super().__init__(replace(setup, inner=inner), identity)
+        self.victims = list(victims)
+
+    def submit(self, view: RoundView) -> Submission | None:
+        victim = self.victims[view.round % len(self.victims)]
+        delta = self.train(view.weights, self.assignment(view.round, victim))
+        return self.package(view.round, view.state_hash, self.compress(delta, view.weights))
+
+
+class Copycat(Miner):
+    kind = "copycat"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        if not view.earlier:
+            return None
+        victim = view.earlier[view.round % len(view.earlier)].payload
+        if view.round % 2 == 0:
+            return self.package(view.round, view.state_hash, victim)
+        update = self.codec.decompress(victim, view.weights)
+        near, _, _ = self.codec.compress({n: t * 1.05 for n, t in update.items()}, None, view.weights)
+        return self.package(view.round, view.state_hash, near)
+
+
+class SignFlip(Miner):
+    kind = "signflip"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        delta = self.train(view.weights, self.assignment(view.round))
+        return self.package(
+            view.round, view.state_hash, self.compress({n: -1000 * t for n, t in delta.items()}, view.weights)
+        )
+
+
+class Noise(Miner):
+    kind = "noise"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        delta = self.train(view.weights, self.assignment(view.round))
+        gen = torch.Generator().manual_seed(view.round)
+        noise = {n: torch.randn(t.shape, generator=gen) for n, t in delta.items()}
+        scale = 1000 * global_norm(delta) / global_norm(noise)
+        return self.package(
+            view.round, view.state_hash, self.compress({n: t * scale for n, t in noise.items()}, view.weights)
+        )
+
+
+class FreeRider(Miner):
+    kind = "freerider"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        zero = {n: torch.zeros(t.shape) for n, t in view.weights.items()}
+        return self.package(view.round, view.state_hash, self.codec.compress(zero, None, view.weights)[0])
+
+
+class NaNPayload(Miner):
+    kind = "nan"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        gen = torch.Generator().manual_seed(view.round)
+        small = {n: torch.randn(t.shape, generator=gen) * 1e-3 for n, t in view.weights.items()}
+        payload = poison_nan(self.codec.compress(small, None, view.weights)[0], view.weights, self.setup.codec)
+        return self.package(view.round, view.state_hash, payload)
+
+
+class Replay(Miner):
+    kind = "replay"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        pool = view.last_round or view.earlier
+        return pool[view.round % len(pool)] if pool else None
+
+
+class Behind(Miner):
+    kind = "behind"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        if view.previous is None or view.previous[1] == view.state_hash:  # no older state to lag behind
+            return self.package(view.round, hashlib.sha256(b"no such state").hexdigest(), b"\x00")
+        weights, base_hash = view.previous
+        delta = self.train(weights, self.assignment(view.round))
+        return self.package(view.round, base_hash, self.compress(delta, weights))
+
+
+def poison_nan(payload: bytes, weights: State, codec: str) -> bytes:
+    """`payload` with NaN where the format keeps its floats (the sender then hashes and signs it)."""
+    r = Reader(payload, "payload")
+    r.raw(4 + 1)  # magic, version (codec.py's common header)
+    r.varint(1 << 32, "tensor count")
+    r.raw(8)  # layout digest
+    if codec == "dense":
+        return payload[: len(payload) - r.remaining] + struct.pack("<f", float("nan")) * (r.remaining // 4)
+    if codec == "sparseloco":
+        r.varint(1 << 16, "k")
+        r.u8()  # theta of the first 2-D tensor, then its 4 f32 centroids (sparseloco.py)
+        at = len(payload) - r.remaining
+        return payload[:at] + struct.pack("<4f", *[float("nan")] * 4) + payload[at + 16 :]
+    raise ValueError(f"no NaN poisoning for codec {codec!r}")
+
+
+ADVERSARIES: dict[str, type[Miner]] = {
+    "copycat": Copycat,
+    "signflip": SignFlip,
+    "noise": Noise,
+    "freerider": FreeRider,
+    "nan": NaNPayload,
+    "replay": Replay,
+    "behind": Behind,
+}
+
+
+def make_adversary(kind: str, setup: RunSetup, identity: Identity, victims: Sequence[str]) -> Miner:
+    if kind == "thief":
+        return Thief(setup, identity, victims)
+    return ADVERSARIES[kind](setup, identity)
+
+
+class Shapeshifter(Miner):
+    """One identity playing a different attack each round: kinds[(round + offset) % len(kinds)]."""
+
+    def __init__(
+        self, setup: RunSetup, identity: Identity, kinds: Sequence[str], offset: int, victims: Sequence[str]
+    ) -> None:
+        self.setup, self.identity, self.kinds, self.offset = setup, identity, list(kinds), offset
+        self.victims = list(victims)
+        self.roles: dict[str, Miner] = {}  # built on first use: only attacks that train hold a model
+        self.seconds: list[float] = []
+
+    def role(self, round_: int) -> str:
+        return self.kinds[(round_ + self.offset) % len(self.kinds)]
+
+    def submit(self, view: RoundView) -> Submission | None:
+        kind = self.role(view.round)
+        if kind not in self.roles:
+            self.roles[kind] = make_adversary(kind, self.setup, self.identity, self.victims)
+        return self.roles[kind].submit(view)
+
+
+def arrival_order(items: Sequence[T], seed: int) -> list[T]:
+    """`items` in a seeded random order: the order a round's submissions arrive in."""
+    gen = torch.Generator().manual_seed(seed)
+    return [items[i] for i in torch.randperm(len(items), generator=gen).tolist()]
