@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     followers = args.followers if args.followers is not None else (2 if args.task == "rl" else 1)
     out: Path = args.out
-    shutil.rmtree(out / "work", ignore_errors=True)
-    shutil.rmtree(out / "events", ignore_errors=True)
+    for stale in ("work", "events", "validator"):  # a new run: fresh keys, so no state of the last one is valid
+        shutil.rmtree(out / stale, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     manifest, validator_key, miner_keys = prepare(out, base, args.miners)
     swarm = Swarm(out, manifest, args.rounds)
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     ok = False
     try:
         swarm.start_bootstrap()
-        validator = swarm.start_role("validator", "validator", validator_key)
+        validator = swarm.start_role("validator", "validator", validator_key, state_dir=out / "validator")
         workers = [swarm.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
         workers += [swarm.start_role(f"follower{i}" if i else "follower", "follow", None) for i in range(followers)]
         deadline = time.monotonic() + args.timeout

@@ -3,7 +3,8 @@
 Starts a bootstrap peer (`pulse dht`), a validator, N miners and a follower with a copy of
 `configs/tiny.toml` that names a fresh validator key, runs R rounds and stops everyone. Every
 role appends JSON lines to `DIR/events/<name>.jsonl` (`runtime.Events`); the demo reads them to
-draw the table, and at the end writes `DIR/summary.json`, `DIR/loss.png` and `DIR/bytes.png`.
+draw the table, and at the end writes `DIR/summary.json`, `DIR/loss.png`, `DIR/bytes.png` and
+`DIR/leaderboard.png`. The validator's state folder stays at `DIR/validator` (`pulse export`).
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ class Swarm:
             time.sleep(0.2)
         raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
 
-    def start_role(self, name: str, role: str, key: Path | None, *, state: str | None = None) -> Proc:
-        """Start `pulse <role>`; `state` names its state folder (default: `name`; a restart reuses one)."""
+    def start_role(
+        self, name: str, role: str, key: Path | None, *, state: str | None = None, state_dir: Path | None = None
+    ) -> Proc:
+        """Start `pulse <role>`; its state folder is `state_dir`, else `work/<state>` (default: `work/<name>`;
+        a restart reuses one)."""
         args = [
             role,
             "--config",
@@ -100,7 +104,7 @@ class Swarm:
             "--events",
             str(self.out / "events" / f"{name}.jsonl"),
             "--state-dir",
-            str(self.work / (state or name)),
+            str(state_dir or self.work / (state or name)),
             "--host",
             "/ip4/127.0.0.1/tcp/0",
             "--initial-peers",
