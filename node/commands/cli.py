@@ -18,6 +18,7 @@ COMMANDS = [
     "node.commands.demo",
     "node.commands.status",
     "node.commands.export",
+    "node.commands.dashboard",
     "node.commands.bench",
 ]
 

@@ -34,6 +34,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--config", type=Path, default=None, help="base manifest (configs/tiny.toml; rl.toml for rl)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    parser.add_argument(
+        "--dashboard", type=int, metavar="PORT", help="also serve the live run page (`pulse dashboard`) on this port"
+    )
     parser.set_defaults(func=run)
 
 
@@ -58,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     ok = False
     try:
         swarm.start_bootstrap()
+        if args.dashboard is not None:
+            _, url = swarm.start_dashboard(args.dashboard)
+            console.print(f"live run page: {url}")
         validator = swarm.start_role("validator", "validator", validator_key, state_dir=out / "validator")
         workers = [swarm.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
         workers += [swarm.start_role(f"follower{i}" if i else "follower", "follow", None) for i in range(followers)]

@@ -120,14 +120,14 @@ async def _main(
     else:
         service = await Node.create(setup, identity, folder, config, events, mine=role == "miner", device=device)
     try:
-        await _until_signal(service.run(rounds))
+        await until_signal(service.run(rounds))
     finally:
         await service.shutdown()
         events.finish()
     return 0
 
 
-async def _until_signal(work: Awaitable[Any]) -> None:
+async def until_signal(work: Awaitable[Any]) -> None:
     """Run `work` until it ends or SIGINT / SIGTERM arrives (then cancel it)."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)

@@ -8,7 +8,8 @@ Round r, as the validator runs it:
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
-   PULSESync patch as a blob and publish the signed round result; report the held-out loss.
+   PULSESync patch as a blob and publish the signed round result; report the held-out loss, and
+   publish it with the round's byte counts and the miners' standings (`RoundMetrics`, for run pages).
 
 State lives in `folder/validator` (committed once per round) and patches in `folder/blobs`, so a
 restarted validator resumes at its last committed round and continues the hash chain.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from node.run.setup import RunSetup
 from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
-from protocol.messages import CheckpointAnnouncement, Heartbeat, SubmissionHeader
+from protocol.messages import CheckpointAnnouncement, Heartbeat, RoundMetrics, Standing, SubmissionHeader
 from protocol.signing import Verified
 from validator.core import RoundReport, Validator
 from validator.intake import Submission
@@ -227,6 +229,34 @@ class ValidatorService:
         if self.rl is not None and self.rl.reward_due(r):
             reward = await loop.run_in_executor(None, self.rl.held_out_reward, self.validator.weights)
         self._report(report, submissions, loss, reward, changed)
+        try:
+            await self.peer.publish(self._metrics(report, submissions, loss, reward))
+        except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
+            log.warning("round %d metrics not stored in the DHT: %s", r, exc)
+
+    def _metrics(
+        self, report: RoundReport, submissions: list[Submission], loss: float | None, reward: float | None
+    ) -> RoundMetrics:
+        """The round's figures for run pages, each within its field's bounds (a diverged loss is left out)."""
+        named = [s.sender for s in report.result.selected] + [r.sender for r in report.result.rejections]
+        ratings, indicators = self.validator.ratings, self.validator.book.indicators
+        return RoundMetrics(
+            run_id=self.setup.run_id,
+            round=report.round,
+            held_out_loss=loss if loss is not None and 0 <= loss <= 1e6 else None,
+            held_out_reward=reward if reward is not None and math.isfinite(reward) else None,
+            submissions=len(submissions),
+            received_bytes=sum(len(s.payload) for s in submissions),
+            dense_bytes=self.dense_bytes * len(submissions),
+            standings=tuple(
+                Standing(
+                    sender=key,
+                    rating=min(max(ratings.ordinal(key), -1e6), 1e6),
+                    indicator=min(max(indicators.get(key, 0.0), -1.0), 1.0),
+                )
+                for key in dict.fromkeys(named)
+            ),
+        )
 
     def _recent_states(self) -> dict[int, str]:
         """Round -> state hash for the rounds the validator's book still names (newest is this round's)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,6 +114,21 @@ class Swarm:
         if key is not None:
             args += ["--key", str(key)]
         return self.spawn(name, role, args)
+
+    def start_dashboard(self, port: int = 0, timeout: float = 60.0) -> tuple[Proc, str]:
+        """Start `pulse dashboard` on the run; returns it and the page's URL once it serves."""
+        args = ["dashboard", "--config", str(self.out / "run.toml"), "--port", str(port), "--poll", "1"]
+        args += ["--refresh", "2", "--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *self.bootstrap]
+        proc = self.spawn("dashboard", "dashboard", args)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(r" at (http://\S+)", proc.log.read_text(errors="replace"))
+            if found:
+                return proc, found.group(1)
+            if proc.popen.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"the dashboard did not start; see {proc.log}")
 
     def stop(self, proc: Proc) -> None:
         """Ctrl+C a role; SIGKILL its whole process group if it does not exit in time."""
