@@ -87,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         rl = args.task == "rl"
         curve = "reward.png" if rl else "loss.png"
-        console.print(f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png; logs in {out}/logs")
+        console.print(
+            f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png, {out}/leaderboard.png; logs in {out}/logs"
+        )
+        console.print(f"the model: pulse export --state-dir {out}/validator --config {out}/run.toml --out {out}/model")
         if not summary["rounds"]:
             console.print("no round completed")
         else:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,24 @@ def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         # PULSESync patches against shipping the whole BF16 state every round
         "sync_ratio_vs_dense": sum(r.get("state_bytes", 0) for r in closed) / patch if patch else None,
         "peak_rss_mb": rss,
+        "places_per_round": places([r["scores"] for r in closed], _names(records)),
     }
+
+
+def _names(records: list[dict[str, Any]]) -> dict[str, str]:
+    """Public key -> process name, for the roles that said their key."""
+    return {r["sender"]: r["name"] for r in records if r["event"] == "start" and r.get("sender")}
+
+
+def places(scores: Sequence[Mapping[str, float]], names: Mapping[str, str]) -> dict[str, list[int | None]]:
+    """Each miner's place in every round (1: the highest final score among the aggregated), None when
+    it was not aggregated; `scores` holds each round's aggregated miners by key."""
+    out: dict[str, list[int | None]] = {}
+    for i, round_scores in enumerate(scores):
+        ranked = sorted(round_scores, key=lambda key: (-round_scores[key], key))
+        for place, key in enumerate(ranked, start=1):
+            out.setdefault(names.get(key, key[:8]), [None] * len(scores))[i] = place
+    return dict(sorted(out.items()))
 
 
 def plot(summary: dict[str, Any], out: Path) -> None:
@@ -265,4 +283,30 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "bytes.png", dpi=120)
+    plt.close(fig)
+
+    if summary["places_per_round"]:
+        leaderboard_plot(summary["places_per_round"], out / "leaderboard.png")
+
+
+def leaderboard_plot(places_per_round: Mapping[str, Sequence[int | None]], path: Path) -> None:
+    """The leaderboard over rounds: each miner's place among the aggregated (1 at the top); a gap
+    where it was not aggregated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    deepest = 1
+    for name, row in places_per_round.items():
+        ys = [float("nan") if p is None else p for p in row]  # NaN breaks the line: not aggregated
+        ax.plot(range(len(row)), ys, marker="o", label=name)
+        deepest = max([deepest, *(p for p in row if p is not None)])
+    ax.set_ylim(deepest + 0.5, 0.5)
+    ax.set_yticks(range(1, deepest + 1))
+    ax.set(xlabel="round", ylabel="place (by final score)", title="Leaderboard over rounds")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
     plt.close(fig)
