@@ -47,16 +47,21 @@ def test_summary_of_events() -> None:
     h = "ab" * 32
     records = [
         {"t": 0, "name": "validator", "role": "validator", "event": "baseline", "loss": 5.0},
+        {"t": 0, "name": "miner0", "role": "miner", "event": "start", "sender": "m0"},
         {"t": 1, "name": "validator", "role": "validator", "event": "round", "round": 0, "loss": 4.0,
-         "bytes": 10, "dense_bytes": 1000, "patch_bytes": 20},
+         "bytes": 10, "dense_bytes": 1000, "patch_bytes": 20, "scores": {"m0": 0.1, "m1": 0.3}},
+        {"t": 1, "name": "validator", "role": "validator", "event": "round", "round": 1, "loss": 3.0,
+         "bytes": 10, "dense_bytes": 1000, "patch_bytes": 20, "scores": {"m0": 0.2}},
         {"t": 2, "name": "validator", "role": "validator", "event": "done", "state_hash": h},
         {"t": 3, "name": "miner0", "role": "miner", "event": "final", "state_hash": h, "busy_fraction": 0.5},
         {"t": 4, "name": "miner0", "role": "miner", "event": "exit", "peak_rss_mb": 300.0},
     ]  # fmt: skip
-    s = summarize(records, 1)
-    assert s["rounds"] == 1 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
-    assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 4.0, 0.5)
+    s = summarize(records, 2)
+    assert s["rounds"] == 2 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
+    assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 3.0, 0.5)
     assert s["peak_rss_mb"] == {"miner": 300.0}
+    # the leaderboard over rounds: places among the aggregated, named where the key is known
+    assert s["places_per_round"] == {"m1": [1, None], "miner0": [2, 1]}
 
 
 def test_trainer_submission_decodes() -> None:

@@ -14,13 +14,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from node.events import Events, mb
+from node.events import Events, mb, progress
 from node.net.peer import Peer
 from protocol import pulsesync
 from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch, TransferError
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 State = dict[str, torch.Tensor]
 CHECKPOINT_FORMAT = "safetensors"
+PROGRESS_SECONDS = 0.25  # how often a download's progress bar is updated
 
 
 @dataclass
@@ -69,7 +71,10 @@ async def join(peer: Peer, events: Events, me: str | None = None, *, poll: float
         announcement = await peer.latest_checkpoint(current)
         if announcement is not None:
             try:
-                path = await peer.fetch(announcement.blob_sha256, announcement.blob_size, announcement.round)
+                what = f"checkpoint of round {announcement.round}"
+                path = await fetch_showing(
+                    peer, announcement.blob_sha256, announcement.blob_size, announcement.round, what
+                )
                 data = path.read_bytes()
                 weights = await _cpu(load_checkpoint, data, announcement.state_hash)
             except (TransferError, ProtocolError) as exc:
@@ -83,14 +88,35 @@ async def join(peer: Peer, events: Events, me: str | None = None, *, poll: float
                     round=announcement.round,
                     state_hash=announcement.state_hash,
                 )
-                return await advance(peer, Held(announcement.round, weights, announcement.state_hash), events, me)
+                held = Held(announcement.round, weights, announcement.state_hash)
+                with progress(f"patch chain from round {held.round}", max(current - held.round, 0)) as step:
+                    return await advance(peer, held, events, me, on_patch=step)
         await asyncio.sleep(poll)
 
 
-async def advance(peer: Peer, held: Held, events: Events, me: str | None = None) -> Held:
+async def fetch_showing(peer: Peer, sha256: str, size: int, round_: int, what: str) -> Path:
+    """`peer.fetch`, with a progress bar of the bytes received so far (on a terminal only)."""
+    with progress(what, size, unit="bytes") as step:
+        fetching = asyncio.ensure_future(peer.fetch(sha256, size, round_))
+        shown = 0
+        try:
+            while not fetching.done():
+                await asyncio.wait({fetching}, timeout=PROGRESS_SECONDS)
+                received = peer.store.received(sha256)
+                step(max(received - shown, 0))
+                shown = max(shown, received)
+        finally:
+            fetching.cancel()  # a no-op once done; stops the fetch if this task is cancelled
+        return fetching.result()
+
+
+async def advance(
+    peer: Peer, held: Held, events: Events, me: str | None = None, *, on_patch: Callable[[int], None] | None = None
+) -> Held:
     """Apply every published round result from `held.round` on; rejoins from a checkpoint on a broken chain.
 
-    With `me` (a miner's public key), also says how that miner's submission fared in each round.
+    With `me` (a miner's public key), also says how that miner's submission fared in each round;
+    `on_patch(1)` after each patch applied (a progress bar).
     """
     while (result := await peer.round_result(held.round)) is not None:
         if result.base_state_hash != held.state_hash:
@@ -121,6 +147,8 @@ async def advance(peer: Peer, held: Held, events: Events, me: str | None = None)
             state_hash=result.new_state_hash,
         )
         held = Held(held.round + 1, weights, result.new_state_hash)
+        if on_patch is not None:
+            on_patch(1)
     return held
 
 
