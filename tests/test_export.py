@@ -127,6 +127,7 @@ def test_model_card_and_ledger_name_every_round(state_dir: Path, exported: Path)
         assert f"| {result.round} | " in card
         assert all(f"`{s.sender[:12]}`" in card for s in result.selected)
     assert load_manifest(exported / "run.toml").run_id == manifest.run_id
+    assert (exported / "model.safetensors").stat().st_mode & 0o044 == 0o044  # readable by others: made to share
 
 
 def test_verify_accepts_the_export_and_checks_w0(exported: Path) -> None:

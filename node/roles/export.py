@@ -101,6 +101,7 @@ def write_export(source: Source, manifest: Manifest, out: Path) -> list[RoundRes
     if source.round is not None:
         metadata["pulse_round"] = str(source.round)
     save_file(_hf_weights(source.weights, manifest), out / WEIGHTS, metadata=metadata)
+    (out / WEIGHTS).chmod(0o644)  # written private (a temp file renamed); a model to share is readable
     tokenizer = _write_architecture(manifest, out)
     (out / MANIFEST).write_text(manifest.to_toml())
     for result, envelope in zip(results, source.results, strict=True):
