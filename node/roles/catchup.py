@@ -158,7 +158,7 @@ def _report_placement(events: Events, result: RoundResult, me: str) -> None:
     place = next((i for i, s in enumerate(ranked) if s.sender == me), None)
     if place is not None:
         score = ranked[place].score
-        text = f"round {result.round}: scored {_ordinal(place + 1)} of {total} (score {score:.4g}), aggregated"
+        text = f"round {result.round}: scored {ordinal(place + 1)} of {total} (score {score:.4g}), aggregated"
         events.emit("scored", text, round=result.round, place=place + 1, of=total, score=ranked[place].score)
         return
     reason = next((r.reason for r in result.rejections if r.sender == me), None)
@@ -168,6 +168,6 @@ def _report_placement(events: Events, result: RoundResult, me: str) -> None:
     events.emit("scored", text, round=result.round, place=None, of=total, reason=reason)
 
 
-def _ordinal(n: int) -> str:
+def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"

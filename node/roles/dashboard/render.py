@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from html import escape
 
+from node.roles.catchup import ordinal
 from node.roles.dashboard.board import Outcome, RunBoard
 from node.roles.dashboard.svg import bar_chart, line_chart
 
@@ -172,7 +173,7 @@ def _footnote() -> str:
 
 def _fate(o: Outcome) -> str:
     if o.aggregated:
-        return f'<span class="ok">aggregated</span>, {_ordinal(o.place or 0)} of {o.of}'
+        return f'<span class="ok">aggregated</span>, {ordinal(o.place or 0)} of {o.of}'
     return f'<span class="bad">not aggregated</span>: {escape(o.reason or "")}'
 
 
@@ -188,8 +189,3 @@ def _table(title: str, element_id: str, head: str, rows: list[str], empty: str) 
     if not rows:
         return f'<h2>{escape(title)}</h2><p class="muted" id="{element_id}">{escape(empty)}</p>'
     return f'<h2>{escape(title)}</h2><table id="{element_id}">{head}{"".join(rows)}</table>'
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
