@@ -185,10 +185,13 @@ def test_watcher_reads_validator_records_only_and_catches_late_metrics() -> None
     assert [r.round for r in board.rounds] == [1, 2] and board.current_round == 3  # history: the last 2 rounds
     assert [r.loss for r in board.rounds] == [None, None] and board.time_left == pytest.approx(30.0)
     assert board.announced == 1
+    assert watcher.board(now=110.2) is board  # nothing new within the same second: the same board
+    asyncio.run(watcher.poll())
+    assert watcher.board(now=110.2) is board  # a pass that found nothing new changes nothing
     records.put(VALIDATOR, metrics(2, 3.0))  # published after its result
     records.put(VALIDATOR, result(3))
     asyncio.run(watcher.poll())
-    assert [(r.round, r.loss) for r in watcher.board().rounds] == [(1, None), (2, 3.0), (3, None)]
+    assert [(r.round, r.loss) for r in watcher.board(now=110.2).rounds] == [(1, None), (2, 3.0), (3, None)]
 
 
 def test_server_serves_the_page_the_json_and_nothing_else() -> None:

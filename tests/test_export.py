@@ -179,7 +179,7 @@ def test_export_refuses_another_runs_manifest_and_a_non_empty_folder(state_dir: 
         write_export(from_state_dir(state_dir), tiny_manifest(seed=7), tmp_path / "a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "x").write_text("x")
-    with pytest.raises(ConfigError, match="not empty"):
+    with pytest.raises(ConfigError, match="not an empty folder"):
         write_export(from_state_dir(state_dir), tiny_manifest(), tmp_path / "b")
 
 

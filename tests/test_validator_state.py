@@ -118,6 +118,19 @@ def test_ledger_survives_a_torn_append_and_refuses_gaps(tmp_path: Path) -> None:
         ledger.read(path)
 
 
+def test_ledger_appends_read_only_the_tail(tmp_path: Path) -> None:
+    path = tmp_path / LEDGER
+    big = [bytes([r]) * 40_000 for r in range(6)]  # lines of 80 KB: the file outgrows the tail read
+    for r, envelope in enumerate(big):
+        ledger.append(path, r, envelope)
+        ledger.append(path, r, b"again")
+    assert ledger.read(path) == list(enumerate(big))
+    with path.open("ab") as f:
+        f.write(b"x" * 300_000)  # a torn append longer than any entry: not a ledger any more
+    with pytest.raises(CorruptState):
+        ledger.append(path, 6, b"six")
+
+
 def test_state_round_trips_and_rejects_corruption(tmp_path: Path) -> None:
     swarm = make_swarm()
     v = swarm.validator(tmp_path)

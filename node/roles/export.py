@@ -94,8 +94,8 @@ def from_checkpoint(path: Path, expect_hash: str, round_: int | None) -> Source:
 def write_export(source: Source, manifest: Manifest, out: Path) -> list[RoundResult]:
     """Write the Hugging Face folder `out` (new or empty); returns the verified round results."""
     results = check_source(source, manifest)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is not empty")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} is not an empty folder")
     out.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "pt", "pulse_run_id": manifest.run_id, "pulse_state_hash": source.state_hash}
     if source.round is not None:
@@ -104,8 +104,7 @@ def write_export(source: Source, manifest: Manifest, out: Path) -> list[RoundRes
     (out / WEIGHTS).chmod(0o644)  # written private (a temp file renamed); a model to share is readable
     tokenizer = _write_architecture(manifest, out)
     (out / MANIFEST).write_text(manifest.to_toml())
-    for result, envelope in zip(results, source.results, strict=True):
-        ledger.append(out / LEDGER, result.round, envelope)
+    ledger.write(out / LEDGER, [(r.round, envelope) for r, envelope in zip(results, source.results, strict=True)])
     (out / CARD).write_text(model_card(manifest, source, results, tokenizer))
     return results
 

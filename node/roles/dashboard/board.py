@@ -44,25 +44,30 @@ class RunFacts:
 
 @dataclass
 class Seen:
-    """Every verified record read so far, bounded."""
+    """Every verified record read so far, bounded; `version` counts the changes (a board cache key)."""
 
     results: dict[int, RoundResult] = field(default_factory=dict)
     metrics: dict[int, RoundMetrics] = field(default_factory=dict)
     beats: OrderedDict[str, Heartbeat] = field(default_factory=OrderedDict)  # newest last
     opened: dict[int, int] = field(default_factory=dict)  # round -> first validator heartbeat time seen
     headers: dict[int, dict[str, SubmissionHeader]] = field(default_factory=dict)
+    version: int = 0
 
     def add_result(self, result: RoundResult) -> None:
-        self.results[result.round] = result
-        _trim(self.results, MAX_ROUNDS)
+        if self.results.get(result.round) != result:
+            self.results[result.round] = result
+            _trim(self.results, MAX_ROUNDS)
+            self.version += 1
 
     def add_metrics(self, metrics: RoundMetrics) -> None:
-        self.metrics[metrics.round] = metrics
-        _trim(self.metrics, MAX_ROUNDS)
+        if self.metrics.get(metrics.round) != metrics:
+            self.metrics[metrics.round] = metrics
+            _trim(self.metrics, MAX_ROUNDS)
+            self.version += 1
 
     def add_heartbeat(self, sender: str, beat: Heartbeat, *, from_validator: bool) -> None:
         old = self.beats.get(sender)
-        if old is not None and (old.round, old.sent_at) > (beat.round, beat.sent_at):
+        if old is not None and (old.round, old.sent_at) >= (beat.round, beat.sent_at):
             return
         self.beats[sender] = beat
         self.beats.move_to_end(sender)
@@ -72,11 +77,13 @@ class Seen:
             # the validator's heartbeat opening a round starts its deadline clock
             self.opened[beat.round] = min(self.opened.get(beat.round, beat.sent_at), beat.sent_at)
             _trim(self.opened, MAX_ROUNDS)
+        self.version += 1
 
     def add_header(self, header: SubmissionHeader) -> None:
         by_sender = self.headers.setdefault(header.round, {})
-        if len(by_sender) < MAX_HEADERS:
+        if len(by_sender) < MAX_HEADERS and by_sender.get(header.sender) != header:
             by_sender[header.sender] = header
+            self.version += 1
         _trim(self.headers, RECENT_ROUNDS + 1)
 
     def last_round(self) -> int:

@@ -41,10 +41,16 @@ class Watcher:
         self.seen = Seen()
         self.next_round: int | None = None  # the first round whose result has not been read
         self.lock = threading.Lock()
+        self._cached: tuple[tuple[int, int], RunBoard] | None = None
 
     def board(self, now: float | None = None) -> RunBoard:
+        """The board now; rebuilt only when a record arrived or a second passed (pages refresh often)."""
+        now = time.time() if now is None else now
         with self.lock:
-            return build_board(self.run, self.seen, time.time() if now is None else now)
+            key = (self.seen.version, int(now))
+            if self._cached is None or self._cached[0] != key:
+                self._cached = (key, build_board(self.run, self.seen, now))
+            return self._cached[1]
 
     async def run_forever(self, interval: float) -> None:
         while True:
