@@ -137,10 +137,15 @@ class Manifest(BaseModel):
     """'lm': language-model training on the corpus; 'rl': GRPO post-training with rollouts from the
     run's inference workers (followers), on the arithmetic task of `[rl]`."""
     model: ModelSection = ModelSection()
+    """The model the run trains and how its initial weights W_0 are made."""
     data: DataSection = DataSection()
+    """The corpus miners train on and the validator scores on."""
     train: TrainSection = TrainSection()
+    """The miners' inner loop, the codec and the outer step."""
     round: RoundSection = RoundSection()
+    """Round deadlines, checkpoints and DHT record lifetimes."""
     selection: SelectionSection = SelectionSection()
+    """What the Gauntlet fixes for the run: assignments, scoring batches, top G, indicator threshold."""
     rl: RLConfig = RLConfig()
     """The RL task, GRPO and rollout settings (read when `task = "rl"`)."""
 
