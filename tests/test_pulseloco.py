@@ -27,9 +27,8 @@ from protocol.errors import (
 )
 from protocol.positions import ClassTable, write_table
 from protocol.pulseloco import PulseLoCoCodec, gate
+from protocol.state import State
 from protocol.wire import Writer
-
-State = dict[str, torch.Tensor]
 
 
 def make_case(seed: int, scale: float) -> tuple[State, State, State]:

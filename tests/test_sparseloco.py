@@ -24,8 +24,8 @@ from protocol.errors import (
 )
 from protocol.positions import log2_binomial
 from protocol.sparseloco import CHUNK, SparseLoCoCodec, chunk_order, chunk_sizes
+from protocol.state import State
 
-State = dict[str, torch.Tensor]
 SHAPES = {"attn.weight": (128, 192), "ln.bias": (40,), "odd.weight": (100, 50), "wte.weight": (64, 64)}
 
 

@@ -22,7 +22,6 @@ from protocol.codec_options import CodecOptions
 from protocol.messages import MAX_REJECTIONS, MAX_SELECTED
 from validator.outer import OuterConfig
 
-
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 

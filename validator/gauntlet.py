@@ -35,13 +35,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-import torch
-
 from protocol.assignment import Assignment
 from protocol.codec import default_max_bytes
 from protocol.codec_options import build_codec
 from protocol.errors import ProtocolError
 from protocol.messages import Rejection, ScoredSubmission
+from protocol.state import State, StateDict
 from validator.aggregate import aggregate, global_norm
 from validator.config import GauntletConfig
 from validator.intake import Candidate, Screened, reason_text
@@ -54,7 +53,6 @@ from validator.scoring import (
     RoundEvaluation,
     RoundSecret,
     Sketch,
-    State,
     copy_owners,
     moving_average,
 )
@@ -120,7 +118,7 @@ class Decision:
 class Inspection:
     assessments: list[Assessment]
     median: float
-    reference: dict[str, torch.Tensor] | None  # mean direction of the admissible updates, at the median norm
+    reference: StateDict | None  # mean direction of the admissible updates, at the median norm
 
 
 class RoundPipeline:
@@ -162,7 +160,7 @@ class RoundPipeline:
         last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
         return Standing(standing.ratings.rate(round_, ranked, last), indicators)
 
-    def decode(self, payload: bytes) -> dict[str, torch.Tensor]:
+    def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
 
     def inspect(self, candidates: Sequence[Candidate], secret: RoundSecret) -> Inspection:
@@ -170,7 +168,7 @@ class RoundPipeline:
         offset = secret.sketch_offset(self.cfg.sketch_stride)
         first: dict[str, Assessment] = {}  # payload hash -> its first submission
         out: list[Assessment] = []
-        directions: dict[str, torch.Tensor] | None = None  # sum of update / norm
+        directions: StateDict | None = None  # sum of update / norm
         for c in candidates:
             out.append(a := Assessment(c))
             if c.header.payload_sha256 in first:
@@ -195,7 +193,7 @@ class RoundPipeline:
             reference = {name: t.mul_(median / kept) for name, t in directions.items()}
         return Inspection(out, median, reference)
 
-    def _measure(self, a: Assessment, offset: int) -> dict[str, torch.Tensor] | None:
+    def _measure(self, a: Assessment, offset: int) -> StateDict | None:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
         try:
             update = self.decode(a.candidate.payload)
@@ -251,7 +249,7 @@ class RoundPipeline:
             if a.index in owners:
                 a.problem, a.copy = f"copy of {sender[owners[a.index]][:16]}'s submission", True
 
-    def aggregate(self, selected: Sequence[Assessment]) -> dict[str, torch.Tensor] | None:
+    def aggregate(self, selected: Sequence[Assessment]) -> StateDict | None:
         if not selected:
             return None
         result = aggregate([a.candidate.payload for a in selected], self.decode, norms=[a.norm for a in selected])
@@ -329,7 +327,7 @@ def outcomes_and_result(
     return ordered, scored, rejections
 
 
-def _accumulate(total: dict[str, torch.Tensor] | None, update: State, scale: float) -> dict[str, torch.Tensor]:
+def _accumulate(total: StateDict | None, update: State, scale: float) -> StateDict:
     if total is None:
         return {name: t.mul(scale) for name, t in update.items()}
     for name, t in update.items():
