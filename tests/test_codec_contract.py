@@ -6,17 +6,17 @@ tensors alone (compress and decompress), and reject hostile payloads with the sp
 `MalformedPayload` subclass: truncation anywhere, trailing bytes, the caller's size cap, another
 layout, another codec's payload; a corrupted byte either raises one or decodes to finite tensors
 of the right shapes. Codec-specific properties (gating, top-k, crafted headers) stay in
-test_pulseloco.py and test_sparseloco.py.
+test_pulseloco.py and test_sparseloco.py; the dense codec's, which has no file of its own, at the end.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.codec import REGISTRY, Codec, make_codec
+from protocol.codec import REGISTRY, Codec, CodecStats, DenseCodec, make_codec
 from protocol.errors import (
     LayoutMismatch,
     MalformedPayload,
@@ -125,7 +125,7 @@ def test_trailing_bytes_cap_and_layout(case: tuple[Codec, StateDict, bytes]) -> 
             rejects(codec, theirs, weights, UnknownVersion)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_random_corruption_never_escapes_the_error_tree(
     case: tuple[Codec, StateDict, bytes], data: st.DataObject
@@ -142,3 +142,16 @@ def test_random_corruption_never_escapes_the_error_tree(
         assert set(out) == set(weights)
         assert all(out[n].shape == weights[n].shape and bool(torch.isfinite(out[n]).all()) for n in out)
     assert same(weights, before)
+
+
+# -- the dense codec (DiLoCo): exact, keeps nothing --------------------------------------------
+
+
+def test_dense_codec_is_exact_and_keeps_no_error() -> None:
+    weights, delta, error = make_case(4)
+    codec = make_codec("dense")
+    assert isinstance(codec, DenseCodec)
+    payload, new_error, stats = codec.compress(delta, error, weights)
+    out = codec.decompress(payload, weights)
+    assert all(torch.equal(out[n], error[n] + delta[n]) and not new_error[n].any() for n in weights)
+    assert stats == CodecStats(stats.elements, stats.elements, len(payload), 0, 4 * stats.elements)
