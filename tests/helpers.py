@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from node.swarm.demo import read_events
-
 T = TypeVar("T")
 Record = dict[str, Any]
 
@@ -61,6 +59,8 @@ def wait_exits(popens: Sequence[subprocess.Popen[Any]], timeout: float) -> None:
 
 def events(out: Path) -> list[Record]:
     """Every event the swarm in `out` has written so far (`out/events/*.jsonl`)."""
+    from node.swarm.demo import read_events  # here, not at the top: it imports torch, polling needs none
+
     return read_events(out / "events")
 
 
