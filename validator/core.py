@@ -7,9 +7,9 @@
 A round: screen (intake.py), decide (`RoundPipeline.decide`, gauntlet.py: outcomes, the selected,
 the next ratings and indicator averages), aggregate and step the master, encode the patch and
 sign the result, commit (state.py). Everything for round r is computed from the state of round
-r; the state of round r+1 is committed and only then adopted in memory. Inputs are the same after a restart
-(the validator's randomness is a hash of its own signature), so re-running a round that was cut
-off before its commit gives the same result, byte for byte.
+r; the state of round r+1 is committed and only then adopted in memory. Inputs are the same
+after a restart (the validator's randomness is a hash of its own signature), so re-running a
+round that was cut off before its commit gives the same result and patch, byte for byte.
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from protocol import pulsesync
 from protocol.errors import ConfigError, CorruptState
 from protocol.identity import Identity
 from protocol.messages import RoundResult
 from protocol.signing import SeenCache, sign
+from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator.config import GauntletConfig
 from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing
@@ -82,7 +81,7 @@ class Validator:
         cfg: GauntletConfig,
         run_id: str,
         identity: Identity,
-        master: Mapping[str, torch.Tensor],
+        master: State,
         evaluator: Evaluator,
         batch_fn: BatchFn,
         *,
@@ -171,7 +170,7 @@ class Validator:
         """The miners' ratings and indicator averages this round starts from."""
         return Standing(self.ratings, self.book.indicators)
 
-    def _step(self, update: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], str]:
+    def _step(self, update: StateDict | None) -> tuple[StateDict, str]:
         """Apply the outer step (none without an update); the new BF16 weights and their hash."""
         if update is not None:
             self.outer.step(update)
