@@ -28,14 +28,12 @@ string maps to its bytes and back.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from node.learn.model import GPTConfig
-
-State = dict[str, torch.Tensor]
+from protocol.state import State, StateDict
 
 # name inside block i -> (GPT-2 name inside transformer.h.i, whether it is a Linear that becomes a Conv1D)
 _BLOCK = {
@@ -84,9 +82,9 @@ def gpt2_config(cfg: GPTConfig) -> dict[str, Any]:
     }
 
 
-def to_gpt2(weights: Mapping[str, torch.Tensor]) -> State:
+def to_gpt2(weights: State) -> StateDict:
     """GPT-2 tensors (names, layout, zero biases) for the embedded GPT's unique state, dtype kept."""
-    out: State = {}
+    out: StateDict = {}
     for name, tensor in weights.items():
         if name in _TOP:
             out[_TOP[name]] = tensor.contiguous()
@@ -104,7 +102,7 @@ def to_gpt2(weights: Mapping[str, torch.Tensor]) -> State:
     return out
 
 
-def from_gpt2(hf: Mapping[str, torch.Tensor], cfg: GPTConfig) -> State:
+def from_gpt2(hf: State, cfg: GPTConfig) -> StateDict:
     """The embedded GPT's unique state from GPT-2 tensors; `ValueError` if names differ or a bias is not zero.
 
     `lm_head.weight`, if present, must equal `transformer.wte.weight` (they are tied).
@@ -126,7 +124,7 @@ def from_gpt2(hf: Mapping[str, torch.Tensor], cfg: GPTConfig) -> State:
         for bias in _ZERO_BIASES:
             if torch.any(hf[f"transformer.h.{i}.{bias}"] != 0):
                 raise ValueError(f"transformer.h.{i}.{bias} is not zero: the embedded GPT has no such bias")
-    out: State = {pulse: hf[name] for pulse, name in _TOP.items()}
+    out: StateDict = {pulse: hf[name] for pulse, name in _TOP.items()}
     for i in range(cfg.n_layer):
         for pulse, (name, linear) in _BLOCK.items():
             tensor = hf[f"transformer.h.{i}.{name}"]

@@ -41,11 +41,11 @@ from node.run.manifest import Manifest, load_manifest
 from node.run.setup import RunSetup
 from protocol.errors import BrokenChain, ConfigError, CorruptState, WrongRun
 from protocol.messages import RoundResult
+from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator import ledger
 from validator.state import COMMITTED, StateStore
 
-State = dict[str, torch.Tensor]
 WEIGHTS, MANIFEST, LEDGER, CARD = "model.safetensors", "run.toml", "ledger.jsonl", "README.md"
 HF_PREFIX = "lm."  # a Hugging Face model's names inside pulse (`learn/hfmodel.py`)
 
@@ -122,7 +122,7 @@ def check_source(source: Source, manifest: Manifest) -> list[RoundResult]:
     return results
 
 
-def _hf_weights(weights: State, manifest: Manifest) -> State:
+def _hf_weights(weights: State, manifest: Manifest) -> StateDict:
     if manifest.model.kind == "gpt":
         return to_gpt2(weights)
     if not all(name.startswith(HF_PREFIX) for name in weights):
@@ -130,7 +130,7 @@ def _hf_weights(weights: State, manifest: Manifest) -> State:
     return {name.removeprefix(HF_PREFIX): t.contiguous() for name, t in weights.items()}
 
 
-def _pulse_weights(hf: State, manifest: Manifest) -> State:
+def _pulse_weights(hf: State, manifest: Manifest) -> StateDict:
     if manifest.model.kind == "gpt":
         return from_gpt2(hf, manifest.model.gpt)
     return {HF_PREFIX + name: t for name, t in hf.items()}
