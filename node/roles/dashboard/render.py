@@ -129,25 +129,29 @@ def _leaderboard(board: RunBoard) -> str:
 
 
 def _submissions(board: RunBoard) -> str:
-    rows = [
-        f'<tr><td class="num">{o.round}</td><td>{_key_link(o.sender)}</td><td>{_fate(o)}</td>'
-        f'<td class="num">{_score(o)}</td><td><code>{o.payload_sha256[:12]}</code></td></tr>'
-        for o in board.recent
-    ]
-    head = "<tr><th>round</th><th>miner</th><th>outcome</th><th>score</th><th>payload</th></tr>"
-    return _table("Every submission of the last rounds", "submissions", head, rows, "none yet")
+    title = "Every submission of the last rounds"
+    return _outcomes(title, "submissions", board.recent, "none yet", with_miner=True)
 
 
 def _miner(board: RunBoard, key: str) -> str:
     if not KEY.match(key):
         return '<h2>Miner</h2><p id="miner-history" class="bad">not a miner key (64 lowercase hex characters)</p>'
+    history = list(reversed(board.history(key)))
+    title = f"Miner {key[:16]}...: history"
+    return _outcomes(title, "miner-history", history, "no submission seen from this key", with_miner=False)
+
+
+def _outcomes(title: str, element_id: str, outcomes: list[Outcome], empty: str, *, with_miner: bool) -> str:
+    """One row per submission: round, (miner,) outcome with its reason, score, payload."""
+    columns = ["round", *(["miner"] if with_miner else []), "outcome", "score", "payload"]
     rows = [
-        f'<tr><td class="num">{o.round}</td><td>{_fate(o)}</td><td class="num">{_score(o)}</td>'
-        f"<td><code>{o.payload_sha256[:12]}</code></td></tr>"
-        for o in reversed(board.history(key))
+        f'<tr><td class="num">{o.round}</td>'
+        + (f"<td>{_key_link(o.sender)}</td>" if with_miner else "")
+        + f'<td>{_fate(o)}</td><td class="num">{_score(o)}</td><td><code>{o.payload_sha256[:12]}</code></td></tr>'
+        for o in outcomes
     ]
-    head = "<tr><th>round</th><th>outcome</th><th>score</th><th>payload</th></tr>"
-    return _table(f"Miner {key[:16]}...: history", "miner-history", head, rows, "no submission seen from this key")
+    head = "<tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
+    return _table(title, element_id, head, rows, empty)
 
 
 def _nodes(board: RunBoard) -> str:
