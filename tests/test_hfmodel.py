@@ -103,3 +103,17 @@ def test_not_a_causal_lm_fails_naming_the_path(tmp_path: Path) -> None:
     setup = RunSetup.from_manifest(_manifest(tmp_path / "model"))
     with pytest.raises(ConfigError, match="causal LM"):
         setup.new_model()
+
+
+def test_a_model_from_its_architecture_alone_is_seeded() -> None:
+    from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config
+
+    tiny = {**QWEN2_5_0_5B, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}  # fmt: skip
+    a, b, c = build_hf_from_config(tiny, 1), build_hf_from_config(tiny, 1), build_hf_from_config(tiny, 2)
+    same = [torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)]
+    assert all(same)
+    name = "lm.model.embed_tokens.weight"
+    assert not torch.equal(a.state_dict()[name], c.state_dict()[name])
+    x = torch.randint(0, 256, (2, 16))
+    assert a(x).shape == (2, 16, 300)
