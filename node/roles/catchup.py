@@ -93,13 +93,19 @@ class Chain:
 
     async def sync(self) -> Held:
         """Join if holding nothing, then apply every published patch; a broken chain rejoins."""
+        fresh = False  # holding a checkpoint just loaded, nothing applied on it yet
         while True:
             if self.held is None:
-                self.held = await self._join()
+                self.held, fresh = await self._join(), True
             step = await self._apply_next(self.held)
             if step is None:
                 return self.held
-            self.held = step if isinstance(step, Held) else None
+            if isinstance(step, Held):
+                self.held, fresh = step, False
+                continue
+            if fresh:  # even the newest checkpoint does not continue: look again later, not in a tight loop
+                await asyncio.sleep(self.poll)
+            self.held = None
 
     async def _join(self) -> Held:
         """The newest announced checkpoint; waits until the validator has announced one that loads."""
