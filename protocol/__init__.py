@@ -3,12 +3,13 @@
 Files (each imports only the standard library, torch, numpy, codec libraries and earlier rows):
 
 - `errors.py`      one exception tree; every rejection of peer bytes is a `ProtocolError`
+- `state.py`       `State`, the one name for tensors by parameter name (read-only), and `StateDict` (owned)
 - `tensorbytes.py` wire dtype names and exact bit-pattern views of float tensors
 - `statehash.py`   canonical SHA-256 of a state dict (sorted names, dtype, shape, bytes)
 - `identity.py`    Ed25519 identities (PyNaCl), signature checks, the key-file text format
 - `messages.py`    pydantic wire models, their canonical bytes and size caps; `PROTOCOL_VERSION`
-- `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays
 - `wire.py`        bounded reader/writer for binary formats (truncation, trailing bytes, caps)
+- `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays
 - `parallel.py`    per-tensor codec work on all cores, results in input order
 - `ans.py`         ANS entropy coding (constriction) with integer-exact models, bounded decoding
 - `contexts.py`    the old weight's exponent as coding context, and the class-major order it induces

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +46,7 @@ from protocol.errors import (
     UnknownVersion,
 )
 from protocol.parallel import parallel_map
+from protocol.state import State
 from protocol.statehash import state_hash
 from protocol.tensorbytes import bits, dtype_name, from_bits
 from protocol.wire import Reader, Writer
@@ -57,8 +57,6 @@ DTYPE_CODES = {"bfloat16": 1, "float16": 2, "float32": 3}
 _DTYPE_BY_CODE = {v: k for k, v in DTYPE_CODES.items()}
 SAME, SPARSE, DENSE = 0, 1, 2
 _HEADER_SLACK = 1 << 16
-
-State = Mapping[str, torch.Tensor]
 
 
 @dataclass

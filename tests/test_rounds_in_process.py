@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.identity import Identity
+from tests.helpers import apoll
 
 ROUNDS = 3
 POLL = 0.05
@@ -138,11 +138,7 @@ class Harness:
         return read_events(self.root / "events")
 
     async def until(self, what: str, found: Callable[[EventLog], bool]) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while not found(self.log()):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(POLL)
+        assert await apoll(lambda: found(self.log()), TIMEOUT, POLL), f"timed out waiting for {what}"
 
     async def stop(self) -> None:
         """Cancel whatever still runs (the validator serves blobs forever) and leave the network."""

@@ -18,17 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from node.bench import plainpatch
 from node.bench.report import BenchResult, table
 from node.bench.trace import load_trace, make_trace, read_manifest
 from node.learn.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
 from node.learn.data import stdlib_corpus
 from protocol import pulsesync
+from protocol.state import State, StateDict
 from protocol.statehash import state_hash
-
-State = dict[str, torch.Tensor]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +54,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     return _result(args, pairs, totals, times)
 
 
-def _trace(args: argparse.Namespace) -> list[State]:
+def _trace(args: argparse.Namespace) -> list[StateDict]:
     trace_dir = args.trace or (args.cache_dir or default_cache_dir()) / f"trace-lr{args.lr:g}"
     try:
         manifest = read_manifest(trace_dir)

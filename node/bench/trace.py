@@ -14,7 +14,7 @@ import argparse
 import copy
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from node.learn.train import (
     evaluate,
     inner_train,
 )
+from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator.atomicfile import write_atomic
 
@@ -47,13 +48,11 @@ FORMAT = "pulse-trace/v1"
 EVAL_BATCHES = 8  # held-out batches for the loss column
 MASTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-State = dict[str, torch.Tensor]
-
 
 @dataclass
 class Trace:
     lr: float
-    states: list[State]  # BF16, steps + 1 of them: before the first step, then after each
+    states: list[StateDict]  # BF16, steps + 1 of them: before the first step, then after each
     losses: list[float]  # training loss of each step
     model: GPT  # the master weights after the last step
 
@@ -70,7 +69,7 @@ def trace_states(model: GPT, lr: float, steps: int, batches: BatchFn) -> Trace:
     return Trace(lr, states, losses, model)
 
 
-def unchanged_fraction(states: list[State], k: int) -> float | None:
+def unchanged_fraction(states: Sequence[State], k: int) -> float | None:
     """Mean over t of the fraction of weights with identical bits in states t and t+k (None if k too big)."""
     if k >= len(states):
         return None
@@ -79,12 +78,12 @@ def unchanged_fraction(states: list[State], k: int) -> float | None:
     return sum(fractions) / len(fractions)
 
 
-def _same_bits(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> int:
+def _same_bits(a: State, b: State) -> int:
     # compare bit patterns, not values: -0.0 == 0.0 would hide a change the patch must carry
     return sum(int((a[n].view(torch.int16) == b[n].view(torch.int16)).sum()) for n in a)
 
 
-def write_trace(out_dir: Path, states: list[State], info: dict[str, Any]) -> None:
+def write_trace(out_dir: Path, states: Sequence[StateDict], info: dict[str, Any]) -> None:
     """Write `states` as step files and the manifest (last, so a present manifest means a whole trace)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)
@@ -109,7 +108,7 @@ def read_manifest(trace_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def iter_trace(trace_dir: Path) -> Iterator[State]:
+def iter_trace(trace_dir: Path) -> Iterator[StateDict]:
     """The BF16 states of a written trace in step order, each checked against its manifest SHA-256."""
     for entry in read_manifest(trace_dir)["files"]:
         name = entry["file"]
@@ -121,7 +120,7 @@ def iter_trace(trace_dir: Path) -> Iterator[State]:
         yield state
 
 
-def load_trace(trace_dir: Path) -> list[State]:
+def load_trace(trace_dir: Path) -> list[StateDict]:
     """All states of a trace (steps + 1 of them, ~6.5 MB each for the default model)."""
     return list(iter_trace(Path(trace_dir)))
 

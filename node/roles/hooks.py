@@ -15,12 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 from node.learn.model import CausalLM
 from node.learn.train import Batch, evaluate, load_bf16_state
-
-State = Mapping[str, torch.Tensor]
+from protocol.state import State
 
 
 @dataclass(frozen=True)

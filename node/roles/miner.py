@@ -16,8 +16,6 @@ import asyncio
 import logging
 import time
 
-import torch
-
 from node.events import Events, mb
 from node.events.models import Final, Late, Missed, Started, Submitted, Training
 from node.net.peer import Peer
@@ -27,10 +25,10 @@ from node.run.trainer import Trainer
 from protocol.errors import ProtocolError, TransferError
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
+from protocol.state import State
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
-State = dict[str, torch.Tensor]
 
 
 class RoundInputs:

@@ -24,10 +24,8 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from node.events import Events, mb
 from node.events.models import Baseline, CheckpointAnnounced, Done, Received, RoundClosed, RoundOpened, Started
@@ -42,12 +40,12 @@ from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
 from protocol.messages import CheckpointAnnouncement, Heartbeat, SubmissionHeader
 from protocol.signing import Verified
+from protocol.state import State
 from validator.core import RoundReport, Validator
 from validator.intake import Submission
 from validator.state import StateStore
 
 log = logging.getLogger(__name__)
-State = Mapping[str, torch.Tensor]
 POLL_SECONDS = 0.5
 SERVE_HEARTBEAT_SECONDS = 5.0
 

@@ -27,9 +27,8 @@ from node.learn.train import Batch, unique_state
 from node.run.setup import RunSetup
 from node.run.trainer import LMTrainer, MinerSpec, RLTrainer, Trainer
 from protocol.identity import Identity
+from protocol.state import StateDict
 from validator.scoring import BatchFn, Evaluator
-
-State = dict[str, torch.Tensor]
 
 
 class Task(ABC):
@@ -40,7 +39,7 @@ class Task(ABC):
         self.spec = MinerSpec.from_manifest(setup.manifest)
 
     @abstractmethod
-    def initial_master(self) -> State:
+    def initial_master(self) -> StateDict:
         """W_0 in FP32."""
 
     @abstractmethod
@@ -61,7 +60,7 @@ class LMTask(Task):
 
     kind = "lm"
 
-    def initial_master(self) -> State:
+    def initial_master(self) -> StateDict:
         return {n: t.detach().clone().float() for n, t in unique_state(self.setup.new_model()).items()}
 
     def evaluator(self) -> GPTEvaluator:
@@ -97,12 +96,12 @@ class RLTask(Task):
         # round hooks `set` it every round before scoring
         self.pool = PoolSource(setup.manifest.model.gpt.block_size, groups_per_seed=self.cfg.groups_per_batch)
 
-    def initial_master(self) -> State:
+    def initial_master(self) -> StateDict:
         """The (cached) supervised warm start on task examples."""
         m = self.setup.manifest
         return warm_start(m.model.gpt, m.model.seed, m.rl)
 
-    def reference(self) -> State | None:
+    def reference(self) -> StateDict | None:
         """The KL term's reference policy: W_0 (cached on disk, so cheap after once), if the run has one."""
         return self.initial_master() if self.cfg.kl_coef > 0 else None
 

@@ -34,8 +34,7 @@ from protocol.codec_options import CodecOptions, build_codec
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.rollouts import RolloutGroup
-
-State = dict[str, torch.Tensor]
+from protocol.state import State, StateDict
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class Trainer(ABC):
     def __init__(self, spec: MinerSpec, model: CausalLM, identity: Identity) -> None:
         self.spec, self.model, self.identity = spec, model, identity
         self.codec = build_codec(spec.codec, spec.codec_options)
-        self.error: State | None = None
+        self.error: StateDict | None = None
         self.steps_done = 0
         self.last_loss = float("nan")  # mean loss of the last round's inner steps
         self.last_stats: CodecStats | None = None  # of the last compression
@@ -101,7 +100,7 @@ class Trainer(ABC):
         payload = self.compress(delta, weights)
         return self.header(round_, payload, base_hash), payload
 
-    def _delta(self, weights: State) -> State:
+    def _delta(self, weights: State) -> StateDict:
         local = unique_state(self.model)
         return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
 

@@ -34,11 +34,11 @@ from protocol.assignment import Assignment
 from protocol.codec import Codec
 from protocol.identity import Identity
 from protocol.signing import sign
+from protocol.state import State
 from protocol.wire import Reader
 from validator.aggregate import global_norm
 from validator.intake import Submission
 
-State = dict[str, torch.Tensor]
 T = TypeVar("T")
 KINDS = ("copycat", "thief", "signflip", "noise", "freerider", "nan", "replay", "behind")
 

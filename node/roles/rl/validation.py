@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
-
 from node.events import Events
 from node.events.models import PoolPublished
 from node.learn.model import CausalLM
@@ -21,8 +19,7 @@ from node.net.peer import Peer
 from node.roles.hooks import HeldOut
 from node.roles.rl.pool import PoolKeeper
 from node.run.task import RLTask
-
-State = Mapping[str, torch.Tensor]
+from protocol.state import State
 
 
 class RLRoundHooks:
