@@ -7,12 +7,15 @@ import asyncio
 import hashlib
 import json
 import re
+import time
 import urllib.error
 import urllib.request
-from typing import TypeVar
+from pathlib import Path
 
 import pytest
 
+from node.net.memory import MemoryNetwork
+from node.net.peer import RunRecords
 from node.roles.dashboard.board import MAX_NODES, RunFacts, Seen, build_board
 from node.roles.dashboard.render import page
 from node.roles.dashboard.server import DashboardServer
@@ -28,9 +31,8 @@ from protocol.messages import (
     SubmissionHeader,
     WireModel,
 )
-from protocol.signing import Verified, open_signed, sign
+from protocol.signing import sign
 
-M = TypeVar("M", bound=WireModel)
 VALIDATOR = Identity.from_seed(b"v" * 32)
 MINERS = [Identity.from_seed(bytes([i]) * 32).public_hex for i in range(1, 4)]
 HOSTILE = Identity.from_seed(b"h" * 32).public_hex
@@ -149,37 +151,20 @@ def test_page_shows_round_loss_points_and_rejections_escaped() -> None:
     assert "not a miner key" in page(build_board(RUN, seen, 0.0), miner="<b>")
 
 
-class FakeRecords:
-    """Signed records by (kind, round), opened the way a peer opens them."""
+def test_watcher_reads_validator_records_only_and_catches_late_metrics(tmp_path: Path) -> None:
+    network = MemoryNetwork(RunRecords(RUN.run_id, RUN.validators, record_ttl_seconds=3600, checkpoint_every=5))
 
-    def __init__(self) -> None:
-        self.records: dict[tuple[str, int], list[bytes]] = {}
-        self.gets = 0
+    def put(identity: Identity, message: WireModel) -> None:
+        assert network.store(sign(identity, message), time.time() + 3600)
 
-    def put(self, identity: Identity, message: WireModel) -> None:
-        self.records.setdefault((message.KIND, message.round), []).append(sign(identity, message).to_bytes())
-
-    async def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        self.gets += 1
-        return [open_signed(e, run_id=RUN.run_id, expect=kind) for e in self.records.get((kind.KIND, round_), [])]
-
-    async def latest_result_round(self, start: int = 0) -> int:
-        r = start - 1
-        while ("round_result", r + 1) in self.records:
-            r += 1
-        return r
-
-
-def test_watcher_reads_validator_records_only_and_catches_late_metrics() -> None:
-    records = FakeRecords()
     impostor = Identity.generate()
     for r in range(3):
-        records.put(VALIDATOR, result(r))
-        records.put(impostor, metrics(r, 0.01))  # signed, but not by a validator of the run
-    records.put(VALIDATOR, metrics(0, 5.0))
-    records.put(VALIDATOR, beat("validator", 3, 100))
-    records.put(Identity.from_seed(b"\x01" * 32), header(MINERS[0], 3))
-    watcher = Watcher(records, RUN, history=2)
+        put(VALIDATOR, result(r))
+        put(impostor, metrics(r, 0.01))  # signed, but not by a validator of the run
+    put(VALIDATOR, metrics(0, 5.0))
+    put(VALIDATOR, beat("validator", 3, 100))
+    put(Identity.from_seed(b"\x01" * 32), header(MINERS[0], 3))
+    watcher = Watcher(network.join(Identity.generate(), tmp_path, role="follower"), RUN, history=2)
     asyncio.run(watcher.poll())
     board = watcher.board(now=110.0)
     assert [r.round for r in board.rounds] == [1, 2] and board.current_round == 3  # history: the last 2 rounds
@@ -188,8 +173,8 @@ def test_watcher_reads_validator_records_only_and_catches_late_metrics() -> None
     assert watcher.board(now=110.2) is board  # nothing new within the same second: the same board
     asyncio.run(watcher.poll())
     assert watcher.board(now=110.2) is board  # a pass that found nothing new changes nothing
-    records.put(VALIDATOR, metrics(2, 3.0))  # published after its result
-    records.put(VALIDATOR, result(3))
+    put(VALIDATOR, metrics(2, 3.0))  # published after its result
+    put(VALIDATOR, result(3))
     asyncio.run(watcher.poll())
     assert [(r.round, r.loss) for r in watcher.board(now=110.2).rounds] == [(1, None), (2, 3.0), (3, None)]
 

@@ -1,7 +1,8 @@
 """`pulse dashboard --config C --initial-peers ... [--port P]`: a live web page for the run (`roles/dashboard/`).
 
-It joins the run's DHT as a reader (a throwaway key; it signs and announces nothing), reads the
-signed records every `--poll` seconds and serves the page on `--bind`:`--port` until Ctrl+C.
+It joins the run's DHT as a reader (a throwaway key; no blob streams; it signs and announces
+nothing), reads the signed records every `--poll` seconds and serves the page on `--bind`:`--port`
+until Ctrl+C.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from node.commands.roles import DEFAULT_CONFIG, until_signal
-from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
-from node.net.peer import Peer
+from node.net.dht import PulseDHT
+from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.p2ppeer import DHTView
+from node.net.peer import RunView
 from node.roles.dashboard.board import RunFacts
 from node.roles.dashboard.server import DashboardServer
 from node.roles.dashboard.watch import Watcher
@@ -41,14 +43,20 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         manifest = load_manifest(args.config)
-        config = net_config_from_args(args)
-        return asyncio.run(_main(manifest, config, args))
-    except (ConfigError, NetworkError, OSError) as exc:  # OSError: the port is taken
+        dht = PulseDHT.start(net_config_from_args(args), run_id=manifest.run_id, identity=Identity.generate())
+    except (ConfigError, NetworkError) as exc:
         print(f"pulse dashboard: {exc}", file=sys.stderr)
         return 2
+    try:
+        return asyncio.run(_main(DHTView(dht, run_records(manifest)), manifest, args))
+    except OSError as exc:  # the port is taken
+        print(f"pulse dashboard: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        dht.shutdown()
 
 
-async def _main(manifest: Manifest, config: NetConfig, args: argparse.Namespace) -> int:
+async def _main(view: RunView, manifest: Manifest, args: argparse.Namespace) -> int:
     facts = RunFacts(
         name=manifest.name,
         run_id=manifest.run_id,
@@ -56,16 +64,11 @@ async def _main(manifest: Manifest, config: NetConfig, args: argparse.Namespace)
         deadline_seconds=manifest.round.deadline_seconds,
         task=manifest.task,
     )
-    with tempfile.TemporaryDirectory(prefix="pulse-dashboard-") as folder:
-        peer = await Peer.create(config, run_records(manifest), Identity.generate(), Path(folder), role="follower")
-        try:
-            watcher = Watcher(peer, facts, history=args.history)
-            server = DashboardServer(watcher.board, host=args.bind, port=args.port, refresh=args.refresh)
-            print(f"pulse dashboard: run {manifest.run_id[:16]}... at {server.start()}", flush=True)
-            try:
-                await until_signal(watcher.run_forever(args.poll))
-            finally:
-                server.stop()
-        finally:
-            await peer.shutdown()
+    watcher = Watcher(view, facts, history=args.history)
+    server = DashboardServer(watcher.board, host=args.bind, port=args.port, refresh=args.refresh)
+    print(f"pulse dashboard: run {manifest.run_id[:16]}... at {server.start()}", flush=True)
+    try:
+        await until_signal(watcher.run_forever(args.poll))
+    finally:
+        server.stop()
     return 0

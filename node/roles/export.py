@@ -39,6 +39,7 @@ from node.learn.hfmodel import load_hf_tokenizer, model_dir
 from node.roles.catchup import load_checkpoint
 from node.run.manifest import Manifest, load_manifest
 from node.run.setup import RunSetup
+from node.run.task import task_for
 from protocol.errors import BrokenChain, ConfigError, CorruptState, WrongRun
 from protocol.messages import RoundResult
 from protocol.state import State, StateDict
@@ -186,7 +187,7 @@ def _check_start(manifest: Manifest, results: list[RoundResult]) -> str:
     if manifest.model.kind == "hf" and not Path(manifest.model.path or "").expanduser().is_dir():
         return f"W_0 not checked: the model files ({manifest.model.path}) are not on this machine"
     initial = state_hash(
-        {n: t.to(torch.bfloat16) for n, t in RunSetup.from_manifest(manifest).initial_master().items()}
+        {n: t.to(torch.bfloat16) for n, t in task_for(RunSetup.from_manifest(manifest)).initial_master().items()}
     )
     if initial != results[0].base_state_hash:
         raise BrokenChain(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from node.events.models import RoundClosed
 from node.run.manifest import parse_manifest
 from node.swarm.campaign.swarms import CampaignSwarm, Keys, Team, campaign_manifest, has, write_manifest
 
@@ -58,7 +59,7 @@ def test_dashboard_shows_round_loss_and_a_rejected_hostile_submission(tmp_path: 
         swarm.start_role("miner1", "miner", keys.honest[1])
         swarm.start_role("follower", "follow", None)
         swarm.start_team(Team("hostile", ("nan",), 1), keys.hostile)
-        swarm.wait(f"round {ROUNDS - 1} closing", has("validator", "round", ROUNDS - 1), timeout=240.0)
+        swarm.wait(f"round {ROUNDS - 1} closing", has("validator", RoundClosed, ROUNDS - 1), timeout=240.0)
         hostile = keys_hex(keys.hostile[0])
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=browser_path, args=CHROMIUM_ARGS)

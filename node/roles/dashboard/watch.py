@@ -1,10 +1,10 @@
 """Reads the run's signed records from the DHT into a `Seen`, round by round, for the run page.
 
-    watcher = Watcher(records, run)           # records: a `Peer` (anything with `get` and `latest_result_round`)
+    watcher = Watcher(view, run)              # view: any `RunView` (the DHT's, a peer's, an in-memory one)
     await watcher.poll()                       # one pass: new results and metrics, heartbeats, headers
     board = watcher.board()                    # thread-safe: the HTTP server calls it from its threads
 
-Every record arrives verified (signature, run, schema) from the peer; results and metrics count
+Every record arrives verified (signature, run, schema) from the view; results and metrics count
 only if a validator of the run signed them. A pass reads at most `MAX_ROUNDS_PER_POLL` new
 rounds, so a page opened late in a long run fills in over a few passes and stays responsive.
 """
@@ -15,11 +15,11 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
+from node.net.peer import RunView
 from node.roles.dashboard.board import RunBoard, RunFacts, Seen, build_board
 from protocol.messages import Heartbeat, RoundMetrics, RoundResult, SubmissionHeader, WireModel
-from protocol.signing import Verified
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=WireModel)
@@ -27,16 +27,8 @@ MAX_ROUNDS_PER_POLL = 50
 METRICS_RETRY_ROUNDS = 3  # metrics are published after the result: look again for the last few rounds
 
 
-class Records(Protocol):
-    """What the watcher needs of a peer: verified records by kind and round."""
-
-    async def get(self, kind: type[M], round_: int) -> list[Verified[M]]: ...
-
-    async def latest_result_round(self, start: int = 0) -> int: ...
-
-
 class Watcher:
-    def __init__(self, records: Records, run: RunFacts, history: int = 1_000) -> None:
+    def __init__(self, records: RunView, run: RunFacts, history: int = 1_000) -> None:
         self.records, self.run, self.history = records, run, history
         self.seen = Seen()
         self.next_round: int | None = None  # the first round whose result has not been read
