@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -123,13 +124,13 @@ class Chain:
             current = await self.peer.latest_result_round() + 1
             announcement = await self.peer.latest_checkpoint(current)
             if announcement is not None:
-                held = await self._load(announcement)
+                held = await self._load(announcement, behind=current - announcement.round)
                 if held is not None:
                     self.behind = current - held.round  # patches published since the checkpoint
                     return held
             await asyncio.sleep(self.poll)
 
-    async def _load(self, a: CheckpointAnnouncement) -> Held | None:
+    async def _load(self, a: CheckpointAnnouncement, behind: int) -> Held | None:
         try:
             path = await fetch_showing(self.peer, a.blob_sha256, a.blob_size, a.round, f"checkpoint of round {a.round}")
             weights = await _cpu(load_checkpoint, path.read_bytes(), a.state_hash)
@@ -138,7 +139,7 @@ class Chain:
             return None
         self.peer.hold(a.blob_sha256)
         self.events.emit(
-            CheckpointLoaded(round=a.round, state_hash=a.state_hash, bytes=a.blob_size),
+            CheckpointLoaded(round=a.round, state_hash=a.state_hash, bytes=a.blob_size, behind=max(behind, 0)),
             f"loaded the checkpoint of round {a.round} ({mb(a.blob_size)}), state hash {a.state_hash[:12]} verified",
         )
         return Held(a.round, weights, a.state_hash)
@@ -153,7 +154,9 @@ class Chain:
             return BROKEN
         try:
             path = await self.peer.fetch(result.patch_sha256, result.patch_size, held.round)
+            start = time.monotonic()
             weights = await _cpu(pulsesync.apply, held.weights, path.read_bytes())
+            seconds = time.monotonic() - start
         except TransferError as exc:
             log.warning("patch of round %d not available yet: %s", held.round, exc)
             return None
@@ -167,7 +170,9 @@ class Chain:
         if self.me is not None:
             _report_placement(self.events, result, self.me)
         self.events.emit(
-            PatchApplied(round=held.round, patch_bytes=result.patch_size, state_hash=result.new_state_hash),
+            PatchApplied(
+                round=held.round, patch_bytes=result.patch_size, state_hash=result.new_state_hash, seconds=seconds
+            ),
             f"patch of round {held.round} applied ({mb(result.patch_size)}), "
             f"state hash {result.new_state_hash[:12]} verified",
         )

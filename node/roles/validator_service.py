@@ -216,8 +216,9 @@ class ValidatorService:
         for sub in submissions:
             self.peer.store.remove(hashlib.sha256(sub.payload).hexdigest())
         self.previous_senders = set(self.received)
+        start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
-        self._report(report, submissions, measured, changed)
+        self._report(report, submissions, measured, changed, held_out_seconds=time.monotonic() - start)
         try:
             await self.peer.publish(self._metrics(report, submissions, measured))
         except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
@@ -251,7 +252,15 @@ class ValidatorService:
         states = self.validator.book.states
         return {self.round - len(states) + 1 + i: h for i, h in enumerate(states)}
 
-    def _report(self, report: RoundReport, submissions: list[Submission], measured: HeldOut, changed: float) -> None:
+    def _report(
+        self,
+        report: RoundReport,
+        submissions: list[Submission],
+        measured: HeldOut,
+        changed: float,
+        *,
+        held_out_seconds: float | None = None,
+    ) -> None:
         sent = sum(len(s.payload) for s in submissions)
         selected = report.selected()
         ranked = sorted(report.result.selected, key=lambda s: -s.score)
@@ -270,6 +279,10 @@ class ValidatorService:
             rejections={r.sender: r.reason for r in report.result.rejections},
             state_hash=report.state_hash,
             seconds=report.seconds,
+            ignored=[o.reason for o in report.outcomes if o.status == "ignored"],
+            decide_seconds=report.decide_seconds,
+            encode_seconds=report.encode_seconds,
+            held_out_seconds=held_out_seconds if measured.measured else None,
         )
         held_out = f", held-out {measured.describe()}" if measured.measured else ""
         self.events.emit(

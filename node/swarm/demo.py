@@ -77,10 +77,9 @@ class Swarm:
         self.procs.append(proc)
         return proc
 
-    def start_bootstrap(self, timeout: float = 60.0) -> None:
-        proc = self.spawn(
-            "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0"]
-        )
+    def start_bootstrap(self, timeout: float = 60.0, extra: Sequence[str] = ()) -> None:
+        args = ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0", *extra]
+        proc = self.spawn("bootstrap", "bootstrap", args)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = proc.log.read_text(errors="replace")
@@ -93,10 +92,17 @@ class Swarm:
         raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
 
     def start_role(
-        self, name: str, role: str, key: Path | None, *, state: str | None = None, state_dir: Path | None = None
+        self,
+        name: str,
+        role: str,
+        key: Path | None,
+        *,
+        state: str | None = None,
+        state_dir: Path | None = None,
+        extra: Sequence[str] = (),
     ) -> Proc:
         """Start `pulse <role>`; its state folder is `state_dir`, else `work/<state>` (default: `work/<name>`;
-        a restart reuses one)."""
+        a restart reuses one). `extra` flags come last (a later flag overrides an earlier one)."""
         args = [
             role,
             "--config",
@@ -116,7 +122,7 @@ class Swarm:
         ]
         if key is not None:
             args += ["--key", str(key)]
-        return self.spawn(name, role, args)
+        return self.spawn(name, role, [*args, *extra])
 
     def start_dashboard(self, port: int = 0, timeout: float = 60.0) -> tuple[Proc, str]:
         """Start `pulse dashboard` on the run; returns it and the page's URL once it serves."""
