@@ -131,3 +131,7 @@ class TransferTimeout(TransferError):
 
 class BlobNotFound(TransferError):
     """The peer (or the local store) does not hold the requested blob."""
+
+
+class PeerBusy(TransferError):
+    """The peer has no free slot right now (it answered BUSY): trying again later may succeed."""

@@ -226,6 +226,9 @@ class Heartbeat(WireModel):
     """Blobs this node re-serves, so fetchers can spread over many holders."""
     sent_at: int = Field(ge=0, le=2**40)
     """Sender's unix time in seconds; readers may ignore old heartbeats."""
+    target_seconds: float | None = Field(default=None, ge=0, le=86_400, allow_inf_nan=False)
+    """A validator opening round r: seconds after `sent_at` by which it expects the round's
+    submissions (its adaptive target, or the manifest's deadline); miners size their payloads to it."""
 
 
 class RolloutAnnouncement(WireModel):

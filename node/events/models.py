@@ -105,6 +105,11 @@ class Submitted(Event):
     """Seconds to compress Delta plus the error feedback into the payload (the run's codec)."""
     step_seconds: float | None = None
     """Mean seconds of one of the round's inner steps."""
+    upload_seconds: float | None = None
+    """Seconds from the start of the push until the validator confirmed it stored the payload."""
+    fraction: float = 1.0
+    """Share of the codec's full payload sent: below 1 when the measured uplink could not carry
+    the whole payload before the round's target (fewer values per chunk, `uplink.py`)."""
 
 
 class Scored(Event):
@@ -142,6 +147,8 @@ class RoundOpened(Event):
     event: Literal["open"] = "open"
     round: int
     state_hash: str
+    target_seconds: float | None = None
+    """Seconds after the open by which submissions are expected (adaptive target, or the deadline)."""
 
 
 class Received(Event):
@@ -184,6 +191,10 @@ class RoundClosed(Event):
     """Of `seconds`: encoding the PULSESync patch."""
     held_out_seconds: float | None = None
     """Seconds measuring the held-out loss or reward of W_{round+1}, after `seconds`."""
+    open_seconds: float | None = None
+    """Seconds the round was open for submissions (from its open to its close)."""
+    arrivals: dict[str, float] = {}
+    """Seconds after the open at which each sender's submission was stored."""
 
 
 class Done(Event):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,7 +25,16 @@ from node.net.blobstore import BlobStore
 from node.net.dht import PulseDHT
 from node.net.netconfig import NetConfig
 from node.net.peer import Peer, Role, RunRecords, RunView
-from node.net.transfer import Accept, OnSubmission, TransferCounts, TransferService, call_submit, fetch_from_any
+from node.net.streams import DEFAULT_LIMITS, Stream, open_stream
+from node.net.transfer import (
+    FETCH,
+    Accept,
+    OnSubmission,
+    TransferCounts,
+    TransferService,
+    call_submit,
+    fetch_from_any,
+)
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader, WireModel
@@ -102,6 +112,9 @@ class P2PPeer(Peer):
             return await fetch_from_any(self.p2p, peers, sha256, self.store, max_size=size)
         except ProtocolError as exc:
             raise TransferError(f"blob {sha256[:12]}... failed its checks: {exc}") from exc
+
+    def _open_fetch(self, holder: str) -> AbstractAsyncContextManager[Stream]:
+        return open_stream(self.p2p, PeerID.from_base58(holder), FETCH, DEFAULT_LIMITS)
 
     async def submit(self, signed: SignedMessage, payload: Path) -> None:
         if self.validator_peer is None:

@@ -2,6 +2,7 @@
 
     result = await peer.round_result(r)        # the validator's signed verdict for round r, or None
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
+    path = await peer.fetch_pieces(sha256, size, r, pieces, check)   # a large blob from all holders at once
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"
     await peer.submit(signed, payload_path)    # push a submission to the run's validator
     peer.take_submissions(accept, on_submission)   # the validator: take pushed submissions
@@ -24,12 +25,16 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from node.net.blobstore import BlobStore
+from node.net.pieces import Check, FetchProgress, Piece, PieceFetch
+from node.net.ranges import probe_down, probe_up
+from node.net.streams import DEFAULT_LIMITS, Stream
 from node.net.transfer import Accept, OnSubmission, TransferCounts
 from protocol.errors import NetworkError, TransferError
 from protocol.identity import Identity
@@ -140,6 +145,10 @@ class Peer(RunView):
         """Blob `sha256` (at most `size` bytes, hash-checked) from one of `holders` into `store`."""
 
     @abstractmethod
+    def _open_fetch(self, holder: str) -> AbstractAsyncContextManager[Stream]:
+        """A fetch stream to `holder` (a peer id), for parts of blobs and link probes (`ranges.py`)."""
+
+    @abstractmethod
     async def submit(self, signed: SignedMessage, payload: Path) -> None:
         """Push a signed submission header and its payload to the validator; `TransferError` if not taken."""
 
@@ -203,7 +212,7 @@ class Peer(RunView):
         except NetworkError as exc:
             log.info("could not store the %s for round %d in the DHT: %s", signed.kind, signed.round, exc)
 
-    async def heartbeat(self, round_: int, state_hash: str | None) -> None:
+    async def heartbeat(self, round_: int, state_hash: str | None, *, target_seconds: float | None = None) -> None:
         beat = Heartbeat(
             run_id=self.run_id,
             round=round_,
@@ -212,6 +221,7 @@ class Peer(RunView):
             state_hash=state_hash,
             blobs=tuple(self.held[-MAX_HELD_BLOBS:]),
             sent_at=int(time.time()),
+            target_seconds=target_seconds,
         )
         try:
             await self.publish(beat)
@@ -231,6 +241,14 @@ class Peer(RunView):
         """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder."""
         if self.store.has(sha256):
             return self.store.path(sha256)
+        path = await self._fetch_from(await self.holders_of(sha256, round_), sha256, size)
+        if path.stat().st_size != size:
+            self.store.remove(sha256)
+            raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")
+        return path
+
+    async def holders_of(self, sha256: str, round_: int) -> list[str]:
+        """Peers whose heartbeat of `round_` or the next lists `sha256`, and the validators' peers (not this one)."""
         holders: list[str] = []
         for r in (round_, round_ + 1):
             for verified in await self.get(Heartbeat, r):
@@ -239,8 +257,38 @@ class Peer(RunView):
                     holders.append(beat.peer_id)
         if self.validator_peer is not None:
             holders.append(self.validator_peer)
-        path = await self._fetch_from([h for h in dict.fromkeys(holders) if h != self.peer_id], sha256, size)
-        if path.stat().st_size != size:
-            self.store.remove(sha256)
-            raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")
-        return path
+        return [h for h in dict.fromkeys(holders) if h != self.peer_id]
+
+    async def fetch_pieces(
+        self,
+        sha256: str,
+        size: int,
+        round_: int,
+        pieces: Sequence[Piece],
+        check: Check,
+        *,
+        on_progress: Callable[[FetchProgress], None] | None = None,
+    ) -> Path:
+        """Blob `sha256` from every holder at once, piece by piece, each piece checked on arrival
+        (`pieces.py`): a lying holder is dropped, a dead one replaced, a partial download resumed."""
+        fetch = PieceFetch(
+            self.store,
+            sha256,
+            size,
+            pieces,
+            check,
+            self._open_fetch,
+            lambda: self.holders_of(sha256, round_),
+            on_progress=on_progress,
+            exclude=self.peer_id,
+        )
+        limits = DEFAULT_LIMITS
+        return await fetch.run(time.monotonic() + 2 * limits.open_timeout + size / limits.min_bytes_per_second)
+
+    async def probe(self, holder: str, down_bytes: int, up_bytes: int) -> tuple[float, float]:
+        """(download, upload) rates in bytes/s between this node and `holder`, measured with probes."""
+        async with self._open_fetch(holder) as stream:
+            down = await probe_down(stream, holder, down_bytes, DEFAULT_LIMITS)
+        async with self._open_fetch(holder) as stream:
+            up = await probe_up(stream, holder, up_bytes, DEFAULT_LIMITS)
+        return down_bytes / max(down, 1e-6), up_bytes / max(up, 1e-6)

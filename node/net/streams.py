@@ -172,12 +172,15 @@ async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: T
             await asyncio.wait([pending])  # the thread still writes into the temp file: let it finish first
 
 
-async def send_file(writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits) -> None:
-    """Stream `size` bytes of `path`, reading the next chunk from disk while the last one drains."""
+async def send_file(
+    writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits, *, offset: int = 0
+) -> None:
+    """Stream `size` bytes of `path` from `offset`, reading the next chunk from disk while the last one drains."""
     if size == 0:
         return
     loop = asyncio.get_running_loop()
     with path.open("rb", buffering=0) as f:
+        f.seek(offset)
         sent = 0
         next_chunk: asyncio.Future[bytes] | None = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size))
         try:

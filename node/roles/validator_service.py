@@ -6,7 +6,10 @@ Round r, as the validator runs it:
    `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob plus its announcement;
 2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only;
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
-   for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
+   for r (heartbeat) or submitted in r-1 has submitted, or (adaptive deadlines) once a quorum of
+   them has and the target learned from recent arrival times has passed (`deadline.py`; the open
+   heartbeat names that target, so miners can size their payloads to it): nobody is waited for
+   beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
    PULSESync patch as a blob and publish the signed round result; report the held-out measure, and
    publish it with the round's byte counts and the miners' standings (`RoundMetrics`, for run pages).
@@ -34,6 +37,7 @@ from node.events.models import Baseline, CheckpointAnnounced, Done, Received, Ro
 from node.learn.train import changed_fraction
 from node.net.peer import Peer
 from node.roles.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
+from node.roles.deadline import RoundClock
 from node.roles.hooks import HeldOut, RoundHooks
 from node.run.setup import RunSetup
 from node.run.task import Task
@@ -71,6 +75,8 @@ class ValidatorService:
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
         self.validator = self._open_state()
         self.received: dict[str, Submission] = {}  # by sender, this round
+        self.arrivals: dict[str, float] = {}  # by sender, this round: seconds after the open
+        self.clock = RoundClock(setup.manifest.round)
         self.previous_senders: set[str] = set()
         self.closed = True
         self.opened_at = 0.0
@@ -109,6 +115,7 @@ class ValidatorService:
             return
         payload = self.peer.store.read(header.payload_sha256)
         self.received[header.sender] = Submission(verified.signed.to_bytes(), payload)
+        self.arrivals[header.sender] = time.time() - self.opened_at
         self.events.emit(
             Received(round=header.round, sender=header.sender, bytes=header.payload_size),
             f"round {header.round}: received {mb(header.payload_size)} from miner {header.sender[:12]}",
@@ -157,13 +164,14 @@ class ValidatorService:
         if checkpoint:
             await self._announce_checkpoint(r)
         await self.hooks.before_open(r, self.validator.state_hash, self._recent_states())
-        self.received = {}
+        self.received, self.arrivals = {}, {}
         self.closed = False
         self.opened_at = time.time()
-        await self.peer.heartbeat(r, self.validator.state_hash)
+        target = self.clock.target()
+        await self.peer.heartbeat(r, self.validator.state_hash, target_seconds=target)
         self.events.emit(
-            RoundOpened(round=r, state_hash=self.validator.state_hash),
-            f"round {r} open, state {self.validator.state_hash[:12]}",
+            RoundOpened(round=r, state_hash=self.validator.state_hash, target_seconds=target),
+            f"round {r} open, state {self.validator.state_hash[:12]}, submissions expected within {target:.1f}s",
         )
 
     async def _announce_checkpoint(self, r: int) -> None:
@@ -187,19 +195,22 @@ class ValidatorService:
             self.events.emit(CheckpointAnnounced(round=r, bytes=len(data)), text)
 
     async def _collect(self) -> None:
+        """Until `self.clock` closes the round: its deadline, everyone in, or (adaptive) quorum + target."""
         timing = self.setup.manifest.round
-        deadline = self.opened_at + timing.deadline_seconds
-        while time.time() < deadline:
+        while (elapsed := time.time() - self.opened_at) < timing.deadline_seconds:
             await asyncio.sleep(self.poll)
-            if time.time() < self.opened_at + timing.min_seconds or not self.received:
+            if elapsed < timing.min_seconds or not self.received:
                 continue
             announced = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.role == "miner"}
-            if (announced | self.previous_senders) <= set(self.received):
+            active = announced | self.previous_senders | set(self.received)
+            if self.clock.should_close(time.time() - self.opened_at, received=len(self.received), active=len(active)):
                 return
         log.info("round %d: deadline reached with %d submissions", self.round, len(self.received))
 
     async def _close(self) -> None:
         self.closed = True
+        open_seconds = time.time() - self.opened_at
+        self.clock.record(self.arrivals.values())
         r, submissions = self.round, list(self.received.values())
         loop = asyncio.get_running_loop()
         before = self.validator.weights
@@ -218,7 +229,10 @@ class ValidatorService:
         self.previous_senders = set(self.received)
         start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
-        self._report(report, submissions, measured, changed, held_out_seconds=time.monotonic() - start)
+        held_out_seconds = time.monotonic() - start
+        self._report(
+            report, submissions, measured, changed, held_out_seconds=held_out_seconds, open_seconds=open_seconds
+        )
         try:
             await self.peer.publish(self._metrics(report, submissions, measured))
         except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
@@ -260,6 +274,7 @@ class ValidatorService:
         changed: float,
         *,
         held_out_seconds: float | None = None,
+        open_seconds: float | None = None,
     ) -> None:
         sent = sum(len(s.payload) for s in submissions)
         selected = report.selected()
@@ -283,6 +298,8 @@ class ValidatorService:
             decide_seconds=report.decide_seconds,
             encode_seconds=report.encode_seconds,
             held_out_seconds=held_out_seconds if measured.measured else None,
+            open_seconds=open_seconds,
+            arrivals=dict(self.arrivals),
         )
         held_out = f", held-out {measured.describe()}" if measured.measured else ""
         self.events.emit(
