@@ -210,6 +210,16 @@ class CheckpointAnnouncement(WireModel):
     blob_size: ByteSize
     format: Name
     """File format of the blob, e.g. 'safetensors'."""
+    index_sha256: Sha256Hex | None = None
+    """The blob's piece index (`pieces.py`: which bytes are which state chunk), itself a blob:
+    with it a joiner fetches pieces from every holder at once and checks each as it arrives."""
+    index_size: ByteSize | None = None
+
+    @model_validator(mode="after")
+    def _index_named_whole(self) -> Self:
+        if (self.index_sha256 is None) != (self.index_size is None):
+            raise ValueError("a piece index needs both its SHA-256 and its size")
+        return self
 
 
 class Heartbeat(WireModel):

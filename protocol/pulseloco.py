@@ -51,6 +51,19 @@ def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (w.float() - s.reshape(-1)).to(w.dtype) != w
 
 
+def largest(mask: np.ndarray, s: torch.Tensor, fraction: float) -> np.ndarray:
+    """`mask` narrowed to its `fraction` (rounded up) of largest |s|: a smaller payload, the rest kept
+    in the buffer. Any subset of the gated positions is a valid payload, so receivers need no rule."""
+    where = np.flatnonzero(mask)
+    keep = int(np.ceil(fraction * where.size))
+    if keep >= where.size:
+        return mask
+    magnitude = s.abs().numpy()[where]
+    narrowed = np.zeros_like(mask)
+    narrowed[where[np.argpartition(magnitude, where.size - keep)[where.size - keep :]]] = True
+    return narrowed
+
+
 @dataclass
 class _Part:
     """One tensor's sparse part, positions in class-major order."""
@@ -72,14 +85,14 @@ class PulseLoCoCodec(Codec):
         self.value_format = value_format
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         code, mantissa_bits = VALUE_FORMATS[self.value_format]
         w.u8(code)
         new_error: dict[str, torch.Tensor] = {}
         parts = []
         for name in sorted(weights):
-            part, new_error[name] = self._sparsify(weights[name], error[name] + delta[name])
+            part, new_error[name] = self._sparsify(weights[name], error[name] + delta[name], fraction)
             positions.write_table(w, part.table)
             parts.append(part)
         values = np.concatenate([p.values for p in parts])
@@ -105,10 +118,10 @@ class PulseLoCoCodec(Codec):
         )
         return new_error, stats
 
-    def _sparsify(self, weights: torch.Tensor, s: torch.Tensor) -> tuple[_Part, torch.Tensor]:
+    def _sparsify(self, weights: torch.Tensor, s: torch.Tensor, fraction: float) -> tuple[_Part, torch.Tensor]:
         """Gate s against W; the part to send (class-major) and the new buffer."""
         flat = s.reshape(-1)
-        mask = gate(weights, flat).numpy()
+        mask = largest(gate(weights, flat).numpy(), flat, fraction)
         raw = bits(weights)
         ctx = exponent_context(raw, dtype_name(weights.dtype))
         order = ContextOrder(ctx)

@@ -96,10 +96,15 @@ class SparseLoCoCodec(Codec):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         self.k, self.beta = k, beta
 
+    def send_k(self, fraction: float) -> int:
+        """Values per chunk for a payload of `fraction` of the usual size: at least 1, at most the run's k."""
+        return max(1, min(self.k, int(self.k * fraction + 1e-9)))
+
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
-        w.varint(self.k)
+        k_send = self.send_k(fraction)
+        w.varint(k_send)
         new_error: dict[str, torch.Tensor] = {}
         sparse: list[_Sparse] = []
         dense: list[np.ndarray] = []
@@ -110,7 +115,7 @@ class SparseLoCoCodec(Codec):
                 dense.append(sent.numpy())
                 new_error[name] = (acc - sent).reshape(weights[name].shape)
                 continue
-            part, e_new = self._sparsify(acc, weights[name].shape)
+            part, e_new = self._sparsify(acc, weights[name].shape, k_send)
             new_error[name] = e_new.reshape(weights[name].shape)
             w.u8(part.theta)
             w.raw(part.centroids.astype("<f4").tobytes())
@@ -146,12 +151,12 @@ class SparseLoCoCodec(Codec):
         )
         return new_error, stats
 
-    def _sparsify(self, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
-        """Pick top-k per chunk of the flat `acc`; the part to send and the new flat buffer."""
+    def _sparsify(self, acc: torch.Tensor, shape: torch.Size, k_send: int) -> tuple[_Sparse, torch.Tensor]:
+        """Pick top-k_send per chunk of the flat `acc`; the part to send and the new flat buffer."""
         perm = chunk_order(shape)
         co = acc[torch.from_numpy(perm)] if perm is not None else acc  # chunk order
         sizes = chunk_sizes(acc.numel())
-        k = np.minimum(self.k, sizes)
+        k = np.minimum(k_send, sizes)
         picked = []
         n_full = int((sizes == CHUNK).sum())
         if n_full:
@@ -174,11 +179,11 @@ class SparseLoCoCodec(Codec):
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         k = r.varint(CHUNK, "k")
-        if k != self.k:
-            raise MalformedPayload(f"payload picks {k} per chunk, this run uses {self.k}")
+        if not 1 <= k <= self.k:  # fewer is a miner with a slow uplink (`send_k`); more is not this run
+            raise MalformedPayload(f"payload picks {k} per chunk, this run sends 1 to {self.k}")
         names = sorted(weights)
         headers = {
-            name: self._read_header(r, name, weights[name].numel())
+            name: self._read_header(r, name, weights[name].numel(), k)
             for name in names
             if not is_dense(weights[name].shape)
         }
@@ -186,7 +191,7 @@ class SparseLoCoCodec(Codec):
         dense_models = floatcode.read_models(r, n_dense)
         pos_words, val_words = read_words(r), read_words(r)
         r.expect_end()
-        sidx = self._decode_positions(pos_words, weights, headers)
+        sidx = self._decode_positions(pos_words, weights, headers, k)
         dec = AnsDecoder(val_words)
         out: dict[str, torch.Tensor] = {}
         for name, (_, centroids, counts) in headers.items():
@@ -209,14 +214,14 @@ class SparseLoCoCodec(Codec):
                 offset += size
         return {name: out[name] for name in names}
 
-    def _read_header(self, r: Reader, name: str, n: int) -> tuple[int, np.ndarray, np.ndarray]:
+    def _read_header(self, r: Reader, name: str, n: int, k_sent: int) -> tuple[int, np.ndarray, np.ndarray]:
         theta = r.u8()
         centroids = np.frombuffer(r.raw(4 * BINS), dtype="<f4").astype(np.float32)
         if not np.isfinite(centroids).all():
             raise NonFiniteValues(f"{name}: NaN or inf centroid")
         counts = np.array([r.varint(n, f"{name} bin count") for _ in range(BINS)], dtype=np.int64)
         sizes = chunk_sizes(n)
-        k = np.minimum(self.k, sizes)
+        k = np.minimum(k_sent, sizes)
         if int(counts.sum()) != int(k.sum()):
             raise MalformedPayload(f"{name}: bin counts add up to {int(counts.sum())}, top-k sends {int(k.sum())}")
         if (theta == 0) != bool((k == sizes).all()):
@@ -224,13 +229,13 @@ class SparseLoCoCodec(Codec):
         return theta, centroids, counts
 
     def _decode_positions(
-        self, words: np.ndarray, weights: State, headers: dict[str, tuple[int, np.ndarray, np.ndarray]]
+        self, words: np.ndarray, weights: State, headers: dict[str, tuple[int, np.ndarray, np.ndarray]], k_sent: int
     ) -> dict[str, np.ndarray]:
         """Chunk-order picked indices per sparse tensor, ascending."""
         geometry = {}
         for name, (theta, _, _) in headers.items():
             sizes = chunk_sizes(weights[name].numel())
-            k = np.minimum(self.k, sizes)
+            k = np.minimum(k_sent, sizes)
             geometry[name] = (sizes, k, np.repeat(np.where(k < sizes, theta, 0), k))
         cat = lambda i: np.concatenate([g[i] for g in geometry.values()]) if geometry else np.zeros(0, dtype=np.int64)  # noqa: E731
         sizes_all, k_all, theta_all = cat(0), cat(1), cat(2)

@@ -48,6 +48,14 @@ class CheckpointLoaded(Event):
     bytes: int
     behind: int = 0
     """Round results published after this checkpoint when it loaded: the patch chain to apply."""
+    seconds: float | None = None
+    """Seconds from choosing the checkpoint to holding its weights (fetch, checks, load)."""
+    holders: int | None = None
+    """Most holders that sent pieces at once (piecewise fetches)."""
+    resumed: int = 0
+    """Bytes of the checkpoint already on disk from an interrupted attempt."""
+    planned_bytes: int | None = None
+    """Bytes the join plan had to fetch: the checkpoint not on disk, its piece index, the patches."""
 
 
 class PatchApplied(Event):

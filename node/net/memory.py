@@ -108,10 +108,10 @@ class _PipeWriter:
             self.other_end.feed_eof()
 
 
-def _pipe(server_uplink: _Uplink | None = None) -> tuple[Stream, Stream]:
-    """Two connected ends: what one writes, the other reads (the second end sends over `server_uplink`)."""
+def _pipe(client: _Uplink | None = None, server: _Uplink | None = None) -> tuple[Stream, Stream]:
+    """Two connected ends: what one writes, the other reads, each sending over its uplink."""
     a, b = asyncio.StreamReader(), asyncio.StreamReader()
-    return (a, _PipeWriter(b)), (b, _PipeWriter(a, server_uplink))  # type: ignore[return-value]
+    return (a, _PipeWriter(b, client)), (b, _PipeWriter(a, server))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class MemoryNetwork:
         self.validator = PulseRecordValidator(run.run_id)
         self.records: dict[tuple[str, int], dict[bytes, _Record]] = {}  # (kind, round) -> owner -> record
         self.peers: dict[str, MemoryPeer] = {}
-        self.uplink: dict[str, float] = {}  # peer id -> bytes/s its served streams share (default: no limit)
+        self.uplink: dict[str, float] = {}  # peer id -> bytes/s its streams share, both ways (default: no limit)
         self._uplinks: dict[str, _Uplink] = {}
         self._joined = 0
         self._served: set[asyncio.Task[None]] = set()
@@ -182,7 +182,7 @@ class MemoryNetwork:
             target = self.peers.get(callee)
             if target is None:
                 raise ConnectionRefusedError(f"no peer {callee} on the in-memory network")
-            client, server = _pipe(self._uplink(callee))
+            client, server = _pipe(self._uplink(caller), self._uplink(callee))
             handler = target.service.rpc_fetch if name == FETCH else target.service.rpc_submit
             task = asyncio.ensure_future(handler(_Origin(caller), *server))
             self._served.add(task)

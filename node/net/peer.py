@@ -38,7 +38,7 @@ from node.net.streams import DEFAULT_LIMITS, Stream
 from node.net.transfer import Accept, OnSubmission, TransferCounts
 from protocol.errors import NetworkError, TransferError
 from protocol.identity import Identity
-from protocol.messages import MAX_HELD_BLOBS, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
+from protocol.messages import MAX_HELD_BLOBS, Heartbeat, RoundResult, WireModel
 from protocol.signing import SignedMessage, Verified, sign
 
 log = logging.getLogger(__name__)
@@ -110,14 +110,6 @@ class RunView(ABC):
     async def latest_result_round(self, start: int = 0) -> int:
         """The last round with a round result, searched from `start`; start - 1 if none."""
         return (await self.latest_result(start))[0]
-
-    async def latest_checkpoint(self, round_: int) -> CheckpointAnnouncement | None:
-        """The newest validator checkpoint at or below `round_`, looking back one checkpoint period."""
-        for r in range(round_, max(-1, round_ - self.run.checkpoint_every - 2), -1):
-            found = await self.from_validator(CheckpointAnnouncement, r)
-            if found is not None:
-                return found
-        return None
 
 
 class Peer(RunView):

@@ -15,7 +15,8 @@ any holder can send any piece and a wrong piece is caught on its own, before it 
 - failures: a piece that fails its check bans its holder for this blob (a holder that lies once is
   not asked again); a broken, stalled or refused stream gives its undone pieces back and the holder
   is dropped after `MAX_STRIKES` failures in a row. Holders are looked up again every
-  `REFRESH_SECONDS` and whenever none is left, so a holder that died is replaced without starting over.
+  `REFRESH_SECONDS` and whenever none is left, so a holder that died is replaced without starting
+  over; with nobody to ask for `NO_HOLDERS_SECONDS` the fetch gives up (the caller tries again later).
 - resume: pieces are written in place into `pieces/<sha256>` under the store; after a restart, the
   pieces already there that pass their check are kept (only allocated regions are read), the rest
   fetched. Only when every piece is in is the file hashed whole, fsynced and renamed into `blobs/`.
@@ -48,6 +49,7 @@ MAX_STRIKES = 2
 REFRESH_SECONDS = 10.0
 STALL_SECONDS = 10.0  # a piece that does not finish arriving within this is a stalled holder
 PROGRESS_SECONDS = 0.5
+NO_HOLDERS_SECONDS = 30.0  # with nobody to ask for this long, give up (what arrived stays for a retry)
 RATE_WINDOW_SECONDS = 5.0
 
 
@@ -219,11 +221,15 @@ class PieceFetch:
     async def _fill(self) -> None:
         ticker = asyncio.ensure_future(self._report())
         try:
-            refreshed = -float("inf")
+            refreshed, alone_since = -float("inf"), time.monotonic()
             while len(self.done) < len(self.pieces):
                 if time.monotonic() - refreshed > REFRESH_SECONDS or not self._live():
                     await self._refresh()  # none left: look again every second
                     refreshed = time.monotonic()
+                if self._live():
+                    alone_since = time.monotonic()
+                elif time.monotonic() - alone_since > NO_HOLDERS_SECONDS:
+                    raise TransferError(f"no holder of {self.sha} for {NO_HOLDERS_SECONDS:g}s: {self._summary()}")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.complete.wait(), 1.0)
         finally:

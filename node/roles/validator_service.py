@@ -3,7 +3,8 @@
 Round r, as the validator runs it:
 
 1. open: publish a heartbeat for r (its `sent_at` starts the deadline clock), and every
-   `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob plus its announcement;
+   `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob, its piece index
+   (so joiners fetch pieces from many holders at once) and its announcement;
 2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only;
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted, or (adaptive deadlines) once a quorum of
@@ -45,6 +46,7 @@ from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
 from protocol.messages import CheckpointAnnouncement, Heartbeat, RoundMetrics, Standing, SubmissionHeader
+from protocol.pieces import checkpoint_index
 from protocol.signing import Verified
 from protocol.state import State
 from validator.core import RoundReport, Validator
@@ -178,6 +180,11 @@ class ValidatorService:
         data = checkpoint_bytes(self.validator.weights)
         sha = self.peer.store.put(data)
         self.peer.hold(sha)
+        index = await asyncio.get_running_loop().run_in_executor(None, checkpoint_index, data)
+        index.check_root(self.validator.state_hash)  # a bug here would make every joiner refuse every piece
+        index_bytes = index.to_bytes()
+        index_sha = self.peer.store.put(index_bytes)
+        self.peer.hold(index_sha)
         announcement = CheckpointAnnouncement(
             run_id=self.setup.run_id,
             round=r,
@@ -185,6 +192,8 @@ class ValidatorService:
             blob_sha256=sha,
             blob_size=len(data),
             format=CHECKPOINT_FORMAT,
+            index_sha256=index_sha,
+            index_size=len(index_bytes),
         )
         try:
             await self.peer.publish(announcement)

@@ -1,0 +1,68 @@
+"""How a node with no weights joins: which checkpoint, which patches, and the bytes each choice costs.
+
+    plan = await plan_join(peer, current)      # None until the validator has announced a checkpoint
+
+A joiner needs W_current. It can load any announced checkpoint W_c (c <= current) and apply the
+patches of rounds c .. current-1. Checkpoints are dense and patches sparse, so the newest
+checkpoint is usually cheapest, but not always: a download of an older checkpoint interrupted at
+90% (kept on disk, `net/pieces.py`) plus a few small patches costs less than a fresh copy of the
+newest. So every checkpoint the validator announced within the last two checkpoint periods is
+priced by the bytes still to fetch (checkpoint minus what is on disk, its piece index, the
+patches not already held) and the cheapest wins; a tie goes to the newer one (fewer patches to apply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from node.net.peer import Peer
+from node.net.pieces import resumable_bytes
+from protocol.messages import CheckpointAnnouncement, RoundResult
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    checkpoint: CheckpointAnnouncement
+    patches: tuple[tuple[int, str, int], ...]  # (round, patch sha256, size) of rounds c .. current-1
+    bytes_needed: int  # what is still to fetch
+    bytes_total: int  # checkpoint, index and patches, whatever is on disk already
+
+    @property
+    def behind(self) -> int:
+        return len(self.patches)
+
+
+async def plan_join(peer: Peer, current: int) -> JoinPlan | None:
+    """The cheapest way to W_current by bytes still to fetch; None if no usable checkpoint is announced."""
+    lookback = 2 * peer.run.checkpoint_every + 1
+    rounds = range(max(0, current - lookback), current + 1)
+    found = await asyncio.gather(*(peer.from_validator(CheckpointAnnouncement, r) for r in rounds))
+    checkpoints = [a for a in found if a is not None and a.round <= current]
+    if not checkpoints:
+        return None
+    oldest = min(a.round for a in checkpoints)
+    results = await asyncio.gather(*(peer.round_result(r) for r in range(oldest, current)))
+    by_round = {oldest + i: r for i, r in enumerate(results)}
+    plans = [p for a in checkpoints if (p := _price(peer, a, current, by_round)) is not None]
+    return min(plans, key=lambda p: (p.bytes_needed, -p.checkpoint.round), default=None)
+
+
+def _price(
+    peer: Peer, a: CheckpointAnnouncement, current: int, results: dict[int, RoundResult | None]
+) -> JoinPlan | None:
+    patches = []
+    state = a.state_hash
+    for r in range(a.round, current):
+        result = results.get(r)
+        if result is None or result.base_state_hash != state:
+            return None  # a gap or a fork in the chain after this checkpoint: it does not lead to W_current
+        patches.append((r, result.patch_sha256, result.patch_size))
+        state = result.new_state_hash
+    store = peer.store
+    held = a.blob_size if store.has(a.blob_sha256) else resumable_bytes(store, a.blob_sha256)
+    index = a.index_size or 0
+    needed = max(a.blob_size - held, 0) + (0 if a.index_sha256 and store.has(a.index_sha256) else index)
+    needed += sum(size for _, sha, size in patches if not store.has(sha))
+    total = a.blob_size + index + sum(size for _, _, size in patches)
+    return JoinPlan(a, tuple(patches), needed, total)
