@@ -229,11 +229,13 @@ class Peer(RunView):
         self.held.append(sha256)
         del self.held[: -MAX_HELD_BLOBS // 2]
 
-    async def fetch(self, sha256: str, size: int, round_: int) -> Path:
-        """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder."""
+    async def fetch(self, sha256: str, size: int, round_: int, holders: list[str] | None = None) -> Path:
+        """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder
+        (`holders`, when the caller looked them up already: `holders_of`)."""
         if self.store.has(sha256):
             return self.store.path(sha256)
-        path = await self._fetch_from(await self.holders_of(sha256, round_), sha256, size)
+        holders = holders if holders is not None else await self.holders_of(sha256, round_)
+        path = await self._fetch_from(holders, sha256, size)
         if path.stat().st_size != size:
             self.store.remove(sha256)
             raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")

@@ -173,17 +173,17 @@ class Chain:
     async def _fetch_checkpoint(self, plan: JoinPlan, current: int) -> tuple[Path, int | None, int]:
         """(the checkpoint blob, most holders at once, bytes resumed): piece by piece from every holder
         when the validator published a piece index, else whole from one holder at a time."""
-        a = plan.checkpoint
+        a, now = plan.checkpoint, current - 1  # holders heartbeat the rounds they are at, not the checkpoint's
         what = f"checkpoint of round {a.round}"
         if a.index_sha256 is None or a.index_size is None:
-            return await fetch_showing(self.peer, a.blob_sha256, a.blob_size, a.round, what), None, 0
-        index_path = await self.peer.fetch(a.index_sha256, a.index_size, a.round)
+            return await fetch_showing(self.peer, a.blob_sha256, a.blob_size, now, what), None, 0
+        index_path = await self.peer.fetch(a.index_sha256, a.index_size, now)
         index = PieceIndex.from_bytes(index_path.read_bytes(), size=a.blob_size)
         index.check_root(a.state_hash)  # every piece is then checked against the announced state
         pieces = [Piece(offset, length, digest) for offset, length, digest in index.pieces()]
         with JoinReport(what, plan) as report:
             path = await self.peer.fetch_pieces(
-                a.blob_sha256, a.blob_size, current - 1, pieces, _check_piece, on_progress=report.update
+                a.blob_sha256, a.blob_size, now, pieces, _check_piece, on_progress=report.update
             )
         return path, report.most_holders, report.resumed
 

@@ -169,10 +169,16 @@ def _net(args: argparse.Namespace) -> NetConfig:
 
 
 async def serve(run: FrozenRun, args: argparse.Namespace) -> None:
-    """A validator (publishes the records, holds everything) or a holder (holds `--holds`)."""
+    """A validator (publishes the records) or a holder, serving `--holds`: all blobs, only the
+    checkpoint, or the chain (the piece index and the patches, not the checkpoint)."""
     folder = Path(args.state_dir)
     own = BlobStore(folder / "blobs")
-    blobs = list(run.store()) if args.holds == "all" else [run.facts["checkpoint"]["sha256"]]
+    checkpoint = run.facts["checkpoint"]["sha256"]
+    blobs = {
+        "all": list(run.store()),
+        "checkpoint": [checkpoint],
+        "chain": [sha for sha in run.store() if sha != checkpoint],
+    }[args.holds]
     for sha in blobs:
         target = own.path(sha)
         if not target.exists():
@@ -190,9 +196,11 @@ async def serve(run: FrozenRun, args: argparse.Namespace) -> None:
     maddrs = [str(a) for a in await peer.p2p.get_visible_maddrs()]
     print(json.dumps({"maddrs": maddrs, "peer_id": peer.peer_id}), flush=True)
     stop = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(None, sys.stdin.read))
+    rounds = range(run.rounds + 1) if is_validator else [run.rounds]  # a validator was at every round
     try:
         while not stop.done():
-            await peer.heartbeat(run.rounds, None)
+            for r in rounds:
+                await peer.heartbeat(r, None)
             await asyncio.wait([stop], timeout=HEARTBEAT_SECONDS)
     finally:
         await peer.shutdown()
@@ -215,17 +223,19 @@ async def join(run: FrozenRun, args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def fetch(run: FrozenRun, args: argparse.Namespace) -> dict[str, Any]:
-    """One whole-blob fetch of the checkpoint (`Peer.fetch`: one holder at a time), timed."""
+    """One whole-blob fetch of the checkpoint (`Peer.fetch`: one holder at a time), timed from the
+    request to the blob verified on disk; finding its holders in the DHT is timed apart."""
     peer = await P2PPeer.create(_net(args), run.records(), Identity.generate(), Path(args.state_dir), role="follower")
     try:
-        await peer.validator_heartbeat(run.rounds)
         cp = run.facts["checkpoint"]
         start = time.monotonic()
-        await peer.fetch(cp["sha256"], cp["size"], run.rounds - 1)
-        seconds = time.monotonic() - start
+        holders = await peer.holders_of(cp["sha256"], run.rounds - 1)
+        looked_up = time.monotonic()
+        await peer.fetch(cp["sha256"], cp["size"], run.rounds - 1, holders)
+        done = time.monotonic()
     finally:
         await peer.shutdown()
-    return {"fetch_seconds": seconds, "bytes": cp["size"]}
+    return {"fetch_seconds": done - looked_up, "lookup_seconds": looked_up - start, "bytes": cp["size"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-mib", type=float, default=64.0)
     parser.add_argument("--patches", type=int, default=2)
     parser.add_argument("--role", choices=["validator", "holder"], default="holder")
-    parser.add_argument("--holds", choices=["all", "checkpoint"], default="checkpoint")
+    parser.add_argument("--holds", choices=["all", "checkpoint", "chain"], default="checkpoint")
     parser.add_argument("--state-dir", type=Path, default=None)
     parser.add_argument("--host", default="/ip4/127.0.0.1/tcp/0")
     parser.add_argument("--initial-peers", nargs="*", default=[])
