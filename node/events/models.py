@@ -58,6 +58,18 @@ class CheckpointLoaded(Event):
     """Bytes the join plan had to fetch: the checkpoint not on disk, its piece index, the patches."""
 
 
+class Joined(Event):
+    """A join is done: this node holds the state that was current when it started to join."""
+
+    event: Literal["joined"] = "joined"
+    round: int
+    seconds: float
+    """From the start of the join (finding the checkpoint) to holding W_round."""
+    bytes: int
+    """What the join plan had to fetch: the checkpoint not on disk, its index, the patches."""
+    patches: int
+
+
 class PatchApplied(Event):
     event: Literal["patch"] = "patch"
     round: int
@@ -251,6 +263,7 @@ ROLE_EVENTS = (
     Started,
     Exited,
     CheckpointLoaded,
+    Joined,
     PatchApplied,
     Final,
     Training,

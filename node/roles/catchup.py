@@ -32,7 +32,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from node.events import Events, mb, progress
-from node.events.models import CheckpointLoaded, PatchApplied, Scored
+from node.events.models import CheckpointLoaded, Joined, PatchApplied, Scored
 from node.events.progress import transfer
 from node.net.peer import Peer
 from node.net.pieces import FetchProgress, Piece
@@ -106,6 +106,7 @@ class Chain:
         self.peer, self.events, self.me, self.poll = peer, events, me, poll
         self.held: Held | None = None
         self.behind = 0  # patches to apply after the last join
+        self.joining: tuple[float, int, int] | None = None  # (started, round it reaches, bytes planned)
 
     async def sync(self) -> Held:
         """Join if holding nothing, then apply every published patch; a broken chain rejoins."""
@@ -118,6 +119,7 @@ class Chain:
                     behind = self.behind
                     if behind > 1:  # a patch chain to replay: show it on a terminal
                         applied = bars.enter_context(progress(f"patch chain from round {self.held.round}", behind))
+                self._joined(self.held)
                 step = await self._apply_next(self.held)
                 if step is None:
                     return self.held
@@ -131,6 +133,7 @@ class Chain:
 
     async def _join(self) -> Held:
         """The cheapest announced checkpoint (`joinplan.py`); waits until the validator has announced one that loads."""
+        start = time.monotonic()
         while True:
             current = await self.peer.latest_result_round() + 1
             plan = await plan_join(self.peer, current)
@@ -138,8 +141,21 @@ class Chain:
                 held = await self._load(plan, current)
                 if held is not None:
                     self.behind = current - held.round  # patches published since the checkpoint
+                    self.joining = (start, current, plan.bytes_needed)
                     return held
             await asyncio.sleep(self.poll)
+
+    def _joined(self, held: Held) -> None:
+        """Report a join once it holds the state that was current when it started."""
+        if self.joining is None or held.round < self.joining[1]:
+            return
+        start, _, planned = self.joining
+        self.joining = None
+        seconds = time.monotonic() - start
+        self.events.emit(
+            Joined(round=held.round, seconds=seconds, bytes=planned, patches=self.behind),
+            f"joined at round {held.round} in {seconds:.1f}s ({mb(planned)} fetched, {self.behind} patches applied)",
+        )
 
     async def _load(self, plan: JoinPlan, current: int) -> Held | None:
         """The plan's checkpoint, its patches fetched meanwhile (they are applied by `sync`)."""
