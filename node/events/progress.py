@@ -67,8 +67,14 @@ def transfer(description: str, total: int, *, console: Console | None = None) ->
     if shown is None:
         yield lambda done, note: None
         return
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn())
-    columns += (TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=shown, transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, note: bar.update(task, completed=done, description=f"{description} {note}".strip())

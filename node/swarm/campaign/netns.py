@@ -8,9 +8,6 @@ hosts' links (unshaped here), as it would cross a LAN. Needs root (or CAP_NET_AD
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -43,39 +40,20 @@ def remove() -> None:
 
 
 class HostSwarm(CampaignSwarm):
-    """Roles started inside a namespace, listening on that host's address only."""
+    """The campaign's roles on the two hosts, listening on their host's address only."""
 
-    def start_on(self, host: str, name: str, role: str, args: list[str]) -> Proc:
-        events = self.out / "events" / f"{name}.jsonl"
-        log = self.out / "logs" / f"{name}.log"
-        for folder in (events.parent, log.parent):
-            folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = [*NETWORK.exec_prefix(host), sys.executable, "-m", "node", *args, "--host", NETWORK.maddr(host)]
-        out = log.open("wb")
-        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        proc = Proc(name, role, popen, events, log)
-        self.procs.append(proc)
-        return proc
+    def start_on(self, host: str, name: str, role: str, key: Path | None) -> Proc:
+        extra = ["--config", str(self.out / "run.toml"), "--threads", "1"] + (["--key", str(key)] if key else [])
+        return self.spawn(name, role, [role, *self.net_args(name), *extra], host=host)
 
-    def start_host_bootstrap(self, timeout: float = 90.0) -> None:
-        proc = self.start_on("a", "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id])
-        deadline = time.monotonic() + timeout
-        prefix = f"/ip4/{NETWORK.addr('a')}/"
-        while time.monotonic() < deadline:
-            text = proc.log.read_text(errors="replace")
-            if "ready" in text:
-                self.bootstrap = [line for line in text.splitlines() if line.startswith(prefix)][:1]
-                return
-            if proc.popen.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
+    def net_args(self, name: str) -> list[str]:
+        args = super().net_args(name)
+        at = args.index("--host")
+        return [*args[:at], "--host", self.listen(self.host_of(name)), *args[at + 2 :]]
 
-    def role_args(self, name: str, role: str, key: Path | None) -> list[str]:
-        args = [role, "--config", str(self.out / "run.toml"), "--threads", "1", *self.net_args(name)]
-        args = [a for a in args if a not in ("--host", "/ip4/127.0.0.1/tcp/0")]
-        return args + (["--key", str(key)] if key else [])
+    @staticmethod
+    def host_of(name: str) -> str:
+        return "a" if name in ("bootstrap", "validator") else "b"
 
 
 def netns_run(out: Path, keys: Keys, rounds: int, *, miners: int = 3, deadline: float = 20.0) -> RunReport:
@@ -83,17 +61,13 @@ def netns_run(out: Path, keys: Keys, rounds: int, *, miners: int = 3, deadline: 
     start = time.monotonic()
     manifest = campaign_manifest(deadline, keys.validator_hex())
     write_manifest(out, manifest)
-    swarm = HostSwarm(out, manifest, rounds)
+    swarm = HostSwarm(out, manifest, rounds, net=NETWORK)
     create()
     try:
-        swarm.start_host_bootstrap()
-        args = swarm.role_args("validator", "validator", keys.validator)
-        validator = swarm.start_on("a", "validator", "validator", args)
-        workers = [
-            swarm.start_on("b", f"miner{i}", "miner", swarm.role_args(f"miner{i}", "miner", k))
-            for i, k in enumerate(keys.honest[:miners])
-        ]
-        workers.append(swarm.start_on("b", "follower", "follow", swarm.role_args("follower", "follow", None)))
+        swarm.start_bootstrap(timeout=90.0, host="a")
+        validator = swarm.start_on("a", "validator", "validator", keys.validator)
+        workers = [swarm.start_on("b", f"miner{i}", "miner", k) for i, k in enumerate(keys.honest[:miners])]
+        workers.append(swarm.start_on("b", "follower", "follow", None))
         codes = exit_codes(workers, 120.0 + rounds * (deadline + 25.0))
         alive = validator.popen.poll() is None
         swarm.stop(validator)
