@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from protocol.errors import MalformedPayload, SizeLimitExceeded
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """The one protocol version: bump it on any change to a wire schema or the signing preimage."""
 
 MAX_ROUND = 2**62
