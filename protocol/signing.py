@@ -175,7 +175,11 @@ def open_signed(data: bytes, *, run_id: str, expect: type[M]) -> Verified[M]:
 
 def open_any(data: bytes, *, run_id: str) -> Verified[WireModel]:
     """Like `open_signed`, for a kind taken from the envelope (it must be a known kind)."""
-    signed = SignedMessage.from_bytes(data)
+    return open_parsed(SignedMessage.from_bytes(data), run_id=run_id)
+
+
+def open_parsed(signed: SignedMessage, *, run_id: str) -> Verified[WireModel]:
+    """`open_any` for an envelope already parsed (its framing checked by `SignedMessage.from_bytes`)."""
     expect = MESSAGE_TYPES.get(signed.kind)
     if expect is None:
         raise MalformedPayload(f"unknown message kind {signed.kind!r}")

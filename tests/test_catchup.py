@@ -33,7 +33,7 @@ class Counting(Events):
 
 
 def test_a_chain_broken_at_the_newest_checkpoint_waits_before_rejoining(tmp_path: Path) -> None:
-    net = MemoryNetwork(RunRecords(RUN, frozenset({VALIDATOR.public_hex}), 3600.0, 5))
+    net = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
     validator = net.join(VALIDATOR, tmp_path / "validator", role="validator")
     follower = net.join(Identity.generate(), tmp_path / "follower", role="follower")
     weights = {"w": torch.ones(4, 4, dtype=torch.bfloat16)}

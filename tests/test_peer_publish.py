@@ -24,7 +24,7 @@ class FlakyDHT:
     def __init__(self, failures: int) -> None:
         self.failures, self.calls = failures, 0
 
-    def store_signed(self, signed: Any, *, expiration_time: float) -> bool:
+    def store_signed(self, signed: Any) -> bool:
         self.calls += 1
         return self.calls > self.failures
 

@@ -6,7 +6,9 @@
     await network.shutdown()
 
 What stays real: every record is checked on store and on read by the DHT's own record validator
-(`dht.verify_record`: signature, owner subkey, run, key, expiration), and blobs and submissions
+(`dht.verify_record`: signature, owner subkey, run, key, kind policy, signed expiration), kept
+within the same `StoreBudget` a hivemind peer applies (`records.py`), replaced only by a newer
+record of its owner, and read in the same order (`RecordRules.read_order`); blobs and submissions
 travel through `transfer.py`'s own handlers and client conversations (`TransferService`,
 `fetch_over`, `submit_over`) over in-memory streams, so framing, size caps, hash checks, BUSY slots
 and the validator's admission are the ones libp2p peers run. What is simulated: the DHT is one
@@ -26,8 +28,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from node.net.blobstore import BlobStore
-from node.net.dht import PulseRecordValidator, check_store, verify_record
+from node.net.dht import PulseRecordValidator, check_store, dht_key_id, verify_record
 from node.net.peer import Peer, Role, RunRecords
+from node.net.records import StoreBudget
 from node.net.streams import DEFAULT_LIMITS, Stream, guarded_stream
 from node.net.transfer import (
     FETCH,
@@ -102,8 +105,11 @@ class MemoryNetwork:
 
     def __init__(self, run: RunRecords) -> None:
         self.run = run
-        self.validator = PulseRecordValidator(run.run_id)
+        self.rules = run.rules()
+        self.validator = PulseRecordValidator(self.rules)
+        self.budget = StoreBudget(self.rules)
         self.records: dict[tuple[str, int], dict[bytes, _Record]] = {}  # (kind, round) -> owner -> record
+        self._keys: dict[bytes, tuple[str, int]] = {}  # hashed DHT key -> (kind, round)
         self.peers: dict[str, MemoryPeer] = {}
         self._joined = 0
         self._served: set[asyncio.Task[None]] = set()
@@ -119,23 +125,40 @@ class MemoryNetwork:
     def leave(self, peer: MemoryPeer) -> None:
         self.peers.pop(peer.peer_id, None)
 
-    def store(self, signed: SignedMessage, expiration: float) -> bool:
-        """Check the record as a DHT peer would, then keep the later of two records of one owner."""
+    def store(self, signed: SignedMessage) -> bool:
+        """Check the record as a DHT peer would, keep it within the peer's budget, and of two
+        records of one owner keep the newer signed one (the later signed expiry), as hivemind does."""
         try:
-            check_store(self.validator, signed, expiration)
+            check_store(self.validator, signed)
         except ProtocolError as exc:
             log.debug("record refused: %s", exc)
             return False
         slot = self.records.setdefault((signed.kind, signed.round), {})
         old = slot.get(signed.sender)
-        if old is None or expiration >= old.expiration:
-            slot[signed.sender] = _Record(signed.to_bytes(), expiration)
+        if old is not None and old.expiration > time.time():
+            if signed.expires_at <= old.expiration:
+                return False
+        else:
+            key = dht_key_id(self.run.run_id, signed.kind, signed.round)
+            self._keys[key] = (signed.kind, signed.round)
+            admission = self.budget.admit(key, signed.sender, signed.to_bytes(), signed.expires_at)
+            if not admission.stored:
+                log.debug("record refused: %s", admission.reason)
+                return False
+            for evicted in admission.evict:
+                self._drop(*evicted)
+        slot[signed.sender] = _Record(signed.to_bytes(), signed.expires_at)
         return True
 
+    def _drop(self, key: bytes, owner: bytes) -> None:
+        self.records.get(self._keys.get(key, ("", -1)), {}).pop(owner, None)
+
     def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        """Every live `kind` record of `round_`, re-verified as a reader does, sorted by owner."""
+        """The live `kind` records of `round_`, re-verified as a reader does, in `read_order`."""
         now, out = time.time(), []
-        for owner, record in sorted(self.records.get((kind.KIND, round_), {}).items()):
+        slot = self.records.get((kind.KIND, round_), {})
+        for owner in self.rules.read_order(list(slot), kind.KIND):
+            record = slot[owner]
             if record.expiration <= now:
                 continue
             try:
@@ -184,8 +207,8 @@ class MemoryPeer(Peer):
             raise NetworkError("this peer has left the network")
         return self.network.get(kind, round_)
 
-    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
-        return self.peer_id in self.network.peers and self.network.store(signed, expiration)
+    async def _store(self, signed: SignedMessage) -> bool:
+        return self.peer_id in self.network.peers and self.network.store(signed)
 
     async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
         async def one(holder: str) -> Path:

@@ -75,7 +75,7 @@ class P2PPeer(Peer):
         cls, config: NetConfig, run: RunRecords, identity: Identity, folder: Path, *, role: Role
     ) -> P2PPeer:
         loop = asyncio.get_running_loop()
-        dht = await loop.run_in_executor(None, lambda: PulseDHT.start(config, run_id=run.run_id, identity=identity))
+        dht = await loop.run_in_executor(None, lambda: PulseDHT.start(config, run.rules(), identity))
         try:
             p2p = await asyncio.wait_for(dht.replicate_p2p(), config.startup_timeout)
             store = BlobStore(folder / "blobs")
@@ -93,8 +93,8 @@ class P2PPeer(Peer):
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
         return await _in_thread(lambda: self.dht.get(kind, round_))
 
-    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
-        return await _in_thread(lambda: self.dht.store_signed(signed, expiration_time=expiration))
+    async def _store(self, signed: SignedMessage) -> bool:
+        return await _in_thread(lambda: self.dht.store_signed(signed))
 
     async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
         peers = [PeerID.from_base58(h) for h in holders]

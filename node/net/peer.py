@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from node.net.blobstore import BlobStore
+from node.net.dht import sign_for
+from node.net.records import RecordRules
 from node.net.transfer import Accept, OnSubmission
 from protocol.errors import NetworkError, TransferError
 from protocol.identity import Identity
-from protocol.messages import MAX_HELD_BLOBS, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
-from protocol.signing import SignedMessage, Verified, sign
+from protocol.messages import MAX_HELD_BLOBS, MESSAGE_TYPES, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
+from protocol.signing import SignedMessage, Verified
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +50,13 @@ class RunRecords:
     """What the network layer needs to know of a run (the roles make it from the manifest)."""
 
     run_id: str
-    validators: frozenset[str]  # public keys (hex) whose round results and checkpoints count
+    validators: tuple[str, ...]  # public keys (hex) whose round results and checkpoints count, in priority order
     record_ttl_seconds: float  # how long this node's DHT records live
     checkpoint_every: int  # how far back the newest checkpoint can be
+
+    def rules(self) -> RecordRules:
+        """The store-time rules every DHT peer of this run applies (`records.py`)."""
+        return RecordRules(self.run_id, self.validators)
 
 
 class RunView(ABC):
@@ -65,7 +71,8 @@ class RunView(ABC):
 
     @abstractmethod
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        """Every valid `kind` record of `round_`, signature-checked, sorted by sender; `NetworkError` if unreachable."""
+        """The valid `kind` records of `round_`, signature-checked, the validators' first
+        (`RecordRules.read_order`); `NetworkError` if unreachable."""
 
     async def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
         """Every valid `kind` record of `round_` (none when the network does not answer)."""
@@ -76,10 +83,10 @@ class RunView(ABC):
             return []
 
     async def from_validator(self, kind: type[M], round_: int) -> M | None:
-        for verified in await self.get(kind, round_):
-            if verified.sender_hex in self.run.validators:
-                return verified.message
-        return None
+        """The record of the first validator in priority order that has one (reads list them first)."""
+        found = [v for v in await self.get(kind, round_) if v.sender_hex in self.run.validators]
+        found.sort(key=lambda v: self.run.validators.index(v.sender_hex))
+        return found[0].message if found else None
 
     async def round_result(self, round_: int) -> RoundResult | None:
         return await self.from_validator(RoundResult, round_)
@@ -132,8 +139,8 @@ class Peer(RunView):
         """This node's transport address (a libp2p peer id in base58), as heartbeats name it."""
 
     @abstractmethod
-    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
-        """Store a signed record under its signer's subkey; False if no peer took it."""
+    async def _store(self, signed: SignedMessage) -> bool:
+        """Store a signed record under its signer's subkey until its signed expiry; False if no peer took it."""
 
     @abstractmethod
     async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
@@ -160,18 +167,32 @@ class Peer(RunView):
             return beat
         return None
 
+    def sign(self, message: WireModel) -> SignedMessage:
+        """`message` signed by this node, fresh: kept in the DHT for the run's record TTL from now."""
+        return sign_for(self.identity, message, self.run.record_ttl_seconds)
+
     async def publish(self, message: WireModel) -> None:
         """Sign and store `message`; `NetworkError` if no peer took it after two retries."""
-        await self.publish_signed(sign(self.identity, message).to_bytes())
+        await self.publish_signed(self.sign(message).to_bytes())
 
     async def publish_signed(self, envelope: bytes) -> None:
-        signed = SignedMessage.from_bytes(envelope)
+        """Store a signed message: others' as they signed it (a relay), this node's own signed
+        afresh if it would not live half a TTL more (e.g. a result signed without an expiry, or
+        republished after a restart), so the stored record is the newest of its owner."""
+        signed = self._fresh(SignedMessage.from_bytes(envelope))
 
         async def store() -> None:
-            if not await self._store(signed, time.time() + self.run.record_ttl_seconds):
+            if not await self._store(signed):
                 raise NetworkError(f"no peer stored {signed.kind} for round {signed.round}")
 
         await self._retry(signed.kind, signed.round, store)
+
+    def _fresh(self, signed: SignedMessage) -> SignedMessage:
+        ttl = self.run.record_ttl_seconds
+        kind = MESSAGE_TYPES.get(signed.kind)
+        if signed.sender != self.identity.public_key or kind is None or signed.expires_at > time.time() + ttl / 2:
+            return signed
+        return sign_for(self.identity, signed.open(run_id=self.run_id, expect=kind), ttl)
 
     async def _retry(self, kind: str, round_: int, store: Callable[[], Awaitable[None]]) -> None:
         """A store that no peer took is tried again after 1 s and 2 s: right after start-up (a

@@ -76,7 +76,7 @@ class Swarm:
 
     def start_bootstrap(self, timeout: float = 60.0) -> None:
         proc = self.spawn(
-            "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0"]
+            "bootstrap", "bootstrap", ["dht", "--config", str(self.out / "run.toml"), "--host", "/ip4/127.0.0.1/tcp/0"]
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
