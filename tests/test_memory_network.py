@@ -72,7 +72,7 @@ def test_blobs_come_from_a_holder_and_are_hash_checked(tmp_path: Path) -> None:
     async def main() -> bytes:
         with pytest.raises(TransferError):  # nobody lists it yet
             await reader.fetch(sha, len(data), 1)
-        holder.hold(sha)
+        holder.hold(sha, 1)
         await holder.heartbeat(1, None)
         with pytest.raises(TransferError):  # the holder refuses more than the announced size
             await reader.fetch(sha, len(data) - 1, 1)

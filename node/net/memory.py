@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from hashlib import sha256 as sha256_of
@@ -31,18 +31,9 @@ from node.net.blobstore import BlobStore
 from node.net.dht import PulseRecordValidator, check_store, dht_key_id, verify_record
 from node.net.peer import Peer, Role, RunRecords
 from node.net.records import StoreBudget
-from node.net.streams import DEFAULT_LIMITS, Stream, guarded_stream
-from node.net.transfer import (
-    FETCH,
-    SUBMIT,
-    Accept,
-    OnSubmission,
-    TransferService,
-    fetch_over,
-    first_holder,
-    submit_over,
-)
-from protocol.errors import NetworkError, ProtocolError, TransferError
+from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, guarded_stream
+from node.net.transfer import FETCH, SUBMIT, Accept, Favoured, OnSubmission, TransferService, fetch_over, submit_over
+from protocol.errors import NetworkError, ProtocolError
 from protocol.identity import Identity
 from protocol.messages import WireModel
 from protocol.signing import SignedMessage, Verified
@@ -103,8 +94,8 @@ class _Record:
 class MemoryNetwork:
     """Records of one run and the peers that joined, in this process."""
 
-    def __init__(self, run: RunRecords) -> None:
-        self.run = run
+    def __init__(self, run: RunRecords, limits: TransferLimits = DEFAULT_LIMITS) -> None:
+        self.run, self.limits = run, limits
         self.rules = run.rules()
         self.validator = PulseRecordValidator(self.rules)
         self.budget = StoreBudget(self.rules)
@@ -182,21 +173,21 @@ class MemoryNetwork:
             task.add_done_callback(self._served.discard)
             return client
 
-        async with guarded_stream(opening(), callee, DEFAULT_LIMITS) as stream:
+        async with guarded_stream(opening(), callee, self.limits) as stream:
             yield stream
 
     async def shutdown(self) -> None:
         """Wait (bounded) for streams still being served, then forget every peer."""
         if self._served:
-            await asyncio.wait(set(self._served), timeout=DEFAULT_LIMITS.open_timeout)
+            await asyncio.wait(set(self._served), timeout=self.limits.open_timeout)
         self.peers.clear()
 
 
 class MemoryPeer(Peer):
     def __init__(self, network: MemoryNetwork, peer_id: str, store: BlobStore, identity: Identity, role: Role) -> None:
-        super().__init__(network.run, identity, store, role)
+        super().__init__(network.run, identity, store, role, network.limits)
         self.network, self._peer_id = network, peer_id
-        self.service = TransferService(None, store, run_id=network.run.run_id, accept=_refuse)
+        self.service = TransferService(None, store, run_id=network.run.run_id, limits=network.limits)
 
     @property
     def peer_id(self) -> str:
@@ -210,26 +201,18 @@ class MemoryPeer(Peer):
     async def _store(self, signed: SignedMessage) -> bool:
         return self.peer_id in self.network.peers and self.network.store(signed)
 
-    async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
-        async def one(holder: str) -> Path:
-            async with self.network.open(self.peer_id, holder, FETCH) as stream:
-                return await fetch_over(stream, holder, sha256, self.store, max_size=size, limits=DEFAULT_LIMITS)
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[], None]) -> Path:
+        async with self.network.open(self.peer_id, holder, FETCH) as stream:
+            return await fetch_over(
+                stream, holder, sha256, self.store, max_size=size, limits=self.limits, on_body=on_body
+            )
 
-        return await first_holder(holders, sha256, one)
-
-    async def submit(self, signed: SignedMessage, payload: Path) -> None:
-        validator = self.validator_peer
-        if validator is None:
-            raise TransferError("the validator's peer id is unknown")
+    async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         async with self.network.open(self.peer_id, validator, SUBMIT) as stream:
-            await submit_over(stream, validator, signed, payload, limits=DEFAULT_LIMITS)
+            await submit_over(stream, validator, signed, payload, limits=self.limits)
 
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
-        self.service.accept, self.service.on_submission = accept, on_submission
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
+        self.service.accept, self.service.on_submission, self.service.favoured = accept, on_submission, favoured
 
     async def shutdown(self) -> None:
         self.network.leave(self)
-
-
-def _refuse(header: object) -> str:
-    return "this node takes no submissions"
