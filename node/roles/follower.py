@@ -2,9 +2,9 @@
 
 It joins from the newest checkpoint, then applies every round's patch, verifying each state hash
 (`catchup.Chain`), and announces itself once a round (a heartbeat listing the patches and the
-checkpoint it re-serves, so fetchers can spread over it). For each round it holds, it runs its round services: none in a language
-modelling run (an inference worker serves its own requests), the rollout worker in an RL run
-(`rl/worker.py`, generating and publishing the round's rollouts).
+checkpoint it re-serves, so fetchers can spread over it). For each round it holds, it runs its
+round services: none in a language modelling run (an inference worker serves its own requests),
+the rollout worker in an RL run (`rl/worker.py`, generating and publishing the round's rollouts).
 """
 
 from __future__ import annotations
