@@ -9,9 +9,10 @@ another. So:
 
 - order: the trusted holders (the run's validators), then holders that delivered before (the
   most recent first), then the others in random order, then those that failed recently;
-- hedging: the first attempt starts at once; while no attempt has started to deliver a body, one
-  more starts every `hedge_after` seconds and whenever one fails. Once a body flows, no new
-  attempt starts unless it fails. The first verified blob wins and the others are cancelled;
+- hedging: the first attempt starts at once; one more starts whenever one fails, and every
+  `hedge_after` seconds unless a body arrives at `hedge_rate` or faster (a silent, trickling or
+  stalled holder is raced, a fast one is not), with at most `MAX_FLOWING` bodies at once. The
+  first verified blob wins and the others are cancelled;
 - one deadline for the blob, whatever the number of holders;
 - the book remembers who delivered and who failed, for the next blobs. It is bounded: a flood of
   fresh peer ids pushes out the oldest entries, never grows it.
@@ -31,8 +32,11 @@ from protocol.errors import ProtocolError, TransferError, TransferTimeout
 
 log = logging.getLogger(__name__)
 
-Attempt = Callable[[str, Callable[[], None]], Awaitable[Path]]
-"""Fetch from one holder; call the callback once its body starts to arrive."""
+Progress = Callable[[], int]
+"""Bytes of a body received so far."""
+Attempt = Callable[[str, Callable[[Progress], None]], Awaitable[Path]]
+"""Fetch from one holder; call the callback with a progress probe once its body starts to arrive."""
+MAX_FLOWING = 4  # bodies received at once for one blob
 
 
 class HolderBook:
@@ -80,6 +84,7 @@ async def fetch_first(
     sha256: str,
     deadline: float,
     hedge_after: float,
+    hedge_rate: float,
     trusted: Collection[str] = (),
 ) -> Path:
     """The blob from whichever holder delivers it first, by `deadline` (a `time.monotonic()` time).
@@ -89,7 +94,7 @@ async def fetch_first(
     order = book.order(holders, trusted)
     if not order:
         raise TransferError(f"no holders of {sha256[:12]}...")
-    race = _Race(order, attempt, book, hedge_after)
+    race = _Race(order, attempt, book, hedge_after, hedge_rate)
     try:
         async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
             return await race.run()
@@ -102,25 +107,24 @@ async def fetch_first(
 class _Race:
     """Attempts started one after another (hedged), the first success wins."""
 
-    def __init__(self, order: list[str], attempt: Attempt, book: HolderBook, hedge_after: float) -> None:
-        self.waiting, self.attempt, self.book, self.hedge_after = list(order), attempt, book, hedge_after
+    def __init__(self, order: list[str], attempt: Attempt, book: HolderBook, hedge_after: float, rate: float) -> None:
+        self.waiting, self.attempt, self.book = list(order), attempt, book
+        self.hedge_after, self.rate = hedge_after, rate
         self.running: dict[asyncio.Task[Path], str] = {}
-        self.flowing: set[str] = set()  # holders whose body has started to arrive
+        self.flowing: dict[str, tuple[float, Progress]] = {}  # holder -> (body started at, bytes so far)
         self.failures: list[str] = []
 
     async def run(self) -> Path:
         self._start_next()
         while self.running:
-            hedge = bool(self.waiting) and not self.flowing
-            done, _ = await asyncio.wait(
-                self.running, timeout=self.hedge_after if hedge else None, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait(self.running, timeout=self.hedge_after, return_when=asyncio.FIRST_COMPLETED)
             if not done:
-                self._start_next()  # nobody delivers yet: ask one more holder
+                if self._should_hedge():
+                    self._start_next()
                 continue
             for task in done:
                 holder = self.running.pop(task)
-                self.flowing.discard(holder)
+                self.flowing.pop(holder, None)
                 failure = task.exception()
                 if failure is None:
                     self.book.delivered(holder)
@@ -130,16 +134,24 @@ class _Race:
                 log.info("fetch from %s failed: %s", holder, failure)
                 self.book.failed(holder)
                 self.failures.append(f"{holder}: {failure}")
-            if not self.running or not self.flowing:
-                self._start_next()
+            self._start_next()  # a failure: the next holder at once
         raise TransferError(f"no holder delivered ({self.summary()})")
+
+    def _should_hedge(self) -> bool:
+        """No body arrives fast enough, and there is room for one more."""
+        now = time.monotonic()
+        fast = any(got() >= self.rate * max(now - started, 1e-3) for started, got in self.flowing.values())
+        return not fast and len(self.flowing) < MAX_FLOWING
 
     def _start_next(self) -> None:
         if not self.waiting:
             return
         holder = self.waiting.pop(0)
-        task = asyncio.ensure_future(self.attempt(holder, lambda: self.flowing.add(holder)))
-        self.running[task] = holder
+
+        def on_body(progress: Progress) -> None:
+            self.flowing[holder] = (time.monotonic(), progress)
+
+        self.running[asyncio.ensure_future(self.attempt(holder, on_body))] = holder
 
     def summary(self) -> str:
         pending = [f"{h}: no answer yet" for h in self.running.values()]

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from node.net.blobstore import BlobStore
 from node.net.dht import PulseRecordValidator, check_store, dht_key_id, verify_record
+from node.net.fetching import Progress
 from node.net.peer import Peer, Role, RunRecords
 from node.net.records import StoreBudget
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, guarded_stream
@@ -201,7 +202,7 @@ class MemoryPeer(Peer):
     async def _store(self, signed: SignedMessage) -> bool:
         return self.peer_id in self.network.peers and self.network.store(signed)
 
-    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[], None]) -> Path:
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[Progress], None]) -> Path:
         async with self.network.open(self.peer_id, holder, FETCH) as stream:
             return await fetch_over(
                 stream, holder, sha256, self.store, max_size=size, limits=self.limits, on_body=on_body

@@ -27,6 +27,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.net.blobstore import BlobStore
 from node.net.dht import PulseDHT
+from node.net.fetching import Progress
 from node.net.netconfig import NetConfig
 from node.net.peer import Peer, Role, RunRecords, RunView
 from node.net.streams import DEFAULT_LIMITS, TransferLimits
@@ -122,7 +123,7 @@ class P2PPeer(Peer):
             await self.service.serve_on(self.p2p)
             log.warning("DHT restarted: peer id %s", self.peer_id)
 
-    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[], None]) -> Path:
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[Progress], None]) -> Path:
         try:
             peer = PeerID.from_base58(holder)
             return await call_fetch(

@@ -36,7 +36,7 @@ from typing import Literal, TypeVar
 
 from node.net.blobstore import BlobStore
 from node.net.dht import sign_for
-from node.net.fetching import HolderBook, fetch_first
+from node.net.fetching import HolderBook, Progress, fetch_first
 from node.net.records import RecordRules
 from node.net.retention import BlobKind, Keeper, Retention
 from node.net.streams import DEFAULT_LIMITS, TransferLimits
@@ -160,7 +160,7 @@ class Peer(RunView):
         """Store a signed record under its signer's subkey until its signed expiry; False if no peer took it."""
 
     @abstractmethod
-    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[], None]) -> Path:
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[Progress], None]) -> Path:
         """Blob `sha256` (at most `size` bytes, hash-checked) from `holder` into `store`; `on_body`
         when its body starts. `TransferError`/`ProtocolError` on any failure, nothing stored."""
 
@@ -275,6 +275,7 @@ class Peer(RunView):
             sha256=sha256,
             deadline=time.monotonic() + fetch_deadline(size, self.limits),
             hedge_after=self.limits.hedge_after,
+            hedge_rate=self.limits.hedge_rate,
             trusted=trusted,
         )
         if path.stat().st_size != size:

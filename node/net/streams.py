@@ -64,7 +64,9 @@ class TransferLimits(BaseModel):
     open_timeout: float = Field(default=20.0, gt=0)
     """Seconds to open a stream and get the peer's first reply."""
     hedge_after: float = Field(default=2.0, gt=0)
-    """Seconds a fetch waits for a holder's body to start before it also asks the next holder."""
+    """Seconds a fetch waits on its holders before it also asks the next one (`fetching.py`)."""
+    hedge_rate: float = Field(default=1 << 20, gt=0)
+    """A body arriving at this rate (bytes/s) or faster is not raced with another holder."""
     request_timeout: float = Field(default=5.0, gt=0)
     """Seconds a served stream has to send its whole request (a silent stream is dropped then)."""
     max_requests: int = Field(default=64, ge=1)

@@ -37,7 +37,7 @@ from typing import Protocol
 from hivemind.p2p import P2P, PeerID
 
 from node.net.blobstore import BlobStore, check_sha256
-from node.net.fetching import HolderBook, fetch_first
+from node.net.fetching import HolderBook, Progress, fetch_first
 from node.net.streams import (
     DEFAULT_LIMITS,
     STREAM_ERRORS,
@@ -76,7 +76,7 @@ async def call_fetch(
     *,
     max_size: int,
     limits: TransferLimits = DEFAULT_LIMITS,
-    on_body: Callable[[], None] | None = None,
+    on_body: Callable[[Progress], None] | None = None,
 ) -> Path:
     """Fetch blob `sha256` from `peer` into `store`; its path once verified.
 
@@ -98,10 +98,10 @@ async def fetch_over(
     *,
     max_size: int,
     limits: TransferLimits,
-    on_body: Callable[[], None] | None = None,
+    on_body: Callable[[Progress], None] | None = None,
 ) -> Path:
     """The client side of a fetch on an open stream (`call_fetch`; the in-memory network uses it too).
-    `on_body` is called when the holder starts sending the body."""
+    `on_body` gets a probe of the bytes received once the holder starts sending the body."""
     reader, writer = stream
     await send_request(writer, fetch_request(sha256, max_size), limits)
     status, size, reason = await read_reply(reader, limits.open_timeout)
@@ -113,9 +113,9 @@ async def fetch_over(
         raise TransferError(f"{peer} refused to send {sha256[:12]}...: {status.name} {reason}")
     if size > max_size:
         raise SizeLimitExceeded(f"{peer} announced {size} bytes for {sha256[:12]}..., cap is {max_size}")
-    if on_body is not None:
-        on_body()
     with store.writer(sha256, size) as blob:
+        if on_body is not None:
+            on_body(lambda: blob.written)
         await receive_body(reader, blob, limits)
         return await asyncio.get_running_loop().run_in_executor(None, blob.commit)
 
@@ -139,7 +139,7 @@ async def fetch_from_any(
     attempts, proven holders first), within one deadline: `fetch_deadline(max_size, limits)`."""
     by_name = {peer.to_base58(): peer for peer in peers}
 
-    def attempt(name: str, on_body: Callable[[], None]) -> Awaitable[Path]:
+    def attempt(name: str, on_body: Callable[[Progress], None]) -> Awaitable[Path]:
         return call_fetch(p2p, by_name[name], sha256, store, max_size=max_size, limits=limits, on_body=on_body)
 
     return await fetch_first(
@@ -149,6 +149,7 @@ async def fetch_from_any(
         sha256=sha256,
         deadline=time.monotonic() + fetch_deadline(max_size, limits),
         hedge_after=limits.hedge_after,
+        hedge_rate=limits.hedge_rate,
         trusted={peer.to_base58() for peer in trusted},
     )
 
