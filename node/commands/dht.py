@@ -5,6 +5,8 @@ the run's validator keys: `--config run.toml` (the run id and validators come fr
 or `--run-id` with `--validators`. With `--run-id` alone it knows no validator, and so stores no
 record that only validators may write (results, checkpoints): the other peers hold those.
 If its DHT process dies it starts another (the same peer id with `--p2p-identity`).
+
+With `--metrics-port` it serves Prometheus metrics too: the peers it knows and its process's figures.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from node.commands.roles import add_metrics_arguments, start_metrics
 from node.net.dht import PulseDHT
 from node.net.netconfig import add_net_arguments, net_config_from_args
 from node.net.records import RecordRules
@@ -33,6 +36,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--config", type=Path, help="the run manifest (gives the run id and its validators)")
     run.add_argument("--run-id", type=_hex64, help="the run's id (64 hex, hash of its manifest)")
     parser.add_argument("--validators", nargs="*", default=[], type=_hex64, metavar="KEY", help="with --run-id")
+    add_metrics_arguments(parser)
     add_net_arguments(parser)
     parser.set_defaults(func=run_dht)
 
@@ -57,10 +61,19 @@ def run_dht(args: argparse.Namespace) -> int:
         config = net_config_from_args(args)
         rules = rules_from_args(args)
         # The bootstrap signs nothing; it only stores and serves records, so any key will do.
-        dht = PulseDHT.start(config, rules, Identity.generate())
+        identity = Identity.generate()
+        dht = PulseDHT.start(config, rules, identity)
     except (ConfigError, NetworkError) as exc:
         print(f"pulse dht: {exc}", file=sys.stderr)
         return 2
+    try:
+        metrics = start_metrics(args, "dht", "bootstrap", rules.run_id, identity.public_hex)
+    except OSError as exc:
+        print(f"pulse dht: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
+        dht.shutdown()
+        return 2
+    if metrics is not None:
+        metrics.watch_peers(dht.known_peers)
     try:
         if not rules.validators:
             print("pulse dht: no validator keys given: records only validators write are not stored here")
@@ -78,5 +91,7 @@ def run_dht(args: argparse.Namespace) -> int:
         print(f"pulse dht: {exc}", file=sys.stderr)
         return 1
     finally:
+        if metrics is not None:
+            metrics.close()
         dht.shutdown()
     return 0

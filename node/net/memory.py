@@ -33,7 +33,17 @@ from node.net.fetching import Progress
 from node.net.peer import Peer, Role, RunRecords
 from node.net.records import StoreBudget
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, guarded_stream
-from node.net.transfer import FETCH, SUBMIT, Accept, Favoured, OnSubmission, TransferService, fetch_over, submit_over
+from node.net.transfer import (
+    FETCH,
+    SUBMIT,
+    Accept,
+    Favoured,
+    OnSubmission,
+    TransferCounts,
+    TransferService,
+    fetch_over,
+    submit_over,
+)
 from protocol.errors import NetworkError, ProtocolError
 from protocol.identity import Identity
 from protocol.messages import WireModel
@@ -214,6 +224,12 @@ class MemoryPeer(Peer):
 
     def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
         self.service.accept, self.service.on_submission, self.service.favoured = accept, on_submission, favoured
+
+    def known_peers(self) -> int:
+        return max(len(self.network.peers) - 1, 0)  # every other peer that joined and has not left
+
+    def transfer_counts(self) -> TransferCounts:
+        return self.service.counts
 
     async def shutdown(self) -> None:
         self.network.leave(self)

@@ -31,7 +31,7 @@ from node.net.fetching import Progress
 from node.net.netconfig import NetConfig
 from node.net.peer import Peer, Role, RunRecords, RunView
 from node.net.streams import DEFAULT_LIMITS, TransferLimits
-from node.net.transfer import Accept, Favoured, OnSubmission, TransferService, call_fetch, call_submit
+from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, TransferService, call_fetch, call_submit
 from protocol.errors import NetworkError, ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import WireModel
@@ -137,6 +137,12 @@ class P2PPeer(Peer):
 
     def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
         self.service.accept, self.service.on_submission, self.service.favoured = accept, on_submission, favoured
+
+    def known_peers(self) -> int:
+        return self.dht.known_peers()
+
+    def transfer_counts(self) -> TransferCounts:
+        return self.service.counts
 
     async def shutdown(self) -> None:
         try:

@@ -40,7 +40,7 @@ from node.net.fetching import HolderBook, Progress, fetch_first
 from node.net.records import RecordRules
 from node.net.retention import BlobKind, Keeper, Retention
 from node.net.streams import DEFAULT_LIMITS, TransferLimits
-from node.net.transfer import Accept, Favoured, OnSubmission, fetch_deadline
+from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, fetch_deadline
 from protocol.errors import NetworkError, PeerBusy, TransferError
 from protocol.identity import Identity
 from protocol.messages import MAX_HELD_BLOBS, MESSAGE_TYPES, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
@@ -176,6 +176,16 @@ class Peer(RunView):
 
     @abstractmethod
     async def shutdown(self) -> None: ...
+
+    # -- for metrics (`roles/metrics.py`); None where an implementation cannot tell ------------------
+
+    def known_peers(self) -> int | None:
+        """Peers this node knows on the network (may block on the DHT: call it from a thread)."""
+        return None
+
+    def transfer_counts(self) -> TransferCounts | None:
+        """What this node's blob service did for others."""
+        return None
 
     # -- records ---------------------------------------------------------------------------------
 

@@ -30,7 +30,9 @@ import asyncio
 import logging
 import struct
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -203,6 +205,21 @@ Favoured = Callable[[SubmissionHeader], bool]
 NO_SUBMISSIONS = "this node takes no submissions"
 
 
+REFUSAL_STATUSES = tuple(s.name.lower() for s in Status if s is not Status.OK and s is not Status.NOT_FOUND)
+"""How a pushed submission can be refused (`TransferCounts.refused` keys)."""
+
+
+@dataclass
+class TransferCounts:
+    """What this node's transfer service did for others, for metrics (plain integers, read at any time)."""
+
+    served_bytes: int = 0  # blob bytes streamed to peers that fetched them
+    refused: Counter[str] = field(default_factory=Counter)  # pushed submissions refused, by `REFUSAL_STATUSES`
+
+    def refuse(self, status: Status) -> None:
+        self.refused[status.name.lower()] += 1
+
+
 class Origin(Protocol):
     """Who opened a served stream (hivemind's `StreamInfo`, or an in-memory peer)."""
 
@@ -251,6 +268,7 @@ class TransferService:
         self.submits = Slots(limits.max_submit_streams, limits.reserved_submit_streams)
         self._receiving: set[str] = set()  # message ids whose body is arriving
         self._senders: set[str] = set()  # signers with a body arriving: one each
+        self.counts = TransferCounts()
 
     @classmethod
     async def create(
@@ -309,6 +327,8 @@ class TransferService:
         if mine >= self.limits.max_streams_per_peer or not self.requests.take():
             busy = f"{self.requests.used} requests pending, {mine} streams yours"
             logger.info("%s from %s: BUSY (%s)", name, info.peer_id, busy)
+            if name == "submit":
+                self.counts.refuse(Status.BUSY)
             await try_reply(writer, Status.BUSY, busy, self.limits)
             await hang_up(reader, writer, timeout=1.0)
             return
@@ -349,22 +369,26 @@ class TransferService:
         try:
             await reply(writer, Status.OK, size=size, limits=self.limits)
             await send_file(writer, self.store.path(sha256), size, self.limits)
+            self.counts.served_bytes += size
         finally:
             self.fetches.give()
 
     async def _submit(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.accept is None:  # not a validator: refused before the header is even parsed
+            self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=NO_SUBMISSIONS, limits=self.limits)
             return
         try:
             verified = open_signed(request, run_id=self.run_id, expect=SubmissionHeader)
         except ProtocolError as exc:
+            self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=str(exc), limits=self.limits)
             raise
         status, reason = self._admit(verified)
         if status is Status.OK and not self.submits.take(self._is_favoured(verified.message)):
             status, reason = Status.BUSY, f"receiving {self.submits.used} submissions; try again shortly"
         if status is not Status.OK:
+            self.counts.refuse(status)
             sender = verified.sender_hex[:12]
             logger.info("submission %s... from %s...: %s %s", verified.message_id[:12], sender, status.name, reason)
             await reply(writer, status, reason=reason, limits=self.limits)
@@ -386,9 +410,11 @@ class TransferService:
                 await receive_body(reader, blob, self.limits)
                 await asyncio.get_running_loop().run_in_executor(None, blob.commit)
         except (ProtocolError, TransferError, TimeoutError) as exc:
+            self.counts.refuse(Status.FAILED)
             await try_reply(writer, Status.FAILED, str(exc) or "timed out", self.limits)
             raise
         except OSError as exc:  # our disk (full, read-only): the peer is told, the temp file is gone
+            self.counts.refuse(Status.FAILED)
             await try_reply(writer, Status.FAILED, f"receiver could not store the payload: {exc}", self.limits)
             raise
         finally:
@@ -401,6 +427,7 @@ class TransferService:
         if late:
             sender, message = verified.sender_hex[:12], verified.message_id[:12]
             logger.info("submission %s... from %s...: REJECTED after its body: %s", message, sender, late)
+            self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=late, limits=self.limits)
             return
         self.seen.add(verified.message_id)

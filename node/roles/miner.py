@@ -55,6 +55,7 @@ class Miner:
         self.key = trainer.identity.public_hex
         self.chain = Chain(peer, events, self.key, poll=2 * poll)
         self.busy_seconds = 0.0
+        self.train_seconds: dict[int, float] = {}  # round -> seconds its inner steps took (until submitted)
         self.started: float | None = None
         self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, round opened at)
         self.dense_bytes = setup.dense_bytes()
@@ -112,10 +113,11 @@ class Miner:
         if self.setup.manifest.train.overlap:
             self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, held.weights)))
         trainer = self.trainer
+        start = time.monotonic()
         header, payload = await asyncio.get_running_loop().run_in_executor(
             None, trainer.package, r, delta, held.weights, held.state_hash
         )
-        await self._submit(header, payload, deadline)
+        await self._submit(header, payload, deadline, compress_seconds=time.monotonic() - start)
 
     async def _train(self, round_: int, weights: State) -> State:
         self.started = self.started or time.monotonic()
@@ -123,7 +125,10 @@ class Miner:
         try:
             return await asyncio.get_running_loop().run_in_executor(None, self.trainer.train, round_, weights)
         finally:
-            self.busy_seconds += time.monotonic() - start
+            seconds = time.monotonic() - start
+            self.busy_seconds += seconds
+            self.train_seconds = {r: s for r, s in self.train_seconds.items() if r >= round_ - 1}  # rounds in flight
+            self.train_seconds[round_] = seconds
 
     async def _drop_ahead(self) -> None:
         """Discard training done for a round this miner will not submit (it waits for the model first)."""
@@ -135,7 +140,9 @@ class Miner:
         if not task.cancelled() and task.exception() is not None:
             log.warning("training ahead failed; the steps are discarded: %r", task.exception())
 
-    async def _submit(self, header: SubmissionHeader, payload: bytes, deadline: float) -> None:
+    async def _submit(
+        self, header: SubmissionHeader, payload: bytes, deadline: float, *, compress_seconds: float
+    ) -> None:
         """Push the payload (a busy validator is asked again until the round's `deadline`), then
         announce the header in the DHT."""
         peer, r = self.peer, header.round
@@ -151,8 +158,17 @@ class Miner:
             return
         ratio = self.dense_bytes / max(header.payload_size, 1)
         loss, busy = self.trainer.last_loss, self.busy_fraction
+        trained = self.train_seconds.pop(r, None)
+        step = trained / self.setup.manifest.train.inner_steps if trained is not None else None
         self.events.emit(
-            Submitted(round=r, bytes=header.payload_size, loss=loss, busy_fraction=busy),
+            Submitted(
+                round=r,
+                bytes=header.payload_size,
+                loss=loss,
+                busy_fraction=busy,
+                compress_seconds=compress_seconds,
+                step_seconds=step,
+            ),
             f"round {r}: submitted {mb(header.payload_size)} ({ratio:.0f}x smaller than dense), "
             f"train loss {loss:.4f}, busy {busy:.0%}",
         )
