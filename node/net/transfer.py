@@ -334,9 +334,13 @@ class TransferService:
             return
         self.active += 1
         self._per_peer[info.peer_id] = mine + 1
+        linger = self.limits.request_timeout  # let our last reply flush before the stream closes
         try:
             try:
                 request = await read_request(reader, self.limits)
+            except BaseException:
+                linger = 0.0  # a silent or broken request: nothing of ours to flush, hang up now
+                raise
             finally:
                 self.requests.give()
             await handler(request, reader, writer)
@@ -345,7 +349,7 @@ class TransferService:
         except Exception:  # a bug in this node: log it loudly, but one stream must not take the node down
             logger.exception("%s handler crashed on a stream from %s", name, info.peer_id)
         finally:
-            await hang_up(reader, writer, self.limits.request_timeout)
+            await hang_up(reader, writer, linger)
             self.active -= 1
             if (left := self._per_peer.pop(info.peer_id) - 1) > 0:
                 self._per_peer[info.peer_id] = left
