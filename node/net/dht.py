@@ -226,7 +226,7 @@ class PulseDHT:
 
     def known_peers(self) -> int:
         """Peers in this node's DHT routing table; `NetworkError` if the DHT process does not answer in time."""
-        return int(self._result(self.dht.run_coroutine(_routing_table_size, return_future=True), "peer count"))
+        return int(self._result(self._call().run_coroutine(_routing_table_size, return_future=True), "peer count"))
 
     def shutdown(self) -> None:
         self._stop(self.dht)

@@ -49,13 +49,16 @@ async def _in_thread(fn: Callable[[], T]) -> T:
 
 
 class DHTView(RunView):
-    """The run's records through a `PulseDHT` alone (no blob streams): what `pulse status` reads."""
+    """The run's records through a `PulseDHT` alone (no blob streams): what `pulse status` and
+    `pulse dashboard` read. A DHT process that died is restarted before the next read."""
 
     def __init__(self, dht: PulseDHT, run: RunRecords) -> None:
         super().__init__(run)
         self.dht = dht
 
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        if not self.dht.alive:
+            await _in_thread(self.dht.restart)
         return await _in_thread(lambda: self.dht.get(kind, round_))
 
 

@@ -52,7 +52,7 @@ POLICIES: Mapping[str, KindPolicy] = {
     "checkpoint": KindPolicy("validators", 2048),
     "rollout_pool": KindPolicy("validators", MAX_DHT_VALUE_BYTES),
     "round_metrics": KindPolicy("validators", MAX_DHT_VALUE_BYTES),
-    "head": KindPolicy("validators", 4096),
+    "head": KindPolicy("validators", 8192),
     "heartbeat": KindPolicy("anyone", 8192, max_signers=256),
     "submission": KindPolicy("anyone", 2048, max_signers=256),
     "rollouts": KindPolicy("anyone", 2048, max_signers=256),
