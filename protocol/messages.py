@@ -77,6 +77,7 @@ class WireModel(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
+            where = ascii(where)[1:-1][:80]  # a key the peer chose: escaped, so it cannot forge a log line
             raise MalformedPayload(f"{cls.KIND}: {where}: {first['msg']}") from exc
         if message.canonical_bytes() != data:
             raise MalformedPayload(f"{cls.KIND}: body is not in canonical form")

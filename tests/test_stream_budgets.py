@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from node.net.transfer import SUBMIT, TransferService, fetch_request
 from protocol.errors import PeerBusy, TransferError, TransferTimeout
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
-from protocol.signing import Verified, sign
+from protocol.signing import SignedMessage, Verified, sign
 
 RUN = hashlib.sha256(b"pulse-test-stream-budgets").hexdigest()
 VALIDATOR = Identity.generate()
@@ -339,3 +342,29 @@ def test_a_peers_reason_reaches_logs_printable(tmp_path: Path) -> None:
     message = asyncio.run(main())
     assert "REJECTED busy?2026-01-01 INFO node: round 9 closed?[2K?" in message
     assert not any(ch in message for ch in "\n\r\x1b")
+
+
+def test_a_field_name_a_peer_chose_reaches_the_validators_log_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A signed header with an extra key holding a newline: refused, and nothing it says forges a log line."""
+    net = network()
+    me = Identity.generate()
+    fields = header(me, b"x").model_dump(mode="json") | {"evil\n2026-01-01 INFO forged: accepted": 1}
+    body = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    unsigned = SignedMessage("submission", RUN, 0, me.public_key, body, b"")
+    envelope = replace(unsigned, signature=me.sign(unsigned.preimage())).to_bytes()
+
+    async def main() -> tuple[Status, str]:
+        validator, _ = await open_validator(net, tmp_path)
+        async with net.open("Pusher", validator.peer_id, SUBMIT) as (reader, writer):
+            await send_request(writer, envelope, DEFAULT_LIMITS)
+            status, _, reason = await read_reply(reader, 5)
+        await net.shutdown()
+        return status, reason
+
+    with caplog.at_level(logging.INFO):
+        status, reason = asyncio.run(main())
+    assert status is Status.REJECTED and "Extra inputs" in reason and "\n" not in reason
+    logged = [r.getMessage() for r in caplog.records if "evil" in r.getMessage()]
+    assert logged and not any("\n" in line for line in logged)

@@ -40,6 +40,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from node.net import dhtprocess
 from node.net.netconfig import NetConfig, prepare_identity
 from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules
+from node.net.streams import printable
 from protocol.errors import (
     InvalidRecord,
     InvalidSignature,
@@ -212,7 +213,7 @@ class PulseDHT:
             try:
                 out.append(self._reverify(kind, round_, subkey, entry.value, entry.expiration_time))
             except ProtocolError as exc:
-                logger.warning("ignored a %s record that failed local checks: %s", kind.KIND, exc)
+                logger.warning("ignored a %s record that failed local checks: %s", kind.KIND, printable(str(exc)))
         return out
 
     def get_new(self, kind: type[M], round_: int, seen: SeenCache) -> list[Verified[M]]:

@@ -261,8 +261,9 @@ async def reply(
         await writer.drain()
 
 
-def printable(raw: bytes, limit: int = 200) -> str:
+def printable(raw: bytes | str, limit: int = 200) -> str:
     """Peer-chosen text made safe to log: printable ASCII only, one line, at most `limit` characters."""
+    raw = raw.encode("utf-8", errors="replace") if isinstance(raw, str) else raw
     text = "".join(chr(b) if 0x20 <= b < 0x7F else "?" for b in raw[:limit])
     return text + ("..." if len(raw) > limit else "")
 

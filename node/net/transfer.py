@@ -48,6 +48,7 @@ from node.net.streams import (
     TransferLimits,
     hang_up,
     open_stream,
+    printable,
     read_reply,
     read_request,
     receive_body,
@@ -345,7 +346,7 @@ class TransferService:
                 self.requests.give()
             await handler(request, reader, writer)
         except (ProtocolError, TransferError, TimeoutError, *STREAM_ERRORS) as exc:
-            logger.info("%s from %s failed: %s", name, info.peer_id, exc or type(exc).__name__)
+            logger.info("%s from %s failed: %s", name, info.peer_id, printable(str(exc)) or type(exc).__name__)
         except Exception:  # a bug in this node: log it loudly, but one stream must not take the node down
             logger.exception("%s handler crashed on a stream from %s", name, info.peer_id)
         finally:
