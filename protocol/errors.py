@@ -111,7 +111,8 @@ class BlobHashMismatch(ProtocolError):
 
 
 class InvalidRecord(ProtocolError):
-    """A DHT record breaks a rule of its key: stored under the wrong key, or an absurd expiration."""
+    """A DHT record breaks a rule of its key: wrong key, a kind its signer may not write, over its
+    size cap, or an expiration other than the signed one."""
 
 
 # -- the network: peers and daemons that fail, refuse or go silent -----------------------------

@@ -169,9 +169,9 @@ class Chain:
             return None
         finally:
             await asyncio.wait([patches])  # bounded: each fetch has its own deadline
-        self.peer.hold(a.blob_sha256)
+        self.peer.hold(a.blob_sha256, a.round, "checkpoint")
         if a.index_sha256 is not None:
-            self.peer.hold(a.index_sha256)
+            self.peer.hold(a.index_sha256, a.round, "checkpoint")
         event = CheckpointLoaded(
             round=a.round,
             state_hash=a.state_hash,
@@ -238,7 +238,7 @@ class Chain:
         if state_hash(weights) != result.new_state_hash:
             log.warning("round %d patch gave another state than the result names: rejoining", held.round)
             return BROKEN
-        self.peer.hold(result.patch_sha256)
+        self.peer.hold(result.patch_sha256, held.round)
         if self.me is not None:
             _report_placement(self.events, result, self.me)
         self.events.emit(

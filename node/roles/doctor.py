@@ -48,6 +48,7 @@ from protocol.identity import Identity
 from protocol.messages import Heartbeat, RoundMetrics
 
 HASH_PROBE_BYTES = 64 << 20
+PERIOD_ROUNDS = 4
 LOAD_PASSES = 3.0  # a join reads the checkpoint about three times after it arrives: blob hash, load, state hash
 TRAIN_BYTES_PER_PARAM = 24  # FP32 model, AdamW moments, error buffer, delta, two BF16 copies
 
@@ -64,7 +65,7 @@ class Measured:
     hash_bytes_per_second: float
     current_round: int
     target_seconds: float  # the open round's (the deadline where the validator names none)
-    round_seconds: float | None  # from one open heartbeat to the next
+    round_seconds: float | None  # from the open heartbeats of recent rounds
     run_payload_bytes: float | None  # mean payload of the latest round, as the validator received it
     patch_bytes: int | None  # the latest round result's patch
     join_bytes: int | None  # the cheapest join plan: bytes still to fetch
@@ -110,11 +111,10 @@ async def measure(
     hash_rate = await loop.run_in_executor(None, _hash_rate)
     current = await peer.latest_result_round() + 1
     beat = await peer.validator_heartbeat(current)
-    before = await peer.from_validator(Heartbeat, current - 1) if current > 0 else None
+    period = await _round_period(peer, beat, current)
     if beat is None:
         problems.append(f"no open heartbeat of the validator for round {current}: is the run live?")
     target = beat.target_seconds if beat is not None and beat.target_seconds else m.round.deadline_seconds
-    period = beat.sent_at - before.sent_at if beat is not None and before is not None else None
     metrics = await peer.from_validator(RoundMetrics, current - 1)
     result = await peer.round_result(current - 1)
     plan = await plan_join(peer, current)
@@ -129,7 +129,7 @@ async def measure(
         hash_bytes_per_second=hash_rate,
         current_round=current,
         target_seconds=target,
-        round_seconds=float(period) if period and period > 0 else None,
+        round_seconds=period,
         run_payload_bytes=metrics.received_bytes / metrics.submissions if metrics and metrics.submissions else None,
         patch_bytes=result.patch_size if result is not None else None,
         join_bytes=plan.bytes_needed if plan is not None else None,
@@ -142,6 +142,18 @@ async def measure(
         memory_available=_memory_available(),
         problems=problems,
     )
+
+
+async def _round_period(peer: Peer, beat: Heartbeat | None, current: int) -> float | None:
+    """Seconds per round: the validator's open heartbeats of up to `PERIOD_ROUNDS` rounds apart
+    (their times are whole seconds, so one round apart says little about short rounds)."""
+    if beat is None:
+        return None
+    for back in range(min(PERIOD_ROUNDS, current), 0, -1):
+        before = await peer.from_validator(Heartbeat, current - back)
+        if before is not None and beat.sent_at > before.sent_at:
+            return (beat.sent_at - before.sent_at) / back
+    return None
 
 
 def _train_probe(setup: RunSetup, task: Task, steps: int) -> tuple[float, int, float]:

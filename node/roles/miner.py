@@ -30,7 +30,6 @@ from node.run.setup import RunSetup
 from node.run.trainer import Trainer
 from protocol.errors import ProtocolError, TransferError
 from protocol.messages import SubmissionHeader
-from protocol.signing import sign
 from protocol.state import State
 
 log = logging.getLogger(__name__)
@@ -130,7 +129,7 @@ class Miner:
             None, trainer.package, r, delta, held.weights, held.state_hash, fraction
         )
         self.compress_seconds = time.monotonic() - start
-        await self._submit(header, payload, compress_seconds=self.compress_seconds, fraction=fraction)
+        await self._submit(header, payload, deadline, compress_seconds=self.compress_seconds, fraction=fraction)
 
     async def _train(self, round_: int, weights: State) -> State:
         self.started = self.started or time.monotonic()
@@ -154,17 +153,25 @@ class Miner:
             log.warning("training ahead failed; the steps are discarded: %r", task.exception())
 
     async def _submit(
-        self, header: SubmissionHeader, payload: bytes, *, compress_seconds: float, fraction: float = 1.0
+        self,
+        header: SubmissionHeader,
+        payload: bytes,
+        deadline: float,
+        *,
+        compress_seconds: float,
+        fraction: float = 1.0,
     ) -> None:
+        """Push the payload (a busy validator is asked again until the round's `deadline`), then
+        announce the header in the DHT."""
         peer, r = self.peer, header.round
         sha = peer.store.put(payload)
         if self.payload_sha is not None and self.payload_sha != sha:
             peer.store.remove(self.payload_sha)  # one payload held at a time: the latest stays fetchable
         self.payload_sha = sha
-        signed = sign(self.trainer.identity, header)
+        signed = peer.sign(header)
         start = time.monotonic()
         try:
-            await peer.submit(signed, peer.store.path(sha))
+            await peer.submit(signed, peer.store.path(sha), deadline=deadline)
         except (TransferError, ProtocolError) as exc:
             self.events.emit(Missed(round=r, reason=str(exc)), f"round {r}: submission not taken: {exc}")
             return

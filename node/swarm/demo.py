@@ -99,7 +99,7 @@ class Swarm:
 
     def start_bootstrap(self, timeout: float = 60.0, extra: Sequence[str] = (), host: str | None = None) -> None:
         listen = self.listen(host)
-        args = ["dht", "--run-id", self.manifest.run_id, "--host", listen, *extra]
+        args = ["dht", "--config", str(self.out / "run.toml"), "--host", listen, *extra]
         proc = self.spawn("bootstrap", "bootstrap", args, host=host)
         address = listen.rsplit("/tcp/", 1)[0] + "/"
         deadline = time.monotonic() + timeout

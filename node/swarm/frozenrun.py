@@ -67,7 +67,7 @@ class FrozenRun:
 
     def records(self) -> RunRecords:
         f = self.facts
-        return RunRecords(f["run_id"], frozenset({f["validator"]}), 3600.0, max(1, self.rounds))
+        return RunRecords(f["run_id"], (f["validator"],), 3600.0, max(1, self.rounds))
 
     def store(self) -> BlobStore:
         return BlobStore(self.folder / "blobs")
@@ -188,8 +188,8 @@ async def serve(run: FrozenRun, args: argparse.Namespace) -> None:
     peer = await P2PPeer.create(
         _net(args), run.records(), identity, folder, role="validator" if is_validator else "follower"
     )
-    for sha in blobs:
-        peer.hold(sha)
+    for sha in blobs:  # all as of the last round: heartbeats up to it then sweep none of them
+        peer.hold(sha, run.rounds, "checkpoint" if sha == checkpoint else "patch")
     if is_validator:
         for envelope in run.envelopes():
             await peer.publish_signed(envelope)
@@ -231,7 +231,7 @@ async def fetch(run: FrozenRun, args: argparse.Namespace) -> dict[str, Any]:
         start = time.monotonic()
         holders = await peer.holders_of(cp["sha256"], run.rounds - 1)
         looked_up = time.monotonic()
-        await peer.fetch(cp["sha256"], cp["size"], run.rounds - 1, holders)
+        await peer.fetch(cp["sha256"], cp["size"], run.rounds - 1)
         done = time.monotonic()
     finally:
         await peer.shutdown()
