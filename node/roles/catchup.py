@@ -167,8 +167,9 @@ class Chain:
         except (TransferError, ProtocolError) as exc:
             log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
             return None
-        finally:
-            await asyncio.wait([patches])  # bounded: each fetch has its own deadline
+        finally:  # patches in flight now are fetched again by `_apply_next`: a missing one must not hold a load up
+            patches.cancel()
+            await asyncio.wait([patches])
         self.peer.hold(a.blob_sha256, a.round, "checkpoint")
         if a.index_sha256 is not None:
             self.peer.hold(a.index_sha256, a.round, "checkpoint")

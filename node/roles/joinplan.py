@@ -27,6 +27,7 @@ class JoinPlan:
     patches: tuple[tuple[int, str, int], ...]  # (round, patch sha256, size) of rounds c .. current-1
     bytes_needed: int  # what is still to fetch
     bytes_total: int  # checkpoint, index and patches, whatever is on disk already
+    complete: bool = True  # its patches lead to W_current (else the chain breaks after them)
 
     @property
     def behind(self) -> int:
@@ -44,19 +45,21 @@ async def plan_join(peer: Peer, current: int) -> JoinPlan | None:
     oldest = min(a.round for a in checkpoints)
     results = await asyncio.gather(*(peer.round_result(r) for r in range(oldest, current)))
     by_round = {oldest + i: r for i, r in enumerate(results)}
-    plans = [p for a in checkpoints if (p := _price(peer, a, current, by_round)) is not None]
-    return min(plans, key=lambda p: (p.bytes_needed, -p.checkpoint.round), default=None)
+    plans = [_price(peer, a, current, by_round) for a in checkpoints]
+    # a plan whose chain breaks is taken only when none leads to W_current: the newest checkpoint
+    # then (the chain may be repaired later; `Chain` pauses before it rejoins)
+    return min(plans, key=lambda p: (not p.complete, p.bytes_needed if p.complete else -p.checkpoint.round))
 
 
-def _price(
-    peer: Peer, a: CheckpointAnnouncement, current: int, results: dict[int, RoundResult | None]
-) -> JoinPlan | None:
+def _price(peer: Peer, a: CheckpointAnnouncement, current: int, results: dict[int, RoundResult | None]) -> JoinPlan:
     patches = []
     state = a.state_hash
+    complete = True
     for r in range(a.round, current):
         result = results.get(r)
         if result is None or result.base_state_hash != state:
-            return None  # a gap or a fork in the chain after this checkpoint: it does not lead to W_current
+            complete = False  # a gap or a fork in the chain after this checkpoint: it does not lead to W_current
+            break
         patches.append((r, result.patch_sha256, result.patch_size))
         state = result.new_state_hash
     store = peer.store
@@ -65,4 +68,4 @@ def _price(
     needed = max(a.blob_size - held, 0) + (0 if a.index_sha256 and store.has(a.index_sha256) else index)
     needed += sum(size for _, sha, size in patches if not store.has(sha))
     total = a.blob_size + index + sum(size for _, _, size in patches)
-    return JoinPlan(a, tuple(patches), needed, total)
+    return JoinPlan(a, tuple(patches), needed, total, complete)

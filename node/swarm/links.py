@@ -193,13 +193,17 @@ def _read_line(popen: subprocess.Popen[str], timeout: float) -> str:
 # -- whole rounds of real roles on shaped links ------------------------------------------------------
 
 
-def links_manifest(mode: str, *, inner_steps: int, deadline: float, width: int = 256, layers: int = 4) -> Manifest:
+def links_manifest(
+    mode: str, *, inner_steps: int, deadline: float, width: int = 256, layers: int = 4, overlap: bool = False
+) -> Manifest:
     """The embedded GPT at about 3M parameters with PULSELoCo (FP32 values): payloads of several MB, so
     a miner's link decides when its submission arrives, on a CPU."""
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["model"]["gpt"].update(n_layer=layers, n_embd=width, n_head=4, block_size=64)
     data["data"].update(batch_size=4, seq_len=32)
-    data["train"].update(inner_steps=inner_steps, codec="pulseloco", codec_options={"value_format": "fp32"})
+    data["train"].update(
+        inner_steps=inner_steps, codec="pulseloco", codec_options={"value_format": "fp32"}, overlap=overlap
+    )
     data["round"].update(
         deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=4, deadline_mode=mode, quorum=0.75
     )
