@@ -19,6 +19,7 @@ all created here and removed on the way out; needs root, else it says why and st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -48,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inner-steps", type=int, default=8, help="inner steps per round")
     parser.add_argument("--deadline", type=float, default=30.0, help="the manifest's round deadline (s)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["joins", "deadlines", "busy"], help="parts to skip")
-    parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp folder)")
+    parser.add_argument("--dir", type=Path, default=None, help="work folder, kept (default: a temp folder, removed)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -56,8 +57,8 @@ def run(args: argparse.Namespace) -> BenchResult:
     if why is not None:
         raise SystemExit(f"pulse bench links needs network namespaces: {why}")
     summary: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(dir=args.dir, prefix="pulse-bench-links-") as tmp:
-        root = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        root = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulse-bench-links-")))
         if "joins" not in args.skip:
             summary.update(joins(root / "joins", int(args.state_mib * 2**20)))
         if "deadlines" not in args.skip:

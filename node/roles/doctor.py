@@ -18,8 +18,8 @@ What is measured (nothing is assumed that can be measured):
 The forecast: bytes per round each way; whether a whole payload arrives before the round's
 target (and, if not, the share a miner sends: `uplink.py`); whether H steps fit in a round; the
 time to join now (bytes still to fetch at the measured downlink, plus the checks and loading,
-timed here by hashing). `pulse bench links` compares these forecasts with what then happens on
-a shaped network.
+timed here by hashing, plus the patches to replay, each timed here on a patch like the run's).
+`pulse bench links` compares these forecasts with what then happens on a shaped network.
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ from node.roles.uplink import MIN_FRACTION, SAFETY
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import Task
+from protocol import pulsesync
 from protocol.errors import NetworkError, ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, RoundMetrics
+from protocol.statehash import state_hash
 
 HASH_PROBE_BYTES = 64 << 20
 PERIOD_ROUNDS = 4
@@ -63,6 +65,7 @@ class Measured:
     own_payload_bytes: int  # this machine's pseudo-gradient after the measured steps, compressed
     compress_seconds: float
     hash_bytes_per_second: float
+    patch_apply_seconds: float  # one patch of the run's latest size applied here and its state hash checked
     current_round: int
     target_seconds: float  # the open round's (the deadline where the validator names none)
     round_seconds: float | None  # from the open heartbeats of recent rounds
@@ -117,6 +120,8 @@ async def measure(
     target = beat.target_seconds if beat is not None and beat.target_seconds else m.round.deadline_seconds
     metrics = await peer.from_validator(RoundMetrics, current - 1)
     result = await peer.round_result(current - 1)
+    patch_bytes = result.patch_size if result is not None else None
+    apply = await loop.run_in_executor(None, _patch_probe, task, patch_bytes)
     plan = await plan_join(peer, current)
     down, up, probed = await _probe(peer, current, probe_bytes, problems)
     params = sum(t.numel() for t in task.initial_master().values())
@@ -127,11 +132,12 @@ async def measure(
         own_payload_bytes=payload,
         compress_seconds=compress,
         hash_bytes_per_second=hash_rate,
+        patch_apply_seconds=apply,
         current_round=current,
         target_seconds=target,
         round_seconds=period,
         run_payload_bytes=metrics.received_bytes / metrics.submissions if metrics and metrics.submissions else None,
-        patch_bytes=result.patch_size if result is not None else None,
+        patch_bytes=patch_bytes,
         join_bytes=plan.bytes_needed if plan is not None else None,
         join_patches=plan.behind if plan is not None else 0,
         probed=probed,
@@ -168,6 +174,24 @@ def _train_probe(setup: RunSetup, task: Task, steps: int) -> tuple[float, int, f
     start = time.monotonic()
     payload = trainer.compress(delta, weights)
     return step, len(payload), time.monotonic() - start
+
+
+def _patch_probe(task: Task, patch_bytes: int | None) -> float:
+    """Seconds to apply a patch like the run's latest (a share of values nudged by one BF16 step, the
+    share from its size) to the run's state, and check the state hash after it, as a join does."""
+    weights = {name: t.to(torch.bfloat16) for name, t in task.initial_master().items()}
+    total = sum(t.numel() for t in weights.values())
+    share = min(1.0, max(1e-4, (patch_bytes or 0) / max(total, 1)))
+    gen = torch.Generator().manual_seed(0)
+    new = {}
+    for name, t in weights.items():
+        nudge = (torch.rand(t.shape, generator=gen) < share).to(torch.int16)
+        new[name] = (t.contiguous().view(torch.int16) + nudge).view(torch.bfloat16)
+    patch = pulsesync.encode(weights, new)
+    start = time.monotonic()
+    applied = pulsesync.apply(weights, patch)
+    state_hash(applied)
+    return time.monotonic() - start
 
 
 def _hash_rate() -> float:
@@ -240,7 +264,9 @@ def forecast(m: Measured, manifest: Manifest) -> Forecast:
     fits = train <= m.round_seconds if m.round_seconds else None
     join = None
     if m.join_bytes is not None and m.down_bytes_per_second:
+        # bytes at the downlink; then the checkpoint's checks and load, and each patch applied in turn
         join = m.join_bytes / m.down_bytes_per_second + LOAD_PASSES * m.state_bytes / m.hash_bytes_per_second
+        join += m.join_patches * m.patch_apply_seconds
     disk = 2 * m.state_bytes + (m.join_patches + 2) * int(down_bytes)
     memory = TRAIN_BYTES_PER_PARAM * m.params
     f = Forecast(
