@@ -1,102 +1,326 @@
-"""Entropy coding with asymmetric numeral systems (the `constriction` package), bounded and typed.
+"""Entropy coding with range asymmetric numeral systems (rANS), compiled with numba, bounded.
+
+One coder state x in [2**16, 2**32); words are 16 bits. Every categorical model is quantized to
+frequencies summing to 2**PRECISION with integer arithmetic only (`normalize`), so encoder and
+decoder can never disagree on a table. Raw bits (uniform over a power of two, at most 16 per
+operation) are coded in the same state.
 
 ANS is a stack: symbols are encoded in the reverse of the order they are decoded. `AnsEncoder`
 therefore queues segments in *decode* order and encodes them backwards in `finish()`, so format
-code reads top to bottom the same way for both directions.
+code reads top to bottom the same way for both directions. Stream layout: the final encoder
+state (two words, high first), then the words in the order the decoder reads them.
 
-Every model is built from integer weights. constriction quantizes the float copies of those
-integers the same way everywhere, so encoder and decoder can never disagree on a table.
+Hostile streams are bounded two ways. No symbol is ever near-certain (a model's largest
+frequency is at most 7/8 of the total), so every categorical symbol shrinks the decoder's state
+by at least log2(1 / (7/8 * 17/16)) > 0.105 bits, and raw bits by their count; the state gains
+16 bits per word read and must end at exactly 2**16. A stream of W words therefore carries at
+most 16 * W bits of symbols: `AnsDecoder.require` refuses a header that claims more before any
+work is done, and reading past the last word raises instead of inventing zeros.
+
+The primitives `enc_put`, `dec_cat` and `dec_bits` are numba functions that other compiled
+loops (pulsesync's per-weight pass) call directly; the segment classes serve the rest.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
 
-import constriction
+import numba
 import numpy as np
 
-from protocol.errors import MalformedPayload, TrailingBytes
+from protocol.errors import MalformedPayload, SizeLimitExceeded, TrailingBytes, TruncatedPayload
 from protocol.wire import Reader, Writer
 
-_model = constriction.stream.model
-UNIFORM_MAX = 1 << 16  # sizes of one uniform symbol stay far below constriction's 2**24 limit
+PRECISION = 12
+TOTAL = 1 << PRECISION
+MAX_FREQ = TOTAL - TOTAL // 8  # no symbol costs less than log2(8/7) bits before coding loss
+MIN_SYMBOL_BITS = 0.1  # a proven lower bound on what one categorical symbol consumes (see above)
+RAW_MAX = 16  # raw bits per operation
+STATE_LOW = 1 << 16  # the encoder's initial state, and the decoder's required final state
+WORD_BITS = 16
+
+# status codes returned by compiled decode loops
+OK, PAST_END = 0, 1
+
+_jit = numba.njit(nogil=True, cache=True)
+_inline = numba.njit(nogil=True, cache=True, inline="always")
 
 
-def categorical(weights: np.ndarray) -> object:
-    """A categorical model over range(len(weights)); zero weights still get the minimum probability."""
-    return _model.Categorical(np.asarray(weights, dtype=np.float64), perfect=False)
+# -- models -----------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=512)
-def geometric_weights(theta_256: int, alphabet: int) -> np.ndarray:
-    """Integer weights of a geometric law with ratio theta_256/256, truncated to `alphabet` - 1
-    symbols plus an escape symbol carrying the whole tail. Exact integer arithmetic."""
-    if not 0 < theta_256 < 256:
-        raise ValueError(f"theta_256 must be in 1..255, got {theta_256}")
-    w = [1 << 40]
-    for _ in range(alphabet - 2):
-        w.append(w[-1] * theta_256 >> 8)
-    head = [x * (256 - theta_256) >> 8 for x in w]
-    tail = w[-1] * theta_256 >> 8  # mass of q >= alphabet - 1 under the same law
-    weights = np.array([*head, tail], dtype=np.float64)
-    weights.setflags(write=False)
-    return weights
+def normalize(counts: np.ndarray) -> np.ndarray:
+    """Integer frequencies summing to TOTAL for a histogram (int64, any length >= 2).
+
+    Every symbol with a nonzero count gets at least 1; no symbol gets more than MAX_FREQ (the
+    excess goes to the next symbol, cyclically). An all-zero histogram gives a flat model.
+    Deterministic integer arithmetic: both ends compute the same table from the same counts.
+    """
+    c = np.asarray(counts, dtype=np.int64)
+    if len(c) < 2 or np.any(c < 0):
+        raise ValueError("a model needs at least two symbols and non-negative counts")
+    total = int(c.sum())
+    if total == 0:
+        c = np.ones_like(c)
+        total = len(c)
+    f = c * TOTAL // total
+    f[(c > 0) & (f == 0)] = 1
+    diff = TOTAL - int(f.sum())
+    while diff != 0:
+        i = int(np.argmax(f))
+        step = diff if diff > 0 else -min(-diff, int(f[i]) - 1)
+        f[i] += step
+        diff -= step
+    top = int(np.argmax(f))
+    if f[top] > MAX_FREQ:
+        f[(top + 1) % len(f)] += f[top] - MAX_FREQ
+        f[top] = MAX_FREQ
+    return f
+
+
+@dataclass(frozen=True)
+class Models:
+    """A set of categorical models over one alphabet, one row each, as coding tables."""
+
+    freq: np.ndarray  # (models, alphabet) int64
+    cum: np.ndarray  # (models, alphabet) int64, start of each symbol's slot range
+    sym: np.ndarray  # (models, TOTAL) int32, the symbol owning each slot
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray) -> Models:
+        counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
+        freq = np.stack([normalize(row) for row in counts]) if len(counts) else np.zeros((0, 2), np.int64)
+        cum = np.cumsum(freq, axis=1) - freq
+        alphabet = np.arange(freq.shape[1], dtype=np.int32)
+        sym = np.stack([np.repeat(alphabet, row) for row in freq]) if len(freq) else np.zeros((0, TOTAL), np.int32)
+        return cls(freq, cum, sym.astype(np.int32))
+
+    @property
+    def alphabet(self) -> int:
+        return int(self.freq.shape[1])
+
+
+# -- compiled primitives ----------------------------------------------------------------------
+
+
+@_inline
+def enc_put(x: int, out: np.ndarray, pos: int, f: int, c: int, scale: int) -> tuple[int, int]:
+    """Push one symbol of frequency f, cumulative c, out of 2**scale; words go down from pos."""
+    if x >= ((STATE_LOW >> scale) << WORD_BITS) * f:
+        pos -= 1
+        out[pos] = x & 0xFFFF
+        x >>= WORD_BITS
+    return ((x // f) << scale) + (x % f) + c, pos
+
+
+@_inline
+def _refill(x: int, pos: int, words: np.ndarray) -> tuple[int, int, int]:
+    if x < STATE_LOW:
+        if pos >= len(words):
+            return x, pos, PAST_END
+        x = (x << WORD_BITS) | np.int64(words[pos])
+        pos += 1
+    return x, pos, OK
+
+
+@_inline
+def dec_cat(
+    x: int, pos: int, words: np.ndarray, m: int, sym: np.ndarray, freq: np.ndarray, cum: np.ndarray
+) -> tuple[int, int, int, int]:
+    """Pop one symbol of model row m: (x, pos, symbol, status)."""
+    slot = x & (TOTAL - 1)
+    s = sym[m, slot]
+    x = freq[m, s] * (x >> PRECISION) + slot - cum[m, s]
+    x, pos, status = _refill(x, pos, words)
+    return x, pos, s, status
+
+
+@_inline
+def dec_bits(x: int, pos: int, words: np.ndarray, nbits: int) -> tuple[int, int, int, int]:
+    """Pop nbits <= 16 raw bits: (x, pos, value, status)."""
+    v = x & ((1 << nbits) - 1)
+    x >>= nbits
+    x, pos, status = _refill(x, pos, words)
+    return x, pos, v, status
+
+
+@_jit
+def _enc_categorical(
+    x: int, out: np.ndarray, pos: int, symbols: np.ndarray, ids: np.ndarray, freq: np.ndarray, cum: np.ndarray
+) -> tuple[int, int]:
+    for i in range(len(symbols) - 1, -1, -1):
+        m, s = ids[i], symbols[i]
+        x, pos = enc_put(x, out, pos, freq[m, s], cum[m, s], PRECISION)
+    return x, pos
+
+
+@_jit
+def _enc_bits(x: int, out: np.ndarray, pos: int, values: np.ndarray, nbits: np.ndarray) -> tuple[int, int]:
+    for i in range(len(values) - 1, -1, -1):
+        b, v = nbits[i], values[i]
+        if b > RAW_MAX:  # decode order: high part, then low 16 bits
+            x, pos = enc_put(x, out, pos, 1, v & 0xFFFF, RAW_MAX)
+            x, pos = enc_put(x, out, pos, 1, v >> RAW_MAX, b - RAW_MAX)
+        elif b > 0:
+            x, pos = enc_put(x, out, pos, 1, v, b)
+    return x, pos
+
+
+@_jit
+def _dec_categorical(
+    x: int, pos: int, words: np.ndarray, ids: np.ndarray, sym: np.ndarray, freq: np.ndarray, cum: np.ndarray
+) -> tuple[int, int, np.ndarray, int]:
+    out = np.empty(len(ids), dtype=np.int64)
+    for i in range(len(ids)):
+        x, pos, out[i], status = dec_cat(x, pos, words, ids[i], sym, freq, cum)
+        if status != OK:
+            return x, pos, out, status
+    return x, pos, out, OK
+
+
+@_jit
+def _dec_bits(x: int, pos: int, words: np.ndarray, nbits: np.ndarray) -> tuple[int, int, np.ndarray, int]:
+    out = np.zeros(len(nbits), dtype=np.int64)
+    for i in range(len(nbits)):
+        b = nbits[i]
+        if b > RAW_MAX:
+            x, pos, hi, status = dec_bits(x, pos, words, b - RAW_MAX)
+            if status != OK:
+                return x, pos, out, status
+            x, pos, lo, status = dec_bits(x, pos, words, RAW_MAX)
+            out[i] = (hi << RAW_MAX) | lo
+        elif b > 0:
+            x, pos, out[i], status = dec_bits(x, pos, words, b)
+        else:
+            status = OK
+        if status != OK:
+            return x, pos, out, status
+    return x, pos, out, OK
+
+
+# -- segment coder ----------------------------------------------------------------------------
+
+
+def require(words: np.ndarray, categorical: int, raw_bits: int = 0, what: str = "entropy-coded section") -> None:
+    """Raise SizeLimitExceeded if `words` cannot hold that many categorical symbols and raw bits.
+    Callers check what a header claims with this before building anything of that size."""
+    need = categorical * MIN_SYMBOL_BITS + raw_bits
+    if need > WORD_BITS * len(words):
+        raise SizeLimitExceeded(
+            f"{what}: {categorical} symbols and {raw_bits} raw bits need at least {need:.0f} bits, "
+            f"the stream holds {WORD_BITS * len(words)}"
+        )
+
+
+def _ids(model_ids: np.ndarray | int, n: int) -> np.ndarray:
+    if isinstance(model_ids, (int, np.integer)):
+        return np.full(n, int(model_ids), dtype=np.int64)
+    return np.ascontiguousarray(model_ids, dtype=np.int64)
+
+
+def _nbits(nbits: np.ndarray | int, n: int) -> np.ndarray:
+    if isinstance(nbits, (int, np.integer)):
+        return np.full(n, int(nbits), dtype=np.int64)
+    return np.ascontiguousarray(nbits, dtype=np.int64)
 
 
 class AnsEncoder:
+    """Queue segments in decode order; `finish()` codes them and returns the words (uint16)."""
+
     def __init__(self) -> None:
-        self._segments: list[tuple[np.ndarray, object, np.ndarray | None]] = []
+        self._segments: list[tuple[str, np.ndarray, np.ndarray, Models | None]] = []
+        self._max_bits = 2 * WORD_BITS
 
-    def categorical(self, symbols: np.ndarray, weights: np.ndarray) -> None:
+    def categorical(self, symbols: np.ndarray, models: Models, model_ids: np.ndarray | int = 0) -> None:
+        """symbols[i] under models row model_ids[i] (one row for all if an int)."""
+        symbols = np.ascontiguousarray(symbols, dtype=np.int64)
         if symbols.size:
-            self._segments.append((symbols.astype(np.int32, copy=False), categorical(weights), None))
+            ids = _ids(model_ids, symbols.size)
+            if np.any(models.freq[ids, symbols] == 0):
+                raise ValueError("a symbol has zero frequency in its model")
+            self._segments.append(("cat", symbols, ids, models))
+            self._max_bits += (PRECISION + WORD_BITS) * symbols.size
 
-    def uniform(self, values: np.ndarray, sizes: np.ndarray) -> None:
-        """Each value[i] uniform in range(sizes[i]); sizes of 1 carry no information and are skipped."""
-        keep = sizes > 1
-        if keep.any():
-            self._segments.append((values[keep].astype(np.int32), _model.Uniform(), sizes[keep].astype(np.int32)))
+    def bits(self, values: np.ndarray, nbits: np.ndarray | int) -> None:
+        """values[i] as nbits[i] raw bits (0..32); values must fit."""
+        values = np.ascontiguousarray(values, dtype=np.int64)
+        if values.size:
+            nb = _nbits(nbits, values.size)
+            if np.any((nb < 0) | (nb > 2 * RAW_MAX)) or np.any((values < 0) | (values >> nb != 0)):
+                raise ValueError("raw values must fit their bit counts (at most 32)")
+            self._segments.append(("bits", values, nb, None))
+            self._max_bits += int(nb.sum()) + 2 * WORD_BITS * values.size
 
     def finish(self) -> np.ndarray:
-        """The compressed words (uint32)."""
-        coder = constriction.stream.stack.AnsCoder()
-        for symbols, model, params in reversed(self._segments):
-            if params is None:
-                coder.encode_reverse(symbols, model)
+        out = np.empty(self._max_bits // WORD_BITS + 4, dtype=np.uint16)
+        x, pos = STATE_LOW, len(out)
+        for kind, a, b, models in reversed(self._segments):
+            if kind == "cat":
+                assert models is not None
+                x, pos = _enc_categorical(x, out, pos, a, b, models.freq, models.cum)
             else:
-                coder.encode_reverse(symbols, model, params)
-        return np.asarray(coder.get_compressed(), dtype=np.uint32)
+                x, pos = _enc_bits(x, out, pos, a, b)
+        out[pos - 2], out[pos - 1] = x >> WORD_BITS, x & 0xFFFF
+        return out[pos - 2 :].copy()
 
 
 class AnsDecoder:
+    """Pops segments in the order they were queued. Every failure is a `MalformedPayload` subclass."""
+
     def __init__(self, words: np.ndarray) -> None:
-        try:
-            self._coder = constriction.stream.stack.AnsCoder(np.ascontiguousarray(words, dtype=np.uint32))
-        except ValueError as exc:
-            raise MalformedPayload(f"entropy-coded section is invalid: {exc}") from exc
+        self.words = np.ascontiguousarray(words, dtype=np.uint16)
+        if len(self.words) < 2:
+            raise TruncatedPayload("entropy-coded section is shorter than its two-word state")
+        self.x = (int(self.words[0]) << WORD_BITS) | int(self.words[1])
+        self.pos = 2
+        if self.x < STATE_LOW:
+            raise MalformedPayload("entropy-coded section starts with an impossible state")
 
-    def categorical(self, count: int, weights: np.ndarray) -> np.ndarray:
-        if count == 0:
-            return np.zeros(0, dtype=np.int32)
-        return self._decode(categorical(weights), count)
+    @property
+    def capacity_bits(self) -> int:
+        """What the whole stream can carry: an upper bound on the bits of every symbol in it."""
+        return WORD_BITS * len(self.words)
 
-    def uniform(self, sizes: np.ndarray) -> np.ndarray:
-        out = np.zeros(sizes.shape, dtype=np.int64)
-        keep = sizes > 1
-        if keep.any():
-            out[keep] = self._decode(_model.Uniform(), sizes[keep].astype(np.int32))
+    def require(self, categorical: int, raw_bits: int = 0, what: str = "entropy-coded section") -> None:
+        """Refuse a header that claims more symbols than the stream can possibly hold."""
+        require(self.words, categorical, raw_bits, what)
+
+    def check(self, status: int) -> None:
+        if status == PAST_END:
+            raise TruncatedPayload("entropy-coded section ends before its last symbol")
+
+    def categorical(self, models: Models, model_ids: np.ndarray | int, count: int | None = None) -> np.ndarray:
+        """Symbols under models rows model_ids (an int and a count: that row for all)."""
+        n = count if count is not None else len(np.asarray(model_ids))
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        self.require(n)
+        ids = _ids(model_ids, n)
+        self.x, self.pos, out, status = _dec_categorical(
+            self.x, self.pos, self.words, ids, models.sym, models.freq, models.cum
+        )
+        self.check(status)
         return out
 
-    def _decode(self, model: object, arg: object) -> np.ndarray:
-        try:
-            return np.asarray(self._coder.decode(model, arg))
-        except (ValueError, RuntimeError, OverflowError) as exc:
-            raise MalformedPayload(f"entropy-coded section does not decode: {exc}") from exc
+    def bits(self, nbits: np.ndarray | int, count: int | None = None) -> np.ndarray:
+        n = count if count is not None else len(np.asarray(nbits))
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        nb = _nbits(nbits, n)
+        self.require(0, int(nb.sum()))
+        self.x, self.pos, out, status = _dec_bits(self.x, self.pos, self.words, nb)
+        self.check(status)
+        return out
 
     def finish(self) -> None:
-        """Every word must have been consumed: leftover state means bytes nobody accounts for."""
-        if not self._coder.is_empty():
-            raise TrailingBytes("entropy-coded section has data left after the last symbol")
+        """Every word consumed and the state back where the encoder started: nothing unaccounted."""
+        if self.pos != len(self.words):
+            raise TrailingBytes(f"entropy-coded section has {len(self.words) - self.pos} words after the last symbol")
+        if self.x != STATE_LOW:
+            raise MalformedPayload("entropy-coded section does not end in the encoder's initial state")
+
+
+# -- the model tables a payload carries -------------------------------------------------------
 
 
 def write_histograms(w: Writer, keys: np.ndarray, counts: np.ndarray) -> None:

@@ -36,7 +36,6 @@ import torch
 
 from protocol.errors import (
     IncompatibleStates,
-    InvalidPositions,
     LayoutMismatch,
     NonFiniteUpdate,
     NonFiniteValues,
@@ -207,19 +206,14 @@ def f32_tensor(flat: np.ndarray, like: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def write_words(w: Writer, words: np.ndarray) -> None:
+    """An entropy-coded stream (ans.py): varint words | u16 words."""
     w.varint(words.size)
-    w.raw(words.astype("<u4").tobytes())
+    w.raw(words.astype("<u2").tobytes())
 
 
 def read_words(r: Reader) -> np.ndarray:
     # the count only bounds a view of bytes already in hand: a short payload is truncated, not oversized
-    return r.u32_array(r.varint(1 << 40, "stream words"))
-
-
-def check_gaps(gaps: np.ndarray, class_size: np.ndarray) -> None:
-    """Each gap must fit in its class: rejects hostile gaps before any sum of them can overflow."""
-    if np.any(gaps >= class_size):
-        raise InvalidPositions("a position gap is larger than its class")
+    return r.u16_array(r.varint(1 << 40, "stream words"))
 
 
 def _with_size(stats: CodecStats, size: int) -> CodecStats:

@@ -1,6 +1,6 @@
 """Entropy coding of FP32 values whose magnitude the receiver can predict from a context exponent.
 
-A value is split into a symbol and raw mantissa bits. The symbol is the sign and the distance
+A value is split into a symbol and raw mantissa bits (ans.py codes both). The symbol is the sign and the distance
 `d = (ctx - exponent) mod 256` from a context exponent both ends know (PULSELoCo: the exponent of
 the BF16 weight, since a value is sent only when it is about half that weight's ulp or more). There
 is one categorical model per context, whose counts travel in the payload; on PULSELoCo fine-tuning
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protocol import ans
 from protocol.ans import AnsDecoder, AnsEncoder, read_histograms, write_histograms
 from protocol.errors import MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
@@ -23,7 +24,6 @@ from protocol.wire import Reader, Writer
 ALPHABET = 512
 CONTEXTS = 256
 FP32_MANTISSA, BF16_MANTISSA = 23, 7
-_LO_BITS = 16  # mantissas wider than this travel as two uniform pieces (constriction's 2**24 limit)
 
 
 @dataclass
@@ -72,39 +72,29 @@ def read_models(r: Reader, total: int) -> Models:
 
 
 def encode(enc: AnsEncoder, coded: Coded, mantissa_bits: int) -> None:
-    """Queue symbols (grouped by context, ascending) and then mantissas, in decode order."""
+    """Queue symbols (each under its context's model) and then mantissas, in decode order."""
     model_of = np.searchsorted(coded.models.keys, coded.ctx)
-    for i, row in enumerate(coded.models.counts):
-        enc.categorical(coded.sym[model_of == i], row)
-    hi_bits = max(mantissa_bits - _LO_BITS, 0)
-    lo_bits = mantissa_bits - hi_bits
-    m = coded.mantissa
-    enc.uniform(m >> lo_bits, np.full(m.shape, 1 << hi_bits))
-    enc.uniform(m & ((1 << lo_bits) - 1), np.full(m.shape, 1 << lo_bits))
+    enc.categorical(coded.sym, ans.Models.from_counts(coded.models.counts), model_of)
+    enc.bits(coded.mantissa, mantissa_bits)
 
 
 def decode(dec: AnsDecoder, ctx: np.ndarray, models: Models, mantissa_bits: int) -> np.ndarray:
     """FP32 values for the contexts `ctx` (known to the receiver); each context's model must count
     exactly its values. Raises NonFiniteValues for an inf/NaN exponent."""
     ctx = ctx.astype(np.int64)
+    n = len(ctx)
+    dec.require(n, n * mantissa_bits, "value stream")  # before any work: a short stream cannot hold them
     present, per_ctx = np.unique(ctx, return_counts=True)
     if not np.array_equal(present, models.keys) or not np.array_equal(per_ctx, models.counts.sum(axis=1)):
         raise MalformedPayload("value models do not match the contexts of the sent positions")
     model_of = np.searchsorted(models.keys, ctx)
-    sym = np.zeros(len(ctx), dtype=np.int64)
-    for i, row in enumerate(models.counts):
-        where = np.flatnonzero(model_of == i)
-        sym[where] = dec.categorical(len(where), row)
-        if not np.array_equal(np.bincount(sym[where], minlength=ALPHABET), row):
-            raise MalformedPayload(f"decoded value symbols disagree with the model of context {models.keys[i]}")
-    n = len(ctx)
-    hi_bits = max(mantissa_bits - _LO_BITS, 0)
-    lo_bits = mantissa_bits - hi_bits
-    hi = dec.uniform(np.full(n, 1 << hi_bits))
-    lo = dec.uniform(np.full(n, 1 << lo_bits))
+    sym = dec.categorical(ans.Models.from_counts(models.counts), model_of)
+    seen = np.bincount(model_of * ALPHABET + sym, minlength=len(models.keys) * ALPHABET)
+    if not np.array_equal(seen, models.counts.reshape(-1)):
+        raise MalformedPayload("decoded value symbols disagree with their models")
+    mantissa = dec.bits(mantissa_bits, n) << (23 - mantissa_bits)
     exponent = (ctx - (sym & 0xFF)) & 0xFF
     if np.any(exponent == 0xFF):
         raise NonFiniteValues("a value decodes to inf or NaN")
-    mantissa = ((hi << lo_bits) | lo) << (23 - mantissa_bits)
     raw = ((sym >> 8) << 31) | (exponent << 23) | mantissa
     return raw.astype(np.uint32).view(np.float32)

@@ -1,15 +1,18 @@
 """Sparse positions coded as gaps between ranks within each context class.
 
-Inside one (tensor, context) class of n positions with k changed, changes are close to a
+Inside one (tensor, context) class of n positions with k marked, marks are close to a
 Bernoulli(k/n) process, so the gaps between consecutive ranks are geometric. Each gap g is
-split Golomb-style into q = g // m and r = g % m: r is uniform on [0, m) and q is geometric
-with ratio theta = (1 - k/n)**m. m is derived from (n, k) with integers only; the encoder
-fits theta to the actual q values and sends it as one byte (theta = t/256). With m chosen
-so theta is near 0.85, the uniform approximation inside each bucket costs ~0.003 bit/gap.
+split Rice-style into q = g >> b and r = g & (2**b - 1): r is b raw bits and q is geometric
+with ratio theta ~ (1 - k/n)**(2**b), coded with one of eight fixed geometric models (THETAS;
+q >= Q_ESCAPE escapes to 32 raw bits). The encoder picks (b, theta) per class by the exact cost
+of its own gaps and sends them as one code byte; the decoder needs nothing but that byte, so it
+can decode a class before it has counted the class's members.
 
-Layout of the streams (decode order): q symbols grouped by theta (ascending), then escapes
-for q >= Q_ESCAPE (two 16-bit pieces each), then remainders. Classes whose k equals n are
-implied entirely by their header and cost nothing in the stream.
+A code byte is 0 for a class whose every position is marked (no gap is coded: the class size
+implies them) and 1 + 8 * b + t otherwise (b <= MAX_B, t indexes THETAS).
+
+Class table on the wire, per tensor: varint classes; per class: varint context delta, varint k,
+u8 code.
 """
 
 from __future__ import annotations
@@ -18,33 +21,266 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
-from protocol.ans import UNIFORM_MAX, AnsDecoder, AnsEncoder, geometric_weights
+from protocol.ans import OK, PRECISION, AnsDecoder, AnsEncoder, Models, dec_bits, dec_cat, enc_put
 from protocol.contexts import NUM_CONTEXTS
 from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.wire import Reader, Writer
 
-Q_ESCAPE = 64  # q symbols 0..63 are literal, 64 means "q - 64 follows in the escape stream"
-M_CAP = 1 << 23  # remainders stay below constriction's uniform-size limit
-MAX_CLASS_SIZE = (1 << 32) - 1  # escapes carry q - 64 in two 16-bit pieces
+Q_ESCAPE = 64  # q symbols 0..63 are literal, 64 means "q - 64 follows as 32 raw bits"
+ESCAPE_BITS = 32
+THETAS = (64, 128, 160, 184, 204, 218, 230, 242)  # geometric ratios, out of 256
+MAX_B = 23
+FULL = 0  # code byte of a class whose every position is marked
+MAX_CODE = 1 + 8 * MAX_B + len(THETAS) - 1
+_B_TRIES = 5  # candidate b per class: around the b that puts theta near 0.85
+
+_jit = numba.njit(nogil=True, cache=True)
+_inline = numba.njit(nogil=True, cache=True, inline="always")
 
 
-def golomb_m(n: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Bucket width per class: about 0.1625 * n / k, so that (1 - k/n)**m is about 0.85."""
-    return np.clip((13 * n) // (80 * np.maximum(k, 1)), 1, M_CAP).astype(np.int64)
+def _geometric_counts(theta_256: int) -> np.ndarray:
+    """Integer weights of a geometric law with ratio theta_256/256 over q = 0..63, plus the tail."""
+    w = [1 << 40]
+    for _ in range(Q_ESCAPE - 1):
+        w.append(w[-1] * theta_256 >> 8)
+    head = [max(1, x * (256 - theta_256) >> 8) for x in w]
+    return np.array([*head, max(1, w[-1] * theta_256 >> 8)], dtype=np.int64)
 
 
-def fit_theta(q: np.ndarray) -> int:
-    """Maximum-likelihood geometric ratio for the observed q values, as t/256 with t in 1..255."""
-    mean = float(q.mean()) if q.size else 0.0
-    return int(min(255, max(1, round(256 * mean / (1 + mean)))))
+GEOMETRIC = Models.from_counts(np.stack([_geometric_counts(t) for t in THETAS]))
+GEOMETRIC_SYM, GEOMETRIC_FREQ, GEOMETRIC_CUM = GEOMETRIC.sym, GEOMETRIC.freq, GEOMETRIC.cum  # compiled in
+# cost in bits of each q symbol under each model, for the encoder's choice of (b, theta)
+_Q_COST = PRECISION - np.log2(GEOMETRIC.freq.astype(np.float64))
+_Q_COST[:, Q_ESCAPE] += ESCAPE_BITS
+
+
+def code_of(b: int, t: int) -> int:
+    return 1 + 8 * b + t
+
+
+def split_code(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(b, t) of code bytes (FULL gives b = 0, t = -1)."""
+    c = np.asarray(code, dtype=np.int64) - 1
+    return np.where(c >= 0, c >> 3, 0), np.where(c >= 0, c & 7, -1)
+
+
+def log2_binomial(n: int, k: int) -> float:
+    """log2 C(n, k): the bits any coder needs for which k of n positions are marked."""
+    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+
+
+# -- compiled gap coding ------------------------------------------------------------------------
+
+
+@_inline
+def enc_gap(x: int, out: np.ndarray, pos: int, gap: int, b: int, t: int) -> tuple[int, int]:
+    """Push one gap (decode order: q symbol, escape, remainder bits; so pushed in reverse)."""
+    if b > 16:
+        x, pos = enc_put(x, out, pos, 1, gap & 0xFFFF, 16)
+        x, pos = enc_put(x, out, pos, 1, (gap >> 16) & ((1 << (b - 16)) - 1), b - 16)
+    elif b > 0:
+        x, pos = enc_put(x, out, pos, 1, gap & ((1 << b) - 1), b)
+    q = gap >> b
+    if q >= Q_ESCAPE:
+        e = q - Q_ESCAPE
+        x, pos = enc_put(x, out, pos, 1, e & 0xFFFF, 16)
+        x, pos = enc_put(x, out, pos, 1, e >> 16, 16)
+        q = Q_ESCAPE
+    return enc_put(x, out, pos, GEOMETRIC_FREQ[t, q], GEOMETRIC_CUM[t, q], PRECISION)
+
+
+@_inline
+def dec_gap(x: int, pos: int, words: np.ndarray, b: int, t: int) -> tuple[int, int, int, int]:
+    """Pop one gap: (x, pos, gap, status)."""
+    x, pos, q, status = dec_cat(x, pos, words, t, GEOMETRIC_SYM, GEOMETRIC_FREQ, GEOMETRIC_CUM)
+    if status != OK:
+        return x, pos, 0, status
+    if q == Q_ESCAPE:
+        x, pos, hi, status = dec_bits(x, pos, words, 16)
+        if status != OK:
+            return x, pos, 0, status
+        x, pos, lo, status = dec_bits(x, pos, words, 16)
+        q += (hi << 16) | lo
+    r = 0
+    if b > 16:
+        x, pos, hi, status = dec_bits(x, pos, words, b - 16)
+        if status != OK:
+            return x, pos, 0, status
+        x, pos, lo, status = dec_bits(x, pos, words, 16)
+        r = (hi << 16) | lo
+    elif b > 0:
+        x, pos, r, status = dec_bits(x, pos, words, b)
+    return x, pos, (q << b) | r, status
+
+
+@_jit
+def _choose_codes(
+    cls: np.ndarray, gaps: np.ndarray, n: np.ndarray, k: np.ndarray, q_cost: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per class (length of n): the cheapest code byte for its gaps, and that cost in bits.
+
+    `cls`, `gaps`: one entry per coded gap (any order). Classes with k == n get FULL at no cost.
+    """
+    classes = len(n)
+    b0 = np.zeros(classes, np.int64)
+    for c in range(classes):
+        if k[c] > 0 and k[c] < n[c]:
+            m = 0.1625 * n[c] / k[c]
+            b0[c] = max(0, min(MAX_B - _B_TRIES + 1, int(round(math.log2(max(m, 1.0)))) - _B_TRIES // 2))
+    hist = np.zeros((classes, _B_TRIES, Q_ESCAPE + 1), np.int64)
+    count = np.zeros(classes, np.int64)
+    for i in range(len(gaps)):
+        c = cls[i]
+        count[c] += 1
+        for j in range(_B_TRIES):
+            hist[c, j, min(gaps[i] >> (b0[c] + j), Q_ESCAPE)] += 1
+    codes = np.zeros(classes, np.int64)
+    costs = np.zeros(classes, np.float64)
+    for c in range(classes):
+        if k[c] == 0 or k[c] == n[c]:
+            continue
+        best, best_code = np.inf, 0
+        for j in range(_B_TRIES):
+            b = b0[c] + j
+            for t in range(q_cost.shape[0]):
+                bits = 0.0
+                for s in range(Q_ESCAPE + 1):
+                    bits += hist[c, j, s] * q_cost[t, s]
+                bits += b * count[c]
+                if bits < best:
+                    best, best_code = bits, 1 + 8 * b + t
+        codes[c], costs[c] = best_code, best
+    return codes, costs
+
+
+def choose_codes(cls: np.ndarray, gaps: np.ndarray, n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(code byte, bits) per class for the coded gaps `gaps` of classes `cls`; see `_choose_codes`."""
+    as64 = lambda a: np.ascontiguousarray(a, np.int64)  # noqa: E731
+    return _choose_codes(as64(cls), as64(gaps), as64(n), as64(k), _Q_COST)
+
+
+# -- gap streams through the segment coder (SparseLoCo, PULSELoCo) -------------------------------
+
+
+def encode_gaps(enc: AnsEncoder, gaps: np.ndarray, code: np.ndarray) -> None:
+    """Queue gaps, one code byte each (FULL: implied, nothing coded). Decode order: q symbols,
+    escapes, remainders."""
+    coded = code != FULL
+    gaps = np.asarray(gaps, dtype=np.int64)[coded]
+    b, t = split_code(np.asarray(code)[coded])
+    q = gaps >> b
+    if np.any(q >= Q_ESCAPE + (1 << ESCAPE_BITS)):
+        raise ValueError("a gap is too long for its code")
+    enc.categorical(np.minimum(q, Q_ESCAPE), GEOMETRIC, t)
+    enc.bits(q[q >= Q_ESCAPE] - Q_ESCAPE, ESCAPE_BITS)
+    enc.bits(gaps & ((1 << b) - 1), b)
+
+
+def decode_gaps(dec: AnsDecoder, code: np.ndarray) -> np.ndarray:
+    """Inverse of `encode_gaps` (FULL positions get 0)."""
+    code = np.asarray(code, dtype=np.int64)
+    gaps = np.zeros(code.shape, dtype=np.int64)
+    coded = code != FULL
+    b, t = split_code(code[coded])
+    dec.require(len(t), int(b.sum()))
+    q = dec.categorical(GEOMETRIC, t)
+    escaped = q >= Q_ESCAPE
+    q[escaped] += dec.bits(ESCAPE_BITS, int(escaped.sum()))
+    gaps[coded] = (q << b) | dec.bits(b)
+    return gaps
+
+
+# -- class tables -------------------------------------------------------------------------------
+
+
+@dataclass
+class ClassTable:
+    """One tensor's marked positions, grouped by context class, and the code of each class's gaps."""
+
+    classes: np.ndarray  # active context ids, ascending
+    k: np.ndarray  # marked positions per active class
+    code: np.ndarray  # code byte per active class (FULL: every position of the class)
+
+    @property
+    def total(self) -> int:
+        return int(self.k.sum())
+
+
+def write_table(w: Writer, table: ClassTable) -> None:
+    """varint classes; per class: varint context delta, varint k, u8 code."""
+    w.varint(len(table.classes))
+    prev = -1
+    for c, k, code in zip(table.classes.tolist(), table.k.tolist(), table.code.tolist(), strict=True):
+        w.varint(c - prev - 1)
+        w.varint(k)
+        w.u8(code)
+        prev = c
+
+
+def read_table(r: Reader, name: str, numel: int) -> ClassTable:
+    """Inverse of `write_table`, checked against the header's own bounds (k <= numel, in total
+    too; a known code byte). The receiver checks k against its class sizes as it walks them."""
+    rows = []
+    cls, total = -1, 0
+    for _ in range(r.varint(NUM_CONTEXTS, f"{name} class count")):
+        cls += 1 + r.varint(NUM_CONTEXTS, f"{name} context delta")
+        if cls >= NUM_CONTEXTS:
+            raise MalformedPayload(f"{name}: context {cls} out of range")
+        k = r.varint(numel, f"{name} marked positions in context {cls}")
+        if k == 0:
+            raise MalformedPayload(f"{name}: context {cls} is listed with no marked position")
+        total += k
+        if total > numel:
+            raise InvalidPositions(f"{name}: {total} marked positions in a tensor of {numel}")
+        code = r.u8()
+        if code > MAX_CODE:
+            raise MalformedPayload(f"{name}: unknown gap code {code} in context {cls}")
+        rows.append((cls, k, code))
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return ClassTable(arr[:, 0], arr[:, 1], arr[:, 2])
+
+
+def coded_cost(tables: Sequence[ClassTable]) -> tuple[int, int]:
+    """(geometric symbols, remainder bits) that the gaps of these tables take at the very least."""
+    symbols = raw = 0
+    for t in tables:
+        coded = t.code != FULL
+        b, _ = split_code(t.code[coded])
+        symbols += int(t.k[coded].sum())
+        raw += int((t.k[coded] * b).sum())
+    return symbols, raw
+
+
+def per_position(tables: Sequence[ClassTable]) -> np.ndarray:
+    """The code byte of every marked position, tables in order, classes class-major."""
+    if not tables:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(np.concatenate([t.code for t in tables]), np.concatenate([t.k for t in tables]))
+
+
+def ranks_from_gaps(gaps: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Ranks inside each class from class-major gaps (each class's first gap counts from -1)."""
+    steps = gaps + 1
+    total = np.cumsum(steps)
+    first = np.concatenate(([0], np.cumsum(k)[:-1])).astype(np.int64)
+    base = np.zeros(len(k), dtype=np.int64)
+    base[1:] = total[first[1:] - 1]
+    return total - np.repeat(base, k) - 1
+
+
+def check_gaps(gaps: np.ndarray, class_size: np.ndarray) -> None:
+    """Each gap must fit in its class: rejects hostile gaps before any sum of them can overflow."""
+    if np.any(gaps >= class_size):
+        raise InvalidPositions("a position gap is larger than its class")
 
 
 def split_gaps(sorted_idx: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Class of each sorted index and the gap to the previous change of the same class.
+    """Class of each sorted index and the gap to the previous marked index of the same class.
 
-    `sorted_idx` ascending; `starts`/`counts` describe the class-major order (see contexts.py).
+    `sorted_idx` ascending, in a layout where class c occupies [starts[c], starts[c] + counts[c]).
     """
     ends = starts + counts
     cls = np.searchsorted(ends, sorted_idx, side="right")
@@ -54,155 +290,3 @@ def split_gaps(sorted_idx: np.ndarray, starts: np.ndarray, counts: np.ndarray) -
     first[1:] = cls[1:] != cls[:-1]
     prev[first] = starts[cls[first]] - 1
     return cls, sorted_idx - prev - 1
-
-
-def join_gaps(gaps: np.ndarray, class_start: np.ndarray, class_count: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Inverse of `split_gaps`: sorted indices from per-class gaps.
-
-    `class_start`, `class_count`, `k`: per active class, in order; gaps are class-major.
-    Raises InvalidPositions if any rank falls outside its class.
-    """
-    if np.any(gaps >= np.repeat(class_count, k)):
-        raise InvalidPositions("a gap is longer than its whole class")
-    steps = gaps + 1
-    total = np.cumsum(steps)
-    first_change = np.concatenate(([0], np.cumsum(k)[:-1]))
-    base = np.zeros(len(k), dtype=np.int64)
-    base[1:] = total[first_change[1:] - 1]  # running total before each class's first change
-    last_rank = total[first_change + k - 1] - base - 1
-    if np.any(last_rank >= class_count):
-        bad = int(np.argmax(last_rank >= class_count))
-        raise InvalidPositions(
-            f"class {bad}: rank {int(last_rank[bad])} is outside a class of {int(class_count[bad])} positions"
-        )
-    per_change_offset = np.repeat(class_start - 1 - base, k)
-    return total + per_change_offset
-
-
-def encode_gaps(enc: AnsEncoder, gaps: np.ndarray, m: np.ndarray, theta: np.ndarray) -> None:
-    """Queue the gaps (per change: bucket width m, theta byte; theta 0 = implied, not coded)."""
-    coded = theta > 0
-    gaps, m, theta = gaps[coded], m[coded], theta[coded]
-    q = gaps // m
-    by_theta = np.argsort(theta, kind="stable")
-    sym = np.minimum(q, Q_ESCAPE)
-    for t, group in _groups(theta, by_theta):
-        enc.categorical(sym[group], geometric_weights(t, Q_ESCAPE + 1))
-    extra = q[q >= Q_ESCAPE] - Q_ESCAPE
-    pieces = np.stack([extra >> 16, extra & 0xFFFF], axis=1).reshape(-1)
-    enc.uniform(pieces, np.full(pieces.shape, UNIFORM_MAX))
-    enc.uniform(gaps % m, m)
-
-
-def decode_gaps(dec: AnsDecoder, m: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """Inverse of `encode_gaps` for changes with the given m and theta (implied ones get 0)."""
-    gaps = np.zeros(m.shape, dtype=np.int64)
-    coded = theta > 0
-    m_c, theta_c = m[coded], theta[coded]
-    q = np.zeros(m_c.shape, dtype=np.int64)
-    by_theta = np.argsort(theta_c, kind="stable")
-    for t, group in _groups(theta_c, by_theta):
-        q[group] = dec.categorical(len(group), geometric_weights(t, Q_ESCAPE + 1))
-    escaped = q >= Q_ESCAPE
-    pieces = dec.uniform(np.full(2 * int(escaped.sum()), UNIFORM_MAX)).reshape(-1, 2)
-    q[escaped] += (pieces[:, 0] << 16) | pieces[:, 1]
-    gaps[coded] = q * m_c + dec.uniform(m_c)
-    return gaps
-
-
-def _groups(keys: np.ndarray, order: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(key, indices) for each distinct key, ascending, indices in original order."""
-    sorted_keys = keys[order]
-    cuts = np.flatnonzero(np.diff(sorted_keys)) + 1
-    return [(int(sorted_keys[idx[0]]), order[idx]) for idx in np.split(np.arange(len(order)), cuts) if len(idx)]
-
-
-def log2_binomial(n: int, k: int) -> float:
-    """log2 C(n, k): the bits any coder needs for which k of n positions changed."""
-    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
-
-
-@dataclass
-class ClassTable:
-    """One tensor's marked positions, grouped by context class, and their gap-code parameters."""
-
-    classes: np.ndarray  # active context ids, ascending
-    k: np.ndarray  # marked positions per active class
-    n: np.ndarray  # size of each active class
-    theta: np.ndarray  # per active class, 0 = every position of the class is marked
-    m: np.ndarray  # Golomb bucket width per active class
-
-    @property
-    def position_bits(self) -> float:
-        """log2 C(n, k) summed over the classes: the positions' information content."""
-        return sum(log2_binomial(int(a), int(b)) for a, b in zip(self.n, self.k, strict=True))
-
-
-def build_table(sorted_idx: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple[ClassTable, np.ndarray]:
-    """The class table and per-position gaps (class-major) for ascending sorted indices."""
-    cls, gaps = split_gaps(sorted_idx, starts, counts)
-    k_by_class = np.bincount(cls, minlength=len(counts))
-    classes = np.flatnonzero(k_by_class)
-    k, n = k_by_class[classes], counts[classes]
-    m = golomb_m(n, k)
-    local = np.repeat(np.arange(len(classes)), k)
-    q_mean = np.bincount(local, weights=gaps // m[local], minlength=len(classes)) / np.maximum(k, 1)
-    theta = np.where(k == n, 0, np.clip(np.rint(256 * q_mean / (1 + q_mean)), 1, 255)).astype(np.int64)
-    return ClassTable(classes, k, n, theta, m), gaps
-
-
-def write_table(w: Writer, table: ClassTable) -> None:
-    """varint classes; per class: varint context delta, varint k, u8 theta."""
-    w.varint(len(table.classes))
-    prev = -1
-    for c, k, t in zip(table.classes.tolist(), table.k.tolist(), table.theta.tolist(), strict=True):
-        w.varint(c - prev - 1)
-        w.varint(k)
-        w.u8(t)
-        prev = c
-
-
-def read_table(r: Reader, name: str, numel: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of `write_table`: (classes, k, theta), checked against the header's own bounds.
-    `check_table` then checks them against the receiver's class sizes."""
-    rows = []
-    cls = -1
-    for _ in range(r.varint(NUM_CONTEXTS, f"{name} class count")):
-        cls += 1 + r.varint(NUM_CONTEXTS, f"{name} context delta")
-        if cls >= NUM_CONTEXTS:
-            raise MalformedPayload(f"{name}: context {cls} out of range")
-        k = r.varint(numel, f"{name} marked positions in context {cls}")
-        if k == 0:
-            raise MalformedPayload(f"{name}: context {cls} is listed with no marked position")
-        rows.append((cls, k, r.u8()))
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    return arr[:, 0], arr[:, 1], arr[:, 2]
-
-
-def check_table(name: str, classes: np.ndarray, k: np.ndarray, theta: np.ndarray, counts: np.ndarray) -> ClassTable:
-    """The table a header claims, against the receiver's own class sizes `counts` (per context)."""
-    n = counts[classes].astype(np.int64)
-    if np.any(k > n):
-        raise InvalidPositions(f"{name}: more positions than an exponent class holds")
-    if np.any((theta == 0) != (k == n)):
-        raise MalformedPayload(f"{name}: theta 0 must mark exactly the fully marked classes")
-    return ClassTable(classes, k, n, theta, golomb_m(n, k))
-
-
-def _per_position(tables: Sequence[ClassTable]) -> tuple[np.ndarray, np.ndarray]:
-    """Bucket width m and theta of every marked position, tables in order, classes class-major."""
-    k = np.concatenate([t.k for t in tables])
-    return np.repeat(np.concatenate([t.m for t in tables]), k), np.repeat(np.concatenate([t.theta for t in tables]), k)
-
-
-def encode_tables(enc: AnsEncoder, tables: Sequence[ClassTable], gaps: Sequence[np.ndarray]) -> None:
-    """Queue the gaps of several tensors, each described by its table, as one gap stream."""
-    if tables:
-        encode_gaps(enc, np.concatenate(list(gaps)), *_per_position(tables))
-
-
-def decode_tables(dec: AnsDecoder, tables: Sequence[ClassTable]) -> np.ndarray:
-    """Inverse of `encode_tables`: all tensors' gaps, concatenated in table order."""
-    if not tables:
-        return np.zeros(0, dtype=np.int64)
-    return decode_gaps(dec, *_per_position(tables))

@@ -13,17 +13,19 @@ invariant: e_new == acc - sent evaluated in FP32, bit for bit. At 1-D and unpick
 that is exact; at picked ones acc - centroid is one FP32 rounding (half an ulp of the residual)
 from the real difference, as no 4-value codebook can make every residual representable.
 
-Positions are gaps within each chunk (positions.py, one geometric ratio per tensor): ~7.45 bits
-against the log2 C(4096, 64) / 64 = 7.36-bit bound; bins are entropy-coded with their counts
-(~2 bits); Templar ships 12-bit indices plus a byte per value (20 bits).
+Positions are gaps within each chunk (positions.py, one gap code per tensor) against the
+log2 C(4096, 64) / 64 = 7.36-bit bound; bins are entropy-coded with their counts (~2 bits), all
+with rANS (ans.py); Templar ships 12-bit indices plus a byte per value (20 bits).
 
-Format v1 (after the common header of codec.py):
+Format v2 (after the common header of codec.py):
 
     varint k
-    per tensor of 2+ dims, sorted by name: u8 theta | 4 x f32 centroids | 4 x varint bin counts
+    per tensor of 2+ dims, sorted by name: u8 gap code (0 = every chunk fully sent) |
+        4 x f32 centroids | 4 x varint bin counts
     dense value model (floatcode.write_models, one context: exponent 127)
-    varint words | u32 words    positions stream
-    varint words | u32 words    values stream: bins per sparse tensor, then dense values
+    varint words | u16 words    positions stream
+    varint words | u16 words    values stream: bins of every sparse tensor, then dense values
+Version 1 (constriction's coder) is refused as unknown.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ import numpy as np
 import torch
 
 from protocol import floatcode, positions
-from protocol.ans import AnsDecoder, AnsEncoder
-from protocol.codec import Codec, CodecStats, State, check_gaps, f32_tensor, numel, read_words, write_words
-from protocol.errors import MalformedPayload, NonFiniteValues
+from protocol.ans import AnsDecoder, AnsEncoder, Models, require
+from protocol.codec import Codec, CodecStats, State, f32_tensor, numel, read_words, write_words
+from protocol.errors import InvalidPositions, MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
 
 TILE = 64
@@ -50,12 +52,35 @@ def is_dense(shape: torch.Size) -> bool:
     return len(shape) < 2
 
 
+def is_tiled(shape: torch.Size) -> bool:
+    return len(shape) == 2 and shape[0] % TILE == 0 and shape[1] % TILE == 0
+
+
 def chunk_order(shape: torch.Size) -> np.ndarray | None:
-    """Flat index of each chunk-order index (64x64 tiles), or None when chunks are flat runs."""
-    if len(shape) == 2 and shape[0] % TILE == 0 and shape[1] % TILE == 0:
+    """Flat index of each chunk-order index (64x64 tiles), or None when chunks are flat runs.
+    (A reference for tests; the codec maps only the picked indices, with `flat_index`.)"""
+    if is_tiled(shape):
         rows, cols = shape
         return np.arange(rows * cols).reshape(rows // TILE, TILE, cols // TILE, TILE).transpose(0, 2, 1, 3).reshape(-1)
     return None
+
+
+def in_chunk_order(t: torch.Tensor) -> torch.Tensor:
+    """The flat tensor in chunk order: 64x64 tiles row-major (a copy), or itself as flat runs."""
+    if is_tiled(t.shape):
+        rows, cols = t.shape
+        return t.reshape(rows // TILE, TILE, cols // TILE, TILE).permute(0, 2, 1, 3).reshape(-1)
+    return t.reshape(-1)
+
+
+def flat_index(shape: torch.Size, sidx: np.ndarray) -> np.ndarray:
+    """Flat indices of chunk-order indices `sidx` (the inverse of `in_chunk_order`, pointwise)."""
+    if not is_tiled(shape):
+        return sidx
+    cols = shape[1]
+    tile, inner = sidx // CHUNK, sidx % CHUNK
+    tile_row, tile_col = tile // (cols // TILE), tile % (cols // TILE)
+    return (tile_row * TILE + inner // TILE) * cols + tile_col * TILE + inner % TILE
 
 
 def chunk_sizes(n: int) -> np.ndarray:
@@ -78,7 +103,7 @@ def quantize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Sparse:
     sizes: np.ndarray  # per chunk
     k: np.ndarray  # picked per chunk
-    theta: int  # geometric ratio byte for the tensor's gaps (0 if every chunk is fully picked)
+    code: int  # gap code byte for the tensor's gaps (FULL if every chunk is fully picked)
     gaps: np.ndarray  # per picked position, chunk-major
     bins: np.ndarray
     centroids: np.ndarray  # (4,) float32
@@ -87,7 +112,7 @@ class _Sparse:
 class SparseLoCoCodec(Codec):
     name = "sparseloco"
     magic = b"SLOC"
-    version = 1
+    version = 2
 
     def __init__(self, k: int = 64, beta: float = 0.95) -> None:
         if not 1 <= k <= CHUNK:
@@ -107,12 +132,12 @@ class SparseLoCoCodec(Codec):
             acc = (error[name] * self.beta + delta[name]).reshape(-1)
             if is_dense(weights[name].shape):
                 sent = acc.to(torch.bfloat16).float()  # acc - sent is exact (Sterbenz)
-                dense.append(sent.numpy())
+                dense.append(sent.cpu().numpy())
                 new_error[name] = (acc - sent).reshape(weights[name].shape)
                 continue
             part, e_new = self._sparsify(acc, weights[name].shape)
             new_error[name] = e_new.reshape(weights[name].shape)
-            w.u8(part.theta)
+            w.u8(part.code)
             w.raw(part.centroids.astype("<f4").tobytes())
             for c in np.bincount(part.bins, minlength=BINS).tolist():
                 w.varint(c)
@@ -124,14 +149,10 @@ class SparseLoCoCodec(Codec):
         model_bytes = len(w.getvalue()) - start
         pos_enc, val_enc = AnsEncoder(), AnsEncoder()
         cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
-        positions.encode_gaps(
-            pos_enc,
-            cat([p.gaps for p in sparse]),
-            cat([np.repeat(positions.golomb_m(p.sizes, p.k), p.k) for p in sparse]),
-            cat([np.repeat(np.where(p.k < p.sizes, p.theta, 0), p.k) for p in sparse]),
-        )
-        for part in sparse:
-            val_enc.categorical(part.bins, np.bincount(part.bins, minlength=BINS))
+        positions.encode_gaps(pos_enc, cat([p.gaps for p in sparse]), cat([_gap_codes(p) for p in sparse]))
+        if sparse:
+            bins = Models.from_counts(np.stack([np.bincount(p.bins, minlength=BINS) for p in sparse]))
+            val_enc.categorical(cat([p.bins for p in sparse]), bins, np.repeat(np.arange(len(sparse)), [len(p.bins) for p in sparse]))
         floatcode.encode(val_enc, coded, floatcode.BF16_MANTISSA)
         pos_words, val_words = pos_enc.finish(), val_enc.finish()
         write_words(w, pos_words)
@@ -141,36 +162,40 @@ class SparseLoCoCodec(Codec):
             elements=numel(weights),
             sent=n_sparse + len(dense_values),
             payload_bytes=0,
-            position_bytes=4 * pos_words.size,
-            value_bytes=4 * val_words.size + model_bytes,
+            position_bytes=2 * pos_words.size,
+            value_bytes=2 * val_words.size + model_bytes,
         )
         return new_error, stats
 
     def _sparsify(self, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
         """Pick top-k per chunk of the flat `acc`; the part to send and the new flat buffer."""
-        perm = chunk_order(shape)
-        co = acc[torch.from_numpy(perm)] if perm is not None else acc  # chunk order
+        co = in_chunk_order(acc.reshape(shape))
         sizes = chunk_sizes(acc.numel())
         k = np.minimum(self.k, sizes)
         picked = []
         n_full = int((sizes == CHUNK).sum())
         if n_full:
             top = co[: n_full * CHUNK].view(n_full, CHUNK).abs().topk(int(k[0]), dim=1).indices  # (chunks, k)
-            picked.append((top.sort(dim=1).values + torch.arange(n_full)[:, None] * CHUNK).reshape(-1))
+            offsets = torch.arange(n_full, device=top.device)[:, None] * CHUNK
+            picked.append((top.sort(dim=1).values + offsets).reshape(-1))
         if len(sizes) > n_full:
             tail = co[n_full * CHUNK :].abs().topk(int(k[-1])).indices.sort().values
             picked.append(tail + n_full * CHUNK)
-        sidx = torch.cat(picked).numpy() if picked else np.zeros(0, dtype=np.int64)
-        values = co.numpy()[sidx]
+        sidx_t = torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64)
+        values = co[sidx_t].cpu().numpy()
+        sidx = sidx_t.cpu().numpy()
         bins, centroids = quantize(values)
-        flat_idx = torch.from_numpy(perm[sidx] if perm is not None else sidx)
+        flat_idx = torch.from_numpy(flat_index(shape, sidx)).to(acc.device)
         e_new = acc.clone()
-        e_new[flat_idx] = acc[flat_idx] - torch.from_numpy(centroids[bins])
+        e_new[flat_idx] = acc[flat_idx] - torch.from_numpy(centroids[bins]).to(acc.device)
         _, gaps = positions.split_gaps(sidx, np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes)
-        coded = np.repeat(k < sizes, k)
-        q = gaps // np.repeat(positions.golomb_m(sizes, k), k)
-        theta = positions.fit_theta(q[coded]) if coded.any() else 0
-        return _Sparse(sizes, k, theta, gaps, bins, centroids), e_new
+        partial = np.repeat(k < sizes, k)
+        code = 0
+        if partial.any():
+            one_class = np.zeros(int(partial.sum()), np.int64)
+            codes, _ = positions.choose_codes(one_class, gaps[partial], np.array([CHUNK]), np.array([self.k]))
+            code = int(codes[0])
+        return _Sparse(sizes, k, code, gaps, bins, centroids), e_new
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         k = r.varint(CHUNK, "k")
@@ -186,16 +211,23 @@ class SparseLoCoCodec(Codec):
         dense_models = floatcode.read_models(r, n_dense)
         pos_words, val_words = read_words(r), read_words(r)
         r.expect_end()
+        picked = sum(int(c.sum()) for _, _, c in headers.values())
+        require(val_words, picked + n_dense, n_dense * floatcode.BF16_MANTISSA, "values stream")
         sidx = self._decode_positions(pos_words, weights, headers)
         dec = AnsDecoder(val_words)
         out: dict[str, torch.Tensor] = {}
-        for name, (_, centroids, counts) in headers.items():
-            bins = dec.categorical(int(counts.sum()), counts)
-            if not np.array_equal(np.bincount(bins, minlength=BINS), counts):
+        if headers:
+            counts = np.stack([c for _, _, c in headers.values()])
+            ids = np.repeat(np.arange(len(headers)), counts.sum(axis=1))
+            all_bins = dec.categorical(Models.from_counts(counts), ids)
+        offset = 0
+        for name, (_, centroids, c) in headers.items():
+            bins = all_bins[offset : offset + int(c.sum())]
+            offset += int(c.sum())
+            if not np.array_equal(np.bincount(bins, minlength=BINS), c):
                 raise MalformedPayload(f"{name}: decoded bins disagree with their counts")
             flat = np.zeros(weights[name].numel(), dtype=np.float32)
-            perm = chunk_order(weights[name].shape)
-            flat[perm[sidx[name]] if perm is not None else sidx[name]] = centroids[bins]
+            flat[flat_index(weights[name].shape, sidx[name])] = centroids[bins]
             out[name] = f32_tensor(flat, weights[name], name)
         dense = floatcode.decode(
             dec, np.full(n_dense, DENSE_CTX, dtype=np.uint8), dense_models, floatcode.BF16_MANTISSA
@@ -210,7 +242,9 @@ class SparseLoCoCodec(Codec):
         return {name: out[name] for name in names}
 
     def _read_header(self, r: Reader, name: str, n: int) -> tuple[int, np.ndarray, np.ndarray]:
-        theta = r.u8()
+        code = r.u8()
+        if code > positions.MAX_CODE:
+            raise MalformedPayload(f"{name}: unknown gap code {code}")
         centroids = np.frombuffer(r.raw(4 * BINS), dtype="<f4").astype(np.float32)
         if not np.isfinite(centroids).all():
             raise NonFiniteValues(f"{name}: NaN or inf centroid")
@@ -219,29 +253,37 @@ class SparseLoCoCodec(Codec):
         k = np.minimum(self.k, sizes)
         if int(counts.sum()) != int(k.sum()):
             raise MalformedPayload(f"{name}: bin counts add up to {int(counts.sum())}, top-k sends {int(k.sum())}")
-        if (theta == 0) != bool((k == sizes).all()):
-            raise MalformedPayload(f"{name}: theta 0 must mean every chunk is fully sent")
-        return theta, centroids, counts
+        if (code == positions.FULL) != bool((k == sizes).all()):
+            raise MalformedPayload(f"{name}: gap code 0 must mean every chunk is fully sent")
+        return code, centroids, counts
 
     def _decode_positions(
         self, words: np.ndarray, weights: State, headers: dict[str, tuple[int, np.ndarray, np.ndarray]]
     ) -> dict[str, np.ndarray]:
         """Chunk-order picked indices per sparse tensor, ascending."""
         geometry = {}
-        for name, (theta, _, _) in headers.items():
+        for name, (code, _, _) in headers.items():
             sizes = chunk_sizes(weights[name].numel())
             k = np.minimum(self.k, sizes)
-            geometry[name] = (sizes, k, np.repeat(np.where(k < sizes, theta, 0), k))
+            geometry[name] = (sizes, k, np.repeat(np.where(k < sizes, code, positions.FULL), k))
         cat = lambda i: np.concatenate([g[i] for g in geometry.values()]) if geometry else np.zeros(0, dtype=np.int64)  # noqa: E731
-        sizes_all, k_all, theta_all = cat(0), cat(1), cat(2)
+        sizes_all, k_all, codes = cat(0), cat(1), cat(2)
         dec = AnsDecoder(words)
-        gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(sizes_all, k_all), k_all), theta_all)
+        gaps = positions.decode_gaps(dec, codes)
         dec.finish()
-        check_gaps(gaps, np.repeat(sizes_all, k_all))
+        positions.check_gaps(gaps, np.repeat(sizes_all, k_all))
         out, offset = {}, 0
         for name, (sizes, k, _) in geometry.items():
             total = int(k.sum())
+            ranks = positions.ranks_from_gaps(gaps[offset : offset + total], k)
+            if np.any(ranks >= np.repeat(sizes, k)):
+                raise InvalidPositions(f"{name}: a picked position is past the end of its chunk")
             starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-            out[name] = positions.join_gaps(gaps[offset : offset + total], starts, sizes, k) if total else gaps[:0]
+            out[name] = ranks + np.repeat(starts, k)
             offset += total
         return out
+
+
+def _gap_codes(part: _Sparse) -> np.ndarray:
+    """The gap code of each picked position: the tensor's, or FULL in a fully sent chunk."""
+    return np.repeat(np.where(part.k < part.sizes, part.code, positions.FULL), part.k)

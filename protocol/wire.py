@@ -89,6 +89,10 @@ class Reader:
     def u32_array(self, count: int) -> np.ndarray:
         return np.frombuffer(self.raw(4 * count), dtype="<u4").astype(np.uint32)
 
+    def u16_array(self, count: int) -> np.ndarray:
+        """`count` little-endian u16 (a native, aligned copy)."""
+        return np.frombuffer(self.raw(2 * count), dtype="<u2").astype(np.uint16)
+
     def expect_end(self) -> None:
         if self.remaining:
             raise TrailingBytes(f"{self.what}: {self.remaining} bytes after the last field")
