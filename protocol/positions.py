@@ -26,7 +26,7 @@ import numpy as np
 
 from protocol.ans import OK, PRECISION, AnsDecoder, AnsEncoder, Models, dec_bits, dec_cat, enc_put
 from protocol.contexts import NUM_CONTEXTS
-from protocol.errors import InvalidPositions, MalformedPayload
+from protocol.errors import InvalidPositions, MalformedPayload, SizeLimitExceeded, TruncatedPayload
 from protocol.wire import Reader, Writer
 
 Q_ESCAPE = 64  # q symbols 0..63 are literal, 64 means "q - 64 follows as 32 raw bits"
@@ -209,38 +209,112 @@ class ClassTable:
         return int(self.k.sum())
 
 
+@_inline
+def _put_varint(out: np.ndarray, n: int, value: int) -> int:
+    while True:
+        out[n] = (value & 0x7F) | (0x80 if value > 0x7F else 0)
+        n += 1
+        value >>= 7
+        if value == 0:
+            return n
+
+
+@_jit
+def _table_bytes(classes: np.ndarray, k: np.ndarray, code: np.ndarray) -> np.ndarray:
+    out = np.empty(2 + 13 * len(classes), np.uint8)
+    n = _put_varint(out, 0, len(classes))
+    prev = -1
+    for i in range(len(classes)):
+        n = _put_varint(out, n, classes[i] - prev - 1)
+        n = _put_varint(out, n, k[i])
+        out[n] = code[i]
+        n += 1
+        prev = classes[i]
+    return out[:n].copy()
+
+
 def write_table(w: Writer, table: ClassTable) -> None:
     """varint classes; per class: varint context delta, varint k, u8 code."""
-    w.varint(len(table.classes))
-    prev = -1
-    for c, k, code in zip(table.classes.tolist(), table.k.tolist(), table.code.tolist(), strict=True):
-        w.varint(c - prev - 1)
-        w.varint(k)
-        w.u8(code)
-        prev = c
+    w.raw(_table_bytes(table.classes, table.k, table.code).tobytes())
+
+
+# status codes of `_parse_table`, each a different rejection
+_TRUNCATED, _TOO_BIG, _CONTEXT, _ZERO_K, _TOTAL, _CODE = 1, 2, 3, 4, 5, 6
+
+
+@_inline
+def _varint(buf: np.ndarray, pos: int, bound: int) -> tuple[int, int, int]:
+    """(value, next pos, status) of the LEB128 integer at pos, which must be <= bound."""
+    value = 0
+    for i in range(10):
+        if pos >= len(buf):
+            return 0, pos, _TRUNCATED
+        byte = np.int64(buf[pos])
+        pos += 1
+        if i == 9 and byte > 1:
+            return 0, pos, _TOO_BIG
+        value |= (byte & 0x7F) << (7 * i)
+        if byte < 0x80:
+            if value > bound or value < 0:
+                return 0, pos, _TOO_BIG
+            return value, pos, OK
+    return 0, pos, _TOO_BIG
+
+
+@_jit
+def _parse_table(buf: np.ndarray, numel: int) -> tuple[int, int, np.ndarray]:
+    """(status, bytes read, rows of (class, k, code)) of one class table at the start of buf."""
+    rows = np.zeros((0, 3), np.int64)
+    count, pos, status = _varint(buf, 0, NUM_CONTEXTS)
+    if status != OK:
+        return status, pos, rows
+    rows = np.zeros((count, 3), np.int64)
+    cls, total = -1, 0
+    for i in range(count):
+        delta, pos, status = _varint(buf, pos, NUM_CONTEXTS)
+        if status != OK:
+            return status, pos, rows
+        cls += 1 + delta
+        if cls >= NUM_CONTEXTS:
+            return _CONTEXT, pos, rows
+        k, pos, status = _varint(buf, pos, numel)
+        if status != OK:
+            return status, pos, rows
+        if k == 0:
+            return _ZERO_K, pos, rows
+        total += k
+        if total > numel:
+            return _TOTAL, pos, rows
+        if pos >= len(buf):
+            return _TRUNCATED, pos, rows
+        code = np.int64(buf[pos])
+        pos += 1
+        if code > MAX_CODE:
+            return _CODE, pos, rows
+        rows[i, 0], rows[i, 1], rows[i, 2] = cls, k, code
+    return OK, pos, rows
+
+
+_TABLE_ERRORS = {
+    _TRUNCATED: (TruncatedPayload, "the class table is cut short"),
+    _TOO_BIG: (SizeLimitExceeded, "a class-table count exceeds its bound"),
+    _CONTEXT: (MalformedPayload, "a context is out of range"),
+    _ZERO_K: (MalformedPayload, "a context is listed with no marked position"),
+    _TOTAL: (InvalidPositions, "more marked positions than the tensor holds"),
+    _CODE: (MalformedPayload, "an unknown gap code"),
+}
 
 
 def read_table(r: Reader, name: str, numel: int) -> ClassTable:
     """Inverse of `write_table`, checked against the header's own bounds (k <= numel, in total
     too; a known code byte). The receiver checks k against its class sizes as it walks them."""
-    rows = []
-    cls, total = -1, 0
-    for _ in range(r.varint(NUM_CONTEXTS, f"{name} class count")):
-        cls += 1 + r.varint(NUM_CONTEXTS, f"{name} context delta")
-        if cls >= NUM_CONTEXTS:
-            raise MalformedPayload(f"{name}: context {cls} out of range")
-        k = r.varint(numel, f"{name} marked positions in context {cls}")
-        if k == 0:
-            raise MalformedPayload(f"{name}: context {cls} is listed with no marked position")
-        total += k
-        if total > numel:
-            raise InvalidPositions(f"{name}: {total} marked positions in a tensor of {numel}")
-        code = r.u8()
-        if code > MAX_CODE:
-            raise MalformedPayload(f"{name}: unknown gap code {code} in context {cls}")
-        rows.append((cls, k, code))
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    return ClassTable(arr[:, 0], arr[:, 1], arr[:, 2])
+    buf = np.frombuffer(r.peek(), dtype=np.uint8)
+    status, used, rows = _parse_table(buf, numel)
+    if status != OK:
+        kind, what = _TABLE_ERRORS[status]
+        raise kind(f"{r.what}: {name}: {what}")
+    r.raw(used)
+    return ClassTable(rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy())
 
 
 def coded_cost(tables: Sequence[ClassTable]) -> tuple[int, int]:

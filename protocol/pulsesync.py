@@ -114,8 +114,7 @@ class _Changes:
 
     def sparse_bits_estimate(self) -> float:
         """Gaps at their coded cost, values at their entropy, the table at about 3 bytes a class."""
-        rows = self.hist[self.classes]
-        values = sum(_entropy_bits(row) for row in rows) + float(self.extra.sum())
+        values = _entropy_bits(self.hist[self.classes]) + float(self.extra.sum())
         return self.gap_bits + values + 24 * len(self.classes)
 
 
@@ -252,10 +251,11 @@ def _deflate(tensor: torch.Tensor, level: int) -> bytes:
 
 
 def _entropy_bits(counts: np.ndarray) -> float:
-    """Empirical order-0 entropy of a histogram, in bits in total."""
-    total = int(counts.sum())
-    nz = counts[counts > 0]
-    return float(-(nz * np.log2(nz / total)).sum()) if total else 0.0
+    """Empirical order-0 entropy in bits in total, summed over the rows of a histogram (or one row)."""
+    c = np.atleast_2d(counts).astype(np.float64)
+    totals = c.sum(axis=1)
+    plogp = c * np.log2(np.where(c > 0, c, 1.0))
+    return float((totals * np.log2(np.where(totals > 0, totals, 1.0))).sum() - plogp.sum())
 
 
 def _fill_stats(
@@ -283,7 +283,7 @@ def _fill_stats(
         else:
             stats.position_bound_bits += ch.position_bits()
     extra = sum(float(ch.extra.sum()) for ch in sparse.values())
-    stats.value_bound_bits += sum(_entropy_bits(row) for row in counts) + extra
+    stats.value_bound_bits += _entropy_bits(counts) + extra
 
 
 def _order0_value_bits(z_parts: list[np.ndarray]) -> float:

@@ -68,6 +68,10 @@ class Reader:
         self._pos += n
         return view
 
+    def peek(self) -> memoryview:
+        """Every byte not read yet, without consuming any (for a parser that reports its length)."""
+        return self._buf[self._pos :]
+
     def u8(self) -> int:
         return int(self.raw(1)[0])
 
