@@ -36,7 +36,7 @@ import torch
 
 from protocol import floatcode, positions
 from protocol.ans import AnsDecoder, AnsEncoder, require
-from protocol.codec import Codec, CodecStats, State, f32_tensor, numel, read_words, write_words
+from protocol.codec import Codec, CodecStats, State, numel, read_words, require_finite, write_words
 from protocol.contexts import check_full_classes, locate, marked_ranks
 from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.tensorbytes import bits, dtype_name
@@ -109,6 +109,7 @@ class PulseLoCoCodec(Codec):
     def _sparsify(self, weights: torch.Tensor, s: torch.Tensor) -> tuple[_Part, torch.Tensor]:
         """Gate s against W; the part to send (class-major) and the new buffer."""
         flat = s.reshape(-1)
+        require_finite("pulseloco", flat)
         mask = gate(weights, flat).cpu().numpy()
         pos, cls, rank, counts = marked_ranks(bits(weights), mask, dtype_name(weights.dtype))
         order = np.argsort(cls, kind="stable")  # class-major; ranks stay ascending inside a class
@@ -149,9 +150,9 @@ class PulseLoCoCodec(Codec):
         out, offset = {}, 0
         for name, pos in zip(names, pos_by_tensor, strict=True):
             flat = np.zeros(weights[name].numel(), dtype=np.float32)
-            flat[pos] = values[offset : offset + len(pos)]
+            flat[pos] = values[offset : offset + len(pos)]  # finite: floatcode.decode refuses inf/NaN
             offset += len(pos)
-            out[name] = f32_tensor(flat, weights[name], name)
+            out[name] = torch.from_numpy(flat).reshape(weights[name].shape)
         return out
 
 

@@ -593,7 +593,12 @@ def _inflate(e: _Entry, tensor: torch.Tensor, hashing: bool) -> tuple[torch.Tens
 
 
 def _copy(tensor: torch.Tensor, hashing: bool) -> tuple[torch.Tensor, list[bytes]]:
-    new = tensor.detach().clone(memory_format=torch.contiguous_format)
+    new = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    view, flat = _sink(new)
+    if view is not None:
+        view[:] = bits(tensor)  # numpy's copy: no thread pool to wake (this runs on the codec's own threads)
+    else:
+        flat.copy_(tensor.reshape(-1))
     if not hashing:
         return new, []
     slab = _slabs(tensor)

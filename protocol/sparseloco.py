@@ -37,7 +37,7 @@ import torch
 
 from protocol import floatcode, positions
 from protocol.ans import AnsDecoder, AnsEncoder, Models, require
-from protocol.codec import Codec, CodecStats, State, f32_tensor, numel, read_words, write_words
+from protocol.codec import Codec, CodecStats, State, f32_tensor, numel, read_words, require_finite, write_words
 from protocol.errors import InvalidPositions, MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
 
@@ -131,11 +131,12 @@ class SparseLoCoCodec(Codec):
         for name in sorted(weights):
             acc = (error[name] * self.beta + delta[name]).reshape(-1)
             if is_dense(weights[name].shape):
+                require_finite(name, acc)
                 sent = acc.to(torch.bfloat16).float()  # acc - sent is exact (Sterbenz)
                 dense.append(sent.cpu().numpy())
                 new_error[name] = (acc - sent).reshape(weights[name].shape)
                 continue
-            part, e_new = self._sparsify(acc, weights[name].shape)
+            part, e_new = self._sparsify(name, acc, weights[name].shape)
             new_error[name] = e_new.reshape(weights[name].shape)
             w.u8(part.code)
             w.raw(part.centroids.astype("<f4").tobytes())
@@ -167,19 +168,21 @@ class SparseLoCoCodec(Codec):
         )
         return new_error, stats
 
-    def _sparsify(self, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
+    def _sparsify(self, name: str, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
         """Pick top-k per chunk of the flat `acc`; the part to send and the new flat buffer."""
         co = in_chunk_order(acc.reshape(shape))
+        magnitude = co.abs()
+        require_finite(name, co, magnitude)
         sizes = chunk_sizes(acc.numel())
         k = np.minimum(self.k, sizes)
         picked = []
         n_full = int((sizes == CHUNK).sum())
         if n_full:
-            top = co[: n_full * CHUNK].view(n_full, CHUNK).abs().topk(int(k[0]), dim=1).indices  # (chunks, k)
+            top = magnitude[: n_full * CHUNK].view(n_full, CHUNK).topk(int(k[0]), dim=1).indices  # (chunks, k)
             offsets = torch.arange(n_full, device=top.device)[:, None] * CHUNK
             picked.append((top.sort(dim=1).values + offsets).reshape(-1))
         if len(sizes) > n_full:
-            tail = co[n_full * CHUNK :].abs().topk(int(k[-1])).indices.sort().values
+            tail = magnitude[n_full * CHUNK :].topk(int(k[-1])).indices.sort().values
             picked.append(tail + n_full * CHUNK)
         sidx_t = torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64)
         values = co[sidx_t].cpu().numpy()
@@ -227,8 +230,8 @@ class SparseLoCoCodec(Codec):
             if not np.array_equal(np.bincount(bins, minlength=BINS), c):
                 raise MalformedPayload(f"{name}: decoded bins disagree with their counts")
             flat = np.zeros(weights[name].numel(), dtype=np.float32)
-            flat[flat_index(weights[name].shape, sidx[name])] = centroids[bins]
-            out[name] = f32_tensor(flat, weights[name], name)
+            flat[flat_index(weights[name].shape, sidx[name])] = centroids[bins]  # finite: checked in the header
+            out[name] = torch.from_numpy(flat).reshape(weights[name].shape)
         dense = floatcode.decode(
             dec, np.full(n_dense, DENSE_CTX, dtype=np.uint8), dense_models, floatcode.BF16_MANTISSA
         )
@@ -237,7 +240,7 @@ class SparseLoCoCodec(Codec):
         for name in names:
             if name not in headers:
                 size = weights[name].numel()
-                out[name] = f32_tensor(dense[offset : offset + size], weights[name], name)
+                out[name] = f32_tensor(dense[offset : offset + size], weights[name], name)  # a copy of a slice
                 offset += size
         return {name: out[name] for name in names}
 

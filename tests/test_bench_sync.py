@@ -41,9 +41,16 @@ def test_sync_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "decode_gbps",
         "baseline_encode_gbps",
         "baseline_decode_gbps",
+        "apply_gbps",
+        "memcpy_gbps",
+        "state_mb",
+        "peak_extra_mb",
     ]:
         assert key in out, key
     assert out["lossless"] is True
+    assert out["state_mb"] == pytest.approx(2 * (64 * 128 + 128) / 1e6)
+    assert out["apply_gbps"] > 0 and out["memcpy_gbps"] > 0 and out["peak_extra_mb"] >= 0
+    assert set(out["targets"]) >= {"encode_at_least_plain", "apply_at_least_half_plain_decode", "lossless"}
     assert out["pairs"] == 3
     assert 0 < out["density"] < 0.5
     assert out["bound_bits_per_changed"] < out["order0_bound_bits_per_changed"]

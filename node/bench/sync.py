@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from node.bench import plainpatch
@@ -44,6 +45,7 @@ from node.learn.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
 from node.learn.data import stdlib_corpus
 from protocol import pulsesync
 from protocol.statehash import state_hash
+from protocol.tensorbytes import bits
 
 State = dict[str, torch.Tensor]
 MODELS = ("tiny", *HF_MODELS)
@@ -61,6 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timing repeats per pair; the fastest counts")
     parser.add_argument("--device", default="cpu", help="where the states live: cpu or cuda")
     parser.add_argument("--cache-dir", type=Path, default=None, help="base model and trace cache ($PULSE_CACHE_DIR)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the codecs use their own pool)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
+    torch.set_num_threads(args.threads)
     steps = args.steps if args.steps is not None else DEFAULT_TRACE_STEPS[args.model]
     trace_dir = _trace(args, steps)
     if len(read_manifest(trace_dir)["files"]) <= args.delay:
@@ -142,12 +146,17 @@ def _sync(device: torch.device) -> None:
 
 
 def _memcpy(old: State, new: State) -> None:
-    """Read both states once: copy every tensor into one scratch buffer."""
+    """Read both states once: copy every tensor into one scratch buffer (numpy's copy on the CPU)."""
+    some = next(iter(old.values()))
     largest = max(t.numel() for t in old.values())
-    scratch = torch.empty(largest, dtype=next(iter(old.values())).dtype, device=next(iter(old.values())).device)
+    scratch = torch.empty(largest, dtype=some.dtype, device=some.device)
+    host = bits(scratch) if some.device.type == "cpu" else None
     for state in (old, new):
         for t in state.values():
-            scratch[: t.numel()].copy_(t.reshape(-1))
+            if host is not None:
+                np.copyto(host[: t.numel()], bits(t))
+            else:
+                scratch[: t.numel()].copy_(t.reshape(-1))
 
 
 def _measure_pair(
