@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from protocol.ans import OK, PRECISION, AnsDecoder, AnsEncoder, Models, dec_bits, dec_cat, enc_put
+from protocol.ans import OK, PRECISION, AnsDecoder, AnsEncoder, Models, dec_bits, dec_cat
 from protocol.contexts import NUM_CONTEXTS
 from protocol.errors import InvalidPositions, MalformedPayload, SizeLimitExceeded, TruncatedPayload
 from protocol.wire import Reader, Writer
@@ -35,7 +35,7 @@ THETAS = (64, 128, 160, 184, 204, 218, 230, 242)  # geometric ratios, out of 256
 MAX_B = 23
 FULL = 0  # code byte of a class whose every position is marked
 MAX_CODE = 1 + 8 * MAX_B + len(THETAS) - 1
-_B_TRIES = 5  # candidate b per class: around the b that puts theta near 0.85
+_B_TRIES = 3  # candidate b per class: around the b that puts theta near 0.85
 
 _jit = numba.njit(nogil=True, cache=True)
 _inline = numba.njit(nogil=True, cache=True, inline="always")
@@ -73,23 +73,6 @@ def log2_binomial(n: int, k: int) -> float:
 
 
 # -- compiled gap coding ------------------------------------------------------------------------
-
-
-@_inline
-def enc_gap(x: int, out: np.ndarray, pos: int, gap: int, b: int, t: int) -> tuple[int, int]:
-    """Push one gap (decode order: q symbol, escape, remainder bits; so pushed in reverse)."""
-    if b > 16:
-        x, pos = enc_put(x, out, pos, 1, gap & 0xFFFF, 16)
-        x, pos = enc_put(x, out, pos, 1, (gap >> 16) & ((1 << (b - 16)) - 1), b - 16)
-    elif b > 0:
-        x, pos = enc_put(x, out, pos, 1, gap & ((1 << b) - 1), b)
-    q = gap >> b
-    if q >= Q_ESCAPE:
-        e = q - Q_ESCAPE
-        x, pos = enc_put(x, out, pos, 1, e & 0xFFFF, 16)
-        x, pos = enc_put(x, out, pos, 1, e >> 16, 16)
-        q = Q_ESCAPE
-    return enc_put(x, out, pos, GEOMETRIC_FREQ[t, q], GEOMETRIC_CUM[t, q], PRECISION)
 
 
 @_inline
@@ -145,9 +128,12 @@ def _choose_codes(
         best, best_code = np.inf, 0
         for j in range(_B_TRIES):
             b = b0[c] + j
+            top = Q_ESCAPE  # the largest q seen: symbols above it add nothing
+            while top > 0 and hist[c, j, top] == 0:
+                top -= 1
             for t in range(q_cost.shape[0]):
                 bits = 0.0
-                for s in range(Q_ESCAPE + 1):
+                for s in range(top + 1):
                     bits += hist[c, j, s] * q_cost[t, s]
                 bits += b * count[c]
                 if bits < best:

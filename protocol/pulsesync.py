@@ -90,10 +90,9 @@ class PatchStats:
 class _Changes:
     """One tensor's changes, as the encoder prepares them."""
 
-    cls: np.ndarray  # (k,) old exponent of each change, natural order
-    zs: np.ndarray  # (k,) value z of each change
-    nxt: np.ndarray  # (k,) gap to the class's next change, -1 if none
-    first: np.ndarray  # (256,) first rank per class, -1 if none
+    cls: np.ndarray  # (k,) uint8 old exponent of each change, natural order
+    gap: np.ndarray  # (k,) int32 (int64 for huge tensors) gap from the class's previous change
+    zs: np.ndarray  # (k,) value z of each change, in the weights' width
     k: np.ndarray  # (256,) changes per class
     n: np.ndarray  # (256,) class sizes
     codes: np.ndarray  # (256,) gap code byte per class
@@ -193,28 +192,25 @@ def _encode(
 
 
 def _collect(old: torch.Tensor, new: torch.Tensor) -> _Changes | None:
+    """One walk over the tensor (host slab by host slab when it is not on the CPU)."""
     if old.numel() == 0:
         return None
     dtype = dtype_name(old.dtype)
     shift, emask = EXPONENT[dtype]
-    parts, n = [], np.zeros(NUM_CONTEXTS, np.int64)
-    rank_base = np.zeros(NUM_CONTEXTS, np.int64)
+    offsets = np.zeros(0, np.int32 if old.numel() < 1 << 31 else np.int64)
+    n, last = np.zeros(NUM_CONTEXTS, np.int64), np.full(NUM_CONTEXTS, -1, np.int64)
+    hist = np.zeros((NUM_CONTEXTS, syncpass.ALPHABET), np.int64)
     slab = old.numel() if old.device.type == "cpu" else _HOST_SLAB
-    for a, b in zip(host_slabs(old, 0, old.numel(), slab), host_slabs(new, 0, new.numel(), slab), strict=True):
-        cls, rank, zs, cnt = syncpass.collect(a, b, shift, emask, _WIDTH[dtype])
-        parts.append((cls, rank + rank_base[cls], zs))
-        rank_base += cnt
-        n += cnt
-    cls, rank, zs = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    parts = [
+        syncpass.collect(a, b, shift, emask, _WIDTH[dtype], offsets, n, last, hist)
+        for a, b in zip(host_slabs(old, 0, old.numel(), slab), host_slabs(new, 0, new.numel(), slab), strict=True)
+    ]
+    cls, gap, zs = parts[0] if len(parts) == 1 else (np.concatenate([p[i] for p in parts]) for i in range(3))
     if not len(cls):
         return None
-    nxt, first, k = syncpass.next_gaps(cls, rank)
-    del rank
-    gap_cls = np.concatenate([cls[nxt >= 0], np.flatnonzero(first >= 0)])
-    gaps = np.concatenate([nxt[nxt >= 0], first[first >= 0]])
-    codes, costs = positions.choose_codes(gap_cls, gaps, n, k)
-    hist, extra = syncpass.symbol_histogram(cls, zs)
-    return _Changes(cls, zs, nxt, first, k, n, codes, float(costs.sum()), hist, extra)
+    k = hist.sum(axis=1)
+    codes, costs = positions.choose_codes(cls, gap, n, k)
+    return _Changes(cls, gap, zs, k, n, codes, float(costs.sum()), hist, syncpass.extra_bits(hist))
 
 
 def _value_models(old: State, sparse: dict[str, _Changes]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -240,7 +236,7 @@ def _value_models(old: State, sparse: dict[str, _Changes]) -> tuple[np.ndarray, 
 def _stream(ch: _Changes, row: np.ndarray, models: Models) -> np.ndarray:
     b, t = positions.split_code(ch.codes)
     t = np.where(ch.k > 0, t, -1)
-    return syncpass.encode_stream(ch.cls, ch.zs, ch.nxt, ch.first, b, t, row, models.freq, models.cum)
+    return syncpass.encode_stream(ch.cls, ch.gap, ch.zs, b, t, row, models.freq, models.cum)
 
 
 def _deflate(tensor: torch.Tensor, level: int) -> bytes:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from protocol.ans import OK, PAST_END, PRECISION, STATE_LOW, TOTAL, enc_put
+from protocol.ans import OK, PAST_END, PRECISION, STATE_LOW, TOTAL
 from protocol.contexts import NUM_CONTEXTS
-from protocol.positions import GEOMETRIC_CUM, GEOMETRIC_FREQ, GEOMETRIC_SYM, Q_ESCAPE, dec_gap, enc_gap
+from protocol.positions import GEOMETRIC_CUM, GEOMETRIC_FREQ, GEOMETRIC_SYM, Q_ESCAPE, dec_gap
 
 LITERALS = 16
 ALPHABET = LITERALS + 33 - 5  # literal z 0..15, then bit lengths 5..32
@@ -51,13 +51,6 @@ def _z_of(a: int, b: int, width: int) -> int:
     return (-2 * d - 1 if d < 0 else 2 * d) - 1
 
 
-@_inline
-def _apply_z(a: int, z: int, width: int) -> int:
-    zig = z + 1
-    d = -((zig + 1) >> 1) if zig & 1 else zig >> 1
-    return (a + d) & ((1 << width) - 1)
-
-
 # -- encoding ---------------------------------------------------------------------------------
 
 
@@ -70,12 +63,17 @@ def _collect_into(
     emask: int,
     width: int,
     cnt: np.ndarray,
+    last: np.ndarray,
+    hist: np.ndarray,
     cls: np.ndarray,
-    rank: np.ndarray,
+    gap: np.ndarray,
     zs: np.ndarray,
     k: int,
 ) -> tuple[int, int]:
-    """Walk from `start` until the end or until the output arrays are full: (next i, changes)."""
+    """Walk from `start` until the end or until the output arrays are full: (next i, changes).
+
+    Per change: its class, the gap from its class's previous change (ranks; the first counts from
+    -1), its z; per class: its size (cnt), its last changed rank, its value symbols (hist)."""
     cap = len(cls)
     for i in range(start, len(old)):
         a = old[i]
@@ -84,7 +82,10 @@ def _collect_into(
         cnt[c] = r + 1
         b = new[i]
         if a != b:
-            cls[k], rank[k], zs[k] = c, r, _z_of(np.int64(a), np.int64(b), width)
+            z = _z_of(np.int64(a), np.int64(b), width)
+            cls[k], gap[k], zs[k] = c, r - last[c] - 1, z
+            last[c] = r
+            hist[c, z if z < LITERALS else LITERALS + _bit_length(z) - 5] += 1
             k += 1
             if k == cap:
                 return i + 1, k
@@ -93,107 +94,45 @@ def _collect_into(
 
 @_jit
 def collect(
-    old: np.ndarray, new: np.ndarray, shift: int, emask: int, width: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(class, rank, z) of every change in natural order, and every class's size."""
-    cnt = np.zeros(NUM_CONTEXTS, np.int64)
-    cap = max(1024, len(old) >> 6)
-    cls, rank, zs = np.empty(cap, np.uint8), np.empty(cap, np.int64), np.empty(cap, np.int64)
-    i, k = _collect_into(old, new, 0, shift, emask, width, cnt, cls, rank, zs, 0)
+    old: np.ndarray,
+    new: np.ndarray,
+    shift: int,
+    emask: int,
+    width: int,
+    offsets: np.ndarray,
+    cnt: np.ndarray,
+    last: np.ndarray,
+    hist: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class, gap from the class's previous change, z) of every change in natural order.
+
+    Per class, `cnt` (its size so far), `last` (its last changed rank, -1 at first) and `hist`
+    (classes x ALPHABET value symbols) carry over, so a tensor may be walked slab by slab.
+    `offsets`: an empty array whose dtype the gaps take (int32 for tensors below 2**31 weights):
+    with the class byte and a z of the weights' width, 7 bytes a change for BF16."""
+    cap = max(1024, len(old) >> 5)
+    cls, gap, zs = np.empty(cap, np.uint8), np.empty(cap, offsets.dtype), np.empty(cap, old.dtype)
+    i, k = _collect_into(old, new, 0, shift, emask, width, cnt, last, hist, cls, gap, zs, 0)
     while i < len(old):  # full: grow by doubling (amortized linear, peak 1.5x the final size)
         cap *= 2
-        cls2, rank2, zs2 = np.empty(cap, np.uint8), np.empty(cap, np.int64), np.empty(cap, np.int64)
-        cls2[:k], rank2[:k], zs2[:k] = cls[:k], rank[:k], zs[:k]
-        cls, rank, zs = cls2, rank2, zs2
-        i, k = _collect_into(old, new, i, shift, emask, width, cnt, cls, rank, zs, k)
-    return cls[:k].copy(), rank[:k].copy(), zs[:k].copy(), cnt
+        cls2, gap2, zs2 = np.empty(cap, np.uint8), np.empty(cap, offsets.dtype), np.empty(cap, old.dtype)
+        cls2[:k], gap2[:k], zs2[:k] = cls[:k], gap[:k], zs[:k]
+        cls, gap, zs = cls2, gap2, zs2
+        i, k = _collect_into(old, new, i, shift, emask, width, cnt, last, hist, cls, gap, zs, k)
+    return cls[:k].copy(), gap[:k].copy(), zs[:k].copy()
 
 
-@_jit
-def next_gaps(cls: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per change: the gap to its class's next change (-1 if last); per class: its first rank (-1
-    if none) and its number of changes."""
-    k = len(cls)
-    nxt = np.full(k, -1, np.int64)
-    last = np.full(NUM_CONTEXTS, -1, np.int64)
-    for j in range(k - 1, -1, -1):
-        c = cls[j]
-        if last[c] >= 0:
-            nxt[j] = rank[last[c]] - rank[j] - 1
-        last[c] = j
-    first = np.full(NUM_CONTEXTS, -1, np.int64)
-    for c in range(NUM_CONTEXTS):
-        if last[c] >= 0:
-            first[c] = rank[last[c]]
-    count = np.zeros(NUM_CONTEXTS, np.int64)
-    for j in range(k):
-        count[cls[j]] += 1
-    return nxt, first, count
-
-
-@_jit
-def symbol_histogram(cls: np.ndarray, zs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(classes x ALPHABET) value symbol counts, and the extra bits the large z carry in total."""
-    hist = np.zeros((NUM_CONTEXTS, ALPHABET), np.int64)
-    extra = np.zeros(NUM_CONTEXTS, np.int64)
-    for j in range(len(cls)):
-        s = value_symbol(zs[j])
-        hist[cls[j], s] += 1
-        if s >= LITERALS:
-            extra[cls[j]] += s - LITERALS + 4
-    return hist, extra
-
-
-@_inline
-def _enc_value(x: int, out: np.ndarray, pos: int, z: int, row: int, freq: np.ndarray, cum: np.ndarray) -> tuple[int, int]:
-    s = value_symbol(z)
-    if s >= LITERALS:
-        nb = s - LITERALS + 4
-        extra = z - (1 << nb)
-        if nb > 16:
-            x, pos = enc_put(x, out, pos, 1, extra & 0xFFFF, 16)
-            x, pos = enc_put(x, out, pos, 1, extra >> 16, nb - 16)
-        else:
-            x, pos = enc_put(x, out, pos, 1, extra, nb)
-    return enc_put(x, out, pos, freq[row, s], cum[row, s], PRECISION)
-
-
-@_inline
-def _push_bits(x: int, out: np.ndarray, pos: int, v: int, nbits: int) -> tuple[int, int]:
-    """Push a raw field of up to 32 bits (decode order: its high piece, then 16 bits at most)."""
-    lo_bits = nbits if nbits <= 16 else 16
-    hi_bits = nbits - lo_bits
-    if lo_bits > 0:
-        if x >= np.int64(1) << (32 - lo_bits):
-            pos -= 1
-            out[pos] = x & 0xFFFF
-            x >>= 16
-        x = (x << lo_bits) | (v & ((1 << lo_bits) - 1))
-    if hi_bits > 0:
-        if x >= np.int64(1) << (32 - hi_bits):
-            pos -= 1
-            out[pos] = x & 0xFFFF
-            x >>= 16
-        x = (x << hi_bits) | (v >> lo_bits)
-    return x, pos
-
-
-@_inline
-def _push_symbol(x: int, out: np.ndarray, pos: int, f: int, c: int) -> tuple[int, int]:
-    if x >= f << (32 - PRECISION):
-        pos -= 1
-        out[pos] = x & 0xFFFF
-        x >>= 16
-    q = x // f
-    return (q << PRECISION) + (x - q * f) + c, pos
+def extra_bits(hist: np.ndarray) -> np.ndarray:
+    """Per class, the raw bits its large z carry: symbol s >= LITERALS carries s - LITERALS + 4."""
+    per_symbol = np.maximum(np.arange(ALPHABET) - LITERALS + 4, 0)
+    return hist @ per_symbol
 
 
 @_jit
 def encode_stream(
     cls: np.ndarray,
+    gap: np.ndarray,
     zs: np.ndarray,
-    nxt: np.ndarray,
-    first: np.ndarray,
     code_b: np.ndarray,
     code_t: np.ndarray,
     row: np.ndarray,
@@ -202,39 +141,80 @@ def encode_stream(
 ) -> np.ndarray:
     """The tensor's words (uint16), in the walker's decode order (see the module docstring).
 
-    Pushed backwards: per change from the last, its gap to the class's next change (remainder
-    bits, escape bits, q symbol) and then its value (extra bits, symbol); then the first gaps.
+    Pushed backwards: per change from the last, the gap to its class's next change (that change's
+    gap from it: remainder bits, escape bits, q symbol), then its value (extra bits, symbol);
+    then what remains pending, each class's first gap. Every push is the same three lines
+    (renormalize: emit 16 bits if the state would overflow; then code), written out rather than
+    called: numba's calls in this loop cost more than the coding.
     """
     # one word at most per push: a change is at most 8 pushes, a first gap 5, the final state 2
     out = np.empty(8 * len(cls) + 5 * NUM_CONTEXTS + 2, np.uint16)
     x, pos = np.int64(STATE_LOW), len(out)
     gfreq, gcum = GEOMETRIC_FREQ, GEOMETRIC_CUM
+    pending = np.full(NUM_CONTEXTS, -1, np.int64)
     for j in range(len(cls) - 1, -NUM_CONTEXTS - 1, -1):
-        if j < 0:  # the first gaps, pushed last (read first), classes ascending when read
-            c = j + NUM_CONTEXTS
-            if first[c] < 0 or code_t[c] < 0:
-                continue
-            gap = first[c]
-        else:
-            c = cls[j]
-            gap = nxt[j] if code_t[c] >= 0 else -1
-        if gap >= 0:
-            b, t = code_b[c], code_t[c]
-            x, pos = _push_bits(x, out, pos, gap & ((np.int64(1) << b) - 1), b)
-            q = gap >> b
-            if q >= Q_ESCAPE:
-                x, pos = _push_bits(x, out, pos, q - Q_ESCAPE, 32)
+        c = j + NUM_CONTEXTS if j < 0 else np.int64(cls[j])  # j < 0: the first gaps, classes descending
+        g, t = pending[c], code_t[c]
+        if g >= 0 and t >= 0:
+            b = code_b[c]
+            q = g >> b
+            lo = b if b <= 16 else 16  # the remainder's b bits: low 16 pushed first, read last
+            if lo > 0:
+                if x >= np.int64(1) << (32 - lo):
+                    pos -= 1
+                    out[pos] = x & 0xFFFF
+                    x >>= 16
+                x = (x << lo) | (g & ((np.int64(1) << lo) - 1))
+            if b > 16:
+                if x >= np.int64(1) << (32 - (b - 16)):
+                    pos -= 1
+                    out[pos] = x & 0xFFFF
+                    x >>= 16
+                x = (x << (b - 16)) | ((g >> 16) & ((np.int64(1) << (b - 16)) - 1))
+            if q >= Q_ESCAPE:  # 32 raw bits of q - 64: low 16 pushed first
+                e = q - Q_ESCAPE
+                for piece in (e & 0xFFFF, e >> 16):
+                    if x >= np.int64(1) << 16:
+                        pos -= 1
+                        out[pos] = x & 0xFFFF
+                        x >>= 16
+                    x = (x << 16) | piece
                 q = Q_ESCAPE
-            x, pos = _push_symbol(x, out, pos, gfreq[t, q], gcum[t, q])
+            f = gfreq[t, q]
+            if x >= f << (32 - PRECISION):
+                pos -= 1
+                out[pos] = x & 0xFFFF
+                x >>= 16
+            d = x // f
+            x = (d << PRECISION) + (x - d * f) + gcum[t, q]
         if j < 0:
             continue
-        z, m = zs[j], row[c]
+        pending[c] = gap[j]
+        z, m = np.int64(zs[j]), row[c]
         sym = z
-        if z >= LITERALS:
+        if z >= LITERALS:  # the bits below z's leading one: low 16 pushed first
             nb = _bit_length(z) - 1
-            x, pos = _push_bits(x, out, pos, z - (np.int64(1) << nb), nb)
+            extra = z - (np.int64(1) << nb)
             sym = LITERALS + nb - 4
-        x, pos = _push_symbol(x, out, pos, freq[m, sym], cum[m, sym])
+            lo = nb if nb <= 16 else 16
+            if x >= np.int64(1) << (32 - lo):
+                pos -= 1
+                out[pos] = x & 0xFFFF
+                x >>= 16
+            x = (x << lo) | (extra & ((np.int64(1) << lo) - 1))
+            if nb > 16:
+                if x >= np.int64(1) << (32 - (nb - 16)):
+                    pos -= 1
+                    out[pos] = x & 0xFFFF
+                    x >>= 16
+                x = (x << (nb - 16)) | (extra >> 16)
+        f = freq[m, sym]
+        if x >= f << (32 - PRECISION):
+            pos -= 1
+            out[pos] = x & 0xFFFF
+            x >>= 16
+        d = x // f
+        x = (d << PRECISION) + (x - d * f) + cum[m, sym]
     pos -= 2
     out[pos], out[pos + 1] = x >> 16, x & 0xFFFF
     return out[pos:].copy()

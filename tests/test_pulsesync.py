@@ -271,17 +271,15 @@ def sparse_body(k: int, code: int, words: int) -> bytes:
 def walker_stream(ranks: list[int], code: int = GAP_CODE, z: int = 0) -> np.ndarray:
     """A real stream for changes at `ranks` of class CTX, each value z (0: one ulp down)."""
     cls = np.full(len(ranks), CTX, dtype=np.uint8)
-    nxt = np.array([b - a - 1 for a, b in zip(ranks, ranks[1:], strict=False)] + [-1], dtype=np.int64)
-    first = np.full(256, -1, dtype=np.int64)
-    first[CTX] = ranks[0]
+    gap = np.diff(np.array(ranks), prepend=-1) - 1  # from the previous change of the class
     b, t = (np.zeros(256, np.int64) for _ in range(2))
     t[:] = -1
     if code != positions.FULL:
         (b[CTX],), (t[CTX],) = positions.split_code(np.array([code]))
     row = np.zeros(256, dtype=np.int64)
     models = Models.from_counts(np.bincount([syncpass.value_symbol(z)] * len(ranks), minlength=syncpass.ALPHABET))
-    zs = np.full(len(ranks), z, dtype=np.int64)
-    return syncpass.encode_stream(cls, zs, nxt, first, b, t, row, models.freq, models.cum)
+    zs = np.full(len(ranks), z, dtype=np.uint16)
+    return syncpass.encode_stream(cls, gap.astype(np.int32), zs, b, t, row, models.freq, models.cum)
 
 
 def one_model(count: int, key: int = 256 + CTX) -> bytes:
