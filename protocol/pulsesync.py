@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import zstandard
 
-from protocol import positions, syncpass
+from protocol import positions, syncpass, tensorbytes
 from protocol.ans import Models, read_histograms, require, write_histograms
 from protocol.contexts import EXPONENT, NUM_CONTEXTS
 from protocol.errors import (
@@ -200,7 +200,7 @@ def _collect(old: torch.Tensor, new: torch.Tensor) -> _Changes | None:
     offsets = np.zeros(0, np.int32 if old.numel() < 1 << 31 else np.int64)
     n, last = np.zeros(NUM_CONTEXTS, np.int64), np.full(NUM_CONTEXTS, -1, np.int64)
     hist = np.zeros((NUM_CONTEXTS, syncpass.ALPHABET), np.int64)
-    slab = old.numel() if old.device.type == "cpu" else _HOST_SLAB
+    slab = old.numel() if tensorbytes.on_host(old) else _HOST_SLAB
     parts = [
         syncpass.collect(a, b, shift, emask, _WIDTH[dtype], offsets, n, last, hist)
         for a, b in zip(host_slabs(old, 0, old.numel(), slab), host_slabs(new, 0, new.numel(), slab), strict=True)
@@ -493,7 +493,7 @@ def _slabs(tensor: torch.Tensor) -> int:
 def _sink(new: torch.Tensor) -> tuple[np.ndarray | None, torch.Tensor]:
     """A writable host view of `new` when it lives on the CPU (None otherwise), and its flat view."""
     flat = new.view(-1)
-    return (bits(new) if new.device.type == "cpu" else None), flat
+    return (bits(new) if tensorbytes.on_host(new) else None), flat
 
 
 def _store(view: np.ndarray | None, flat: torch.Tensor, lo: int, out: np.ndarray) -> None:

@@ -50,6 +50,12 @@ def bits(tensor: torch.Tensor) -> np.ndarray:
     return flat.numpy().view(np_dtype)
 
 
+def on_host(tensor: torch.Tensor) -> bool:
+    """Whether numpy can work on the tensor's memory directly (a CPU tensor); codecs stream
+    anything else through host slabs (tests force that path on the CPU by patching this)."""
+    return tensor.device.type == "cpu"
+
+
 def host_slabs(tensor: torch.Tensor, lo: int, hi: int, slab: int) -> Iterator[np.ndarray]:
     """Little-endian bit-pattern views of elements [lo, hi) of the flat tensor, `slab` at a time.
 

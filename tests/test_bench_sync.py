@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from node.bench import plainpatch
 from node.bench.trace import write_trace
 from node.commands.cli import main
 
@@ -61,3 +62,19 @@ def test_sync_bench_refuses_a_trace_for_another_lr(tmp_path: Path) -> None:
     tiny_trace(tmp_path, steps=2)
     with pytest.raises(SystemExit, match="another lr"):
         main(["bench", "sync", "--trace", str(tmp_path), "--lr", "3e-6", "--steps", "2"])
+
+
+def test_plain_encoding_round_trips_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The baseline must be lossless too, on its numpy path and on its torch (device) path."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 50, generator=gen) * 0.02
+    old = {"w": w.bfloat16(), "b": torch.zeros(7, dtype=torch.bfloat16)}
+    new = {"w": (w - 1e-4 * torch.randn(w.shape, generator=gen)).bfloat16(), "b": old["b"].clone()}
+    patch = plainpatch.encode(old, new)
+    got = plainpatch.apply(old, patch)
+    monkeypatch.setattr(plainpatch.tensorbytes, "on_host", lambda t: False)
+    assert plainpatch.encode(old, new) == patch
+    forced = plainpatch.apply(old, patch)
+    for name in old:
+        assert torch.equal(got[name].view(torch.int16), new[name].view(torch.int16))
+        assert torch.equal(forced[name].view(torch.int16), new[name].view(torch.int16))

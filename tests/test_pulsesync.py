@@ -412,3 +412,17 @@ def test_old_format_is_refused_by_version() -> None:
     v1 = patch[:4] + bytes([1]) + patch[5:]
     with pytest.raises(UnknownVersion, match="version 1 is not supported"):
         pulsesync.apply(old, v1)
+
+
+def test_device_paths_stream_through_host_slabs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a tensor on a GPU goes through (host slabs in, host slabs out), forced on the CPU:
+    the same patch bytes, the same result, walks resumed across slabs."""
+    old, new = weight_pair(n=60_000)
+    old["z"], new["z"] = torch.zeros(300, dtype=torch.bfloat16), torch.full((300,), 1e-3, dtype=torch.bfloat16)
+    patch = pulsesync.encode(old, new)
+    monkeypatch.setattr(pulsesync.tensorbytes, "on_host", lambda t: False)
+    monkeypatch.setattr(pulsesync, "_HOST_SLAB", 7_000)  # the encoder's walk in 9 pieces
+    assert pulsesync.encode(old, new) == patch
+    assert same_bits(pulsesync.apply(old, patch), new)
+    monkeypatch.setattr(pulsesync, "_SLAB_BYTES", 2 * 5_000)  # and the decoder's in 6
+    assert same_bits(pulsesync.apply_unverified(old, patch), new)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import zstandard
 
+from protocol import tensorbytes
 from protocol.tensorbytes import bits, dtype_name, from_bits
 
 _SIGNED = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -24,7 +25,7 @@ _SIGNED = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float3
 
 def _changes(old: torch.Tensor, new: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(int32 flat indices, raw new values) where the bit patterns differ."""
-    if old.device.type == "cpu":
+    if tensorbytes.on_host(old):
         raw_old, raw_new = bits(old), bits(new)
         idx = np.flatnonzero(raw_old != raw_new).astype(np.int32)
         return idx, raw_new[idx]
@@ -61,7 +62,7 @@ def apply(old: Mapping[str, torch.Tensor], patch: bytes) -> dict[str, torch.Tens
         size = count * tensor.element_size()
         raw_values = body[value_offset : value_offset + size]
         value_offset += size
-        if tensor.device.type == "cpu":
+        if tensorbytes.on_host(tensor):
             new_raw = bits(tensor).copy()
             new_raw[idx] = np.frombuffer(raw_values, dtype=new_raw.dtype)
             out[name] = from_bits(new_raw, dtype_name(tensor.dtype), tuple(tensor.shape))
