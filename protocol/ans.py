@@ -61,9 +61,9 @@ def _normalize(c: np.ndarray) -> np.ndarray:
             f[i] = 1
     diff = TOTAL - f.sum()
     while diff != 0:
-        i = np.argmax(f)
-        step = diff if diff > 0 else -min(-diff, f[i] - 1)
-        f[i] += step
+        j = int(np.argmax(f))
+        step = diff if diff > 0 else -min(-diff, f[j] - 1)
+        f[j] += step
         diff -= step
     top = np.argmax(f)
     if f[top] > MAX_FREQ:
@@ -141,7 +141,7 @@ def _refill(x: int, pos: int, words: np.ndarray) -> tuple[int, int, int]:
     if x < STATE_LOW:
         if pos >= len(words):
             return x, pos, PAST_END
-        x = (x << WORD_BITS) | np.int64(words[pos])
+        x = (x << WORD_BITS) | int(words[pos])
         pos += 1
     return x, pos, OK
 
@@ -221,7 +221,7 @@ def _dec_categorical(
         if x < STATE_LOW:
             if pos == n_words:
                 return x, pos, out, PAST_END
-            x = (x << WORD_BITS) | np.int64(words[pos])
+            x = (x << WORD_BITS) | int(words[pos])
             pos += 1
         out[i] = s
     return x, pos, out, OK
@@ -237,12 +237,12 @@ def _dec_bits(x: int, pos: int, words: np.ndarray, nbits: np.ndarray) -> tuple[i
         v = 0
         for take in (hi, b - hi):  # the high piece first, then up to 16 bits
             if take > 0:
-                v = (v << take) | (x & ((np.int64(1) << take) - 1))
+                v = (v << take) | (x & ((1 << take) - 1))
                 x >>= take
                 if x < STATE_LOW:
                     if pos == n_words:
                         return x, pos, out, PAST_END
-                    x = (x << WORD_BITS) | np.int64(words[pos])
+                    x = (x << WORD_BITS) | int(words[pos])
                     pos += 1
         out[i] = v
     return x, pos, out, OK

@@ -52,7 +52,9 @@ def _marked_ranks(
     return pos, cls, rank, cnt
 
 
-def marked_ranks(raw: np.ndarray, mask: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def marked_ranks(
+    raw: np.ndarray, mask: np.ndarray, dtype: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(position, class, rank) of each marked position in natural order, and every class's size."""
     shift, emask = EXPONENT[dtype]
     return _marked_ranks(raw, mask.view(np.uint8), shift, emask)
@@ -82,7 +84,9 @@ def _locate(
     return out, cnt, done
 
 
-def locate(raw: np.ndarray, dtype: str, classes: np.ndarray, k: np.ndarray, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def locate(
+    raw: np.ndarray, dtype: str, classes: np.ndarray, k: np.ndarray, ranks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Positions (class-major, as `ranks`) of the given ranks, strictly ascending within each
     class; and every class's size. Raises InvalidPositions if a rank is past its class."""
     shift, emask = EXPONENT[dtype]

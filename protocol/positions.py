@@ -112,7 +112,7 @@ def _choose_codes(
     for c in range(classes):
         if k[c] > 0 and k[c] < n[c]:
             m = 0.1625 * n[c] / k[c]
-            b0[c] = max(0, min(MAX_B - _B_TRIES + 1, int(round(math.log2(max(m, 1.0)))) - _B_TRIES // 2))
+            b0[c] = max(0, min(MAX_B - _B_TRIES + 1, round(math.log2(max(m, 1.0))) - _B_TRIES // 2))
     hist = np.zeros((classes, _B_TRIES, Q_ESCAPE + 1), np.int64)
     count = np.zeros(classes, np.int64)
     for i in range(len(gaps)):
@@ -235,7 +235,7 @@ def _varint(buf: np.ndarray, pos: int, bound: int) -> tuple[int, int, int]:
     for i in range(10):
         if pos >= len(buf):
             return 0, pos, _TRUNCATED
-        byte = np.int64(buf[pos])
+        byte = int(buf[pos])
         pos += 1
         if i == 9 and byte > 1:
             return 0, pos, _TOO_BIG
@@ -273,7 +273,7 @@ def _parse_table(buf: np.ndarray, numel: int) -> tuple[int, int, np.ndarray]:
             return _TOTAL, pos, rows
         if pos >= len(buf):
             return _TRUNCATED, pos, rows
-        code = np.int64(buf[pos])
+        code = int(buf[pos])
         pos += 1
         if code > MAX_CODE:
             return _CODE, pos, rows

@@ -12,9 +12,10 @@ within a factor 2), so nothing is lost, only delayed.
 
 The receiver knows W, so positions are coded as gaps between ranks within W's exponent classes
 (contexts.py, positions.py) and values as sign + exponent relative to W's exponent plus raw
-mantissa bits (floatcode.py), both with rANS (ans.py). BF16 values are the default: in `pulse bench loco` fine-tuning they
-cost 11.5 bits per sent value all in against 27.5 for FP32 values, 2.4x fewer bytes, with the
-same final loss to 4 decimals; the rounding residual waits in e and is sent later.
+mantissa bits (floatcode.py), both with rANS (ans.py). BF16 values are the default: in
+`pulse bench loco` fine-tuning they cost 11.5 bits per sent value all in against 27.5 for FP32
+values, 2.4x fewer bytes, with the same final loss to 4 decimals; the rounding residual waits in
+e and is sent later.
 
 Format v2 (after the common header of codec.py), varints are LEB128:
 
@@ -90,7 +91,9 @@ class PulseLoCoCodec(Codec):
         floatcode.write_models(w, coded.models)
         model_bytes = len(w.getvalue()) - before_model
         pos_enc = AnsEncoder()
-        positions.encode_gaps(pos_enc, np.concatenate([p.gaps for p in parts]), positions.per_position([p.table for p in parts]))
+        positions.encode_gaps(
+            pos_enc, np.concatenate([p.gaps for p in parts]), positions.per_position([p.table for p in parts])
+        )
         pos_words = pos_enc.finish()
         val_enc = AnsEncoder()
         floatcode.encode(val_enc, coded, mantissa_bits)
@@ -156,7 +159,9 @@ class PulseLoCoCodec(Codec):
         return out
 
 
-def _decode_positions(words: np.ndarray, weights: State, names: list[str], tables: list[positions.ClassTable]) -> list[np.ndarray]:
+def _decode_positions(
+    words: np.ndarray, weights: State, names: list[str], tables: list[positions.ClassTable]
+) -> list[np.ndarray]:
     """Sent positions per tensor, class-major (the order values come in)."""
     dec = AnsDecoder(words)
     gaps = positions.decode_gaps(dec, positions.per_position(tables))

@@ -443,7 +443,8 @@ def _plan(parsed: _Parsed) -> dict[str, _Walk]:
             continue
         assert e.table is not None and e.words is not None
         base = DTYPE_CODES[e.dtype] * NUM_CONTEXTS
-        walk = _Walk(*(np.zeros(NUM_CONTEXTS, np.int64) for _ in range(3)), row=np.full(NUM_CONTEXTS, -1, np.int64))
+        zeros = lambda: np.zeros(NUM_CONTEXTS, np.int64)  # noqa: E731
+        walk = _Walk(left=zeros(), code_b=zeros(), code_t=zeros(), row=np.full(NUM_CONTEXTS, -1, np.int64))
         b, t = positions.split_code(e.table.code)
         for c, k, bc, tc in zip(e.table.classes.tolist(), e.table.k.tolist(), b.tolist(), t.tolist(), strict=True):
             if base + c not in index:
@@ -603,4 +604,3 @@ def _copy(tensor: torch.Tensor, hashing: bool) -> tuple[torch.Tensor, list[bytes
 
 def bits_per_changed(stats: PatchStats) -> float:
     return 8 * stats.patch_bytes / stats.changed if stats.changed else math.inf
-

@@ -136,7 +136,7 @@ class SparseLoCoCodec(Codec):
                 dense.append(sent.cpu().numpy())
                 new_error[name] = (acc - sent).reshape(weights[name].shape)
                 continue
-            part, e_new = self._sparsify(name, acc, weights[name].shape)
+            part, e_new = self._sparsify(acc, weights[name].shape)
             new_error[name] = e_new.reshape(weights[name].shape)
             w.u8(part.code)
             w.raw(part.centroids.astype("<f4").tobytes())
@@ -153,7 +153,9 @@ class SparseLoCoCodec(Codec):
         positions.encode_gaps(pos_enc, cat([p.gaps for p in sparse]), cat([_gap_codes(p) for p in sparse]))
         if sparse:
             bins = Models.from_counts(np.stack([np.bincount(p.bins, minlength=BINS) for p in sparse]))
-            val_enc.categorical(cat([p.bins for p in sparse]), bins, np.repeat(np.arange(len(sparse)), [len(p.bins) for p in sparse]))
+            val_enc.categorical(
+                cat([p.bins for p in sparse]), bins, np.repeat(np.arange(len(sparse)), [len(p.bins) for p in sparse])
+            )
         floatcode.encode(val_enc, coded, floatcode.BF16_MANTISSA)
         pos_words, val_words = pos_enc.finish(), val_enc.finish()
         write_words(w, pos_words)
@@ -168,11 +170,11 @@ class SparseLoCoCodec(Codec):
         )
         return new_error, stats
 
-    def _sparsify(self, name: str, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
+    def _sparsify(self, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
         """Pick top-k per chunk of the flat `acc`; the part to send and the new flat buffer."""
         co = in_chunk_order(acc.reshape(shape))
         magnitude = co.abs()
-        require_finite(name, co, magnitude)
+        require_finite(f"sparseloco tensor of shape {tuple(shape)}", co, magnitude)
         sizes = chunk_sizes(acc.numel())
         k = np.minimum(self.k, sizes)
         picked = []

@@ -47,17 +47,17 @@ def _field(data: bytes) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def chunk_digest(data: bytes | memoryview | np.ndarray) -> bytes:
+def chunk_digest(data: bytes | memoryview) -> bytes:
     """SHA-256 of one chunk's bytes under the chunk domain."""
     h = hashlib.sha256(CHUNK_DOMAIN)
-    h.update(memoryview(data).cast("B"))  # hashlib releases the GIL above 2 KiB
+    h.update(data)  # hashlib releases the GIL above 2 KiB
     return h.digest()
 
 
 def digest_bytes(raw: np.ndarray) -> list[bytes]:
     """Chunk digests of a flat little-endian byte view (chunk boundaries from its start)."""
     flat = raw.view(np.uint8)
-    return [chunk_digest(flat[i : i + CHUNK_BYTES]) for i in range(0, len(flat), CHUNK_BYTES)]
+    return [chunk_digest(flat[i : i + CHUNK_BYTES].data) for i in range(0, len(flat), CHUNK_BYTES)]
 
 
 @dataclass(frozen=True)

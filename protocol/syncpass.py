@@ -82,7 +82,7 @@ def _collect_into(
         cnt[c] = r + 1
         b = new[i]
         if a != b:
-            z = _z_of(np.int64(a), np.int64(b), width)
+            z = _z_of(int(a), int(b), width)
             cls[k], gap[k], zs[k] = c, r - last[c] - 1, z
             last[c] = r
             hist[c, z if z < LITERALS else LITERALS + _bit_length(z) - 5] += 1
@@ -190,7 +190,7 @@ def encode_stream(
         if j < 0:
             continue
         pending[c] = gap[j]
-        z, m = np.int64(zs[j]), row[c]
+        z, m = int(zs[j]), row[c]
         sym = z
         if z >= LITERALS:  # the bits below z's leading one: low 16 pushed first
             nb = _bit_length(z) - 1
@@ -284,7 +284,7 @@ def walk(
             if x < STATE_LOW:
                 if pos == n_words:
                     return PAST_END
-                x = (x << 16) | np.int64(words[pos])
+                x = (x << 16) | int(words[pos])
                 pos += 1
             if z >= LITERALS:  # the nb bits below z's leading one: a high piece, then 16 at most
                 nb = z - LITERALS + 4
@@ -295,14 +295,14 @@ def walk(
                 if x < STATE_LOW:
                     if pos == n_words:
                         return PAST_END
-                    x = (x << 16) | np.int64(words[pos])
+                    x = (x << 16) | int(words[pos])
                     pos += 1
                 extra = (extra << lo_bits) | (x & ((1 << lo_bits) - 1))
                 x >>= lo_bits
                 if x < STATE_LOW:
                     if pos == n_words:
                         return PAST_END
-                    x = (x << 16) | np.int64(words[pos])
+                    x = (x << 16) | int(words[pos])
                     pos += 1
                 z = (np.int64(1) << nb) | extra
             zig = z + 1
@@ -323,7 +323,7 @@ def walk(
                 if x < STATE_LOW:
                     if pos == n_words:
                         return PAST_END
-                    x = (x << 16) | np.int64(words[pos])
+                    x = (x << 16) | int(words[pos])
                     pos += 1
                 if q == Q_ESCAPE:  # 32 raw bits: high 16, then low 16
                     e = x & 0xFFFF
@@ -331,14 +331,14 @@ def walk(
                     if x < STATE_LOW:
                         if pos == n_words:
                             return PAST_END
-                        x = (x << 16) | np.int64(words[pos])
+                        x = (x << 16) | int(words[pos])
                         pos += 1
                     e = (e << 16) | (x & 0xFFFF)
                     x >>= 16
                     if x < STATE_LOW:
                         if pos == n_words:
                             return PAST_END
-                        x = (x << 16) | np.int64(words[pos])
+                        x = (x << 16) | int(words[pos])
                         pos += 1
                     q += e
                 b = code_b[c]  # the remainder's b bits: a high piece, then 16 at most
@@ -349,14 +349,14 @@ def walk(
                 if x < STATE_LOW:
                     if pos == n_words:
                         return PAST_END
-                    x = (x << 16) | np.int64(words[pos])
+                    x = (x << 16) | int(words[pos])
                     pos += 1
                 g = (g << lo_bits) | (x & ((1 << lo_bits) - 1))
                 x >>= lo_bits
                 if x < STATE_LOW:
                     if pos == n_words:
                         return PAST_END
-                    x = (x << 16) | np.int64(words[pos])
+                    x = (x << 16) | int(words[pos])
                     pos += 1
                 nxt[c] = r + 1 + g
         new[i] = a

@@ -193,7 +193,12 @@ GAP_CODE = positions.code_of(0, 5)  # b = 0 and a middle geometric model: any ga
 
 
 def craft(
-    weights: State, gaps: np.ndarray, values: np.ndarray, code: int = GAP_CODE, k_claim: int | None = None, cut_words: int = 0
+    weights: State,
+    gaps: np.ndarray,
+    values: np.ndarray,
+    code: int = GAP_CODE,
+    k_claim: int | None = None,
+    cut_words: int = 0,
 ) -> bytes:
     """A PULSELoCo payload sending positions (gaps in context class 0..) of the first tensor only;
     `cut_words` drops that many words from the end of the values stream (its length says so)."""
@@ -236,9 +241,17 @@ def test_out_of_range_positions_and_non_finite_values() -> None:
     rejects(craft(weights, np.zeros(17, dtype=np.int64), np.ones(17, np.float32)), weights, SizeLimitExceeded)
     rejects(craft(weights, np.array([0, 3]), np.array([1.0, np.inf], np.float32)), weights, NonFiniteValues)
     rejects(craft(weights, np.array([0, 3]), np.array([np.nan, 1.0], np.float32)), weights, NonFiniteValues)
-    rejects(craft(weights, np.zeros(8, dtype=np.int64), np.ones(8, np.float32)), weights, MalformedPayload)  # full, coded
-    rejects(craft(weights, np.zeros(5, dtype=np.int64), np.ones(5, np.float32), code=positions.FULL), weights, MalformedPayload)
-    rejects(craft(weights, np.array([0, 3]), ok, code=positions.MAX_CODE + 1), weights, MalformedPayload)  # unknown code
+    rejects(
+        craft(weights, np.zeros(8, dtype=np.int64), np.ones(8, np.float32)), weights, MalformedPayload
+    )  # full, coded
+    rejects(
+        craft(weights, np.zeros(5, dtype=np.int64), np.ones(5, np.float32), code=positions.FULL),
+        weights,
+        MalformedPayload,
+    )
+    rejects(
+        craft(weights, np.array([0, 3]), ok, code=positions.MAX_CODE + 1), weights, MalformedPayload
+    )  # unknown code
 
 
 def test_values_stream_that_ends_early_is_truncated() -> None:

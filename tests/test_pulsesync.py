@@ -227,7 +227,9 @@ def test_garbage_is_rejected(junk: bytes) -> None:
 # models | streams (u16 words) | dense sections.
 
 
-def forge(old: dict, entry: bytes, stream: np.ndarray | None = None, models: bytes = b"\x00", tail: bytes = b"") -> bytes:
+def forge(
+    old: dict, entry: bytes, stream: np.ndarray | None = None, models: bytes = b"\x00", tail: bytes = b""
+) -> bytes:
     w = Writer()
     w.raw(pulsesync.MAGIC)
     w.u8(pulsesync.VERSION)
@@ -288,7 +290,9 @@ def one_model(count: int, key: int = 256 + CTX) -> bytes:
 
 def test_the_crafted_patch_itself_works() -> None:
     words = walker_stream([0, 3])
-    new = pulsesync.apply_unverified(ONE, forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(2, GAP_CODE, len(words))), words, one_model(2)))
+    new = pulsesync.apply_unverified(
+        ONE, forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(2, GAP_CODE, len(words))), words, one_model(2))
+    )
     changed = np.flatnonzero(bits(new["x"]) != bits(ONE["x"]))
     assert changed.tolist() == [0, 3]
 
@@ -346,7 +350,11 @@ def test_more_changes_than_positions_in_class() -> None:
     body = varints(1, CTX, 65) + bytes([0]) + varints(0)
     rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body)), SizeLimitExceeded)  # k above numel
     words = walker_stream(list(range(64)))  # all 64 changed, yet coded with gaps, not as FULL
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(64, GAP_CODE, len(words))), words, one_model(64)), MalformedPayload)
+    rejects(
+        ONE,
+        forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(64, GAP_CODE, len(words))), words, one_model(64)),
+        MalformedPayload,
+    )
 
 
 def test_fully_changed_flag_on_a_class_that_is_not_full() -> None:
@@ -366,14 +374,20 @@ def test_context_out_of_range() -> None:
 def test_out_of_range_positions() -> None:
     # two changes in a 64-position class, the second 500 positions past the first
     words = walker_stream([0, 501])
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(2, GAP_CODE, len(words))), words, one_model(2)), InvalidPositions)
+    rejects(
+        ONE,
+        forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(2, GAP_CODE, len(words))), words, one_model(2)),
+        InvalidPositions,
+    )
 
 
 def test_value_models_that_disagree_with_the_changes() -> None:
     words = walker_stream([0, 3])
     body = sparse_body(2, GAP_CODE, len(words))
     rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(5)), MalformedPayload)  # 5, not 2
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(2, key=256 + CTX + 1)), MalformedPayload)
+    rejects(
+        ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(2, key=256 + CTX + 1)), MalformedPayload
+    )
 
 
 def test_stream_with_leftover_data() -> None:

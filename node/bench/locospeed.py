@@ -19,6 +19,7 @@ than the reference's.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -85,7 +86,9 @@ def reference_compress(
         bins, centroids = quantize(values.cpu().numpy())
         sent = torch.from_numpy(centroids[bins]).to(co.device)
         e_co = co.clone()
-        e_co[: n_full * CHUNK].view(n_full, CHUNK).scatter_(1, top, full.gather(1, top) - sent[: top.numel()].view_as(top))
+        e_co[: n_full * CHUNK].view(n_full, CHUNK).scatter_(
+            1, top, full.gather(1, top) - sent[: top.numel()].view_as(top)
+        )
         e_co[n_full * CHUNK :][tail_top] = tail[tail_top] - sent[top.numel() :]
         index = torch.cat([top.reshape(-1), tail_top])
         payload[name] = (_pack12(index), torch.from_numpy(bins.astype(np.uint8)), torch.from_numpy(centroids))
@@ -107,7 +110,9 @@ def reference_decompress(payload: dict[str, Any], weights: State, k: int = 64) -
         idx = _unpack12(packed, n_full * k + tail_k).to(weights[name].device)
         sent = centroids.to(weights[name].device)[bins.long().to(weights[name].device)]
         co = torch.zeros(numel, dtype=torch.float32, device=weights[name].device)
-        co[: n_full * CHUNK].view(n_full, CHUNK).scatter_(1, idx[: n_full * k].view(n_full, k), sent[: n_full * k].view(n_full, k))
+        co[: n_full * CHUNK].view(n_full, CHUNK).scatter_(
+            1, idx[: n_full * k].view(n_full, k), sent[: n_full * k].view(n_full, k)
+        )
         co[n_full * CHUNK :][idx[n_full * k :]] = sent[n_full * k :]
         out[name] = _from_chunk_order(co, shape)
     return out
@@ -137,7 +142,10 @@ def reference_bytes(payload: dict[str, Any]) -> int:
 def speed_weights(model: str, args: argparse.Namespace, device: torch.device) -> dict[str, torch.Tensor]:
     """BF16 weights of the model the speed table is measured on."""
     if model == "gpt":
-        return {n: t.to(device) for n, t in bf16_state(build_gpt(GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd), args.seed)).items()}
+        return {
+            n: t.to(device)
+            for n, t in bf16_state(build_gpt(GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd), args.seed)).items()
+        }
     trace = hf_trace_dir(args.cache_dir or default_cache_dir(), model, 1e-6)
     try:
         state = load_file(Path(trace) / read_manifest(trace)["files"][0]["file"])
@@ -173,7 +181,7 @@ def measure(
     for _ in range(repeat):
         dt, (payload, _) = _timed(compress, device)
         best_c = min(best_c, dt)
-        dt, _ = _timed(lambda: decompress(payload), device)
+        dt, _ = _timed(functools.partial(decompress, payload), device)
         best_d = min(best_d, dt)
     gb = 4 * n / 1e9
     return {
@@ -185,6 +193,15 @@ def measure(
         "decompress_peak_extra_mb": (mem_d.extra_bytes or 0) / 1e6,
         "payload_bytes": float(size(payload)),
     }
+
+
+def _compress(codec: Codec, delta: State, error: State, weights: State) -> tuple[bytes, dict[str, torch.Tensor]]:
+    payload, new_error, _ = codec.compress(delta, error, weights)
+    return payload, new_error
+
+
+def _decompress(codec: Codec, payload: bytes, *, weights: State) -> dict[str, torch.Tensor]:
+    return codec.decompress(payload, weights)
 
 
 def run_speed(args: argparse.Namespace) -> BenchResult:
@@ -199,8 +216,8 @@ def run_speed(args: argparse.Namespace) -> BenchResult:
         error = codec.initial_error(weights)
         error = {k: v.to(device) for k, v in error.items()}
         rows[name] = measure(
-            lambda c=codec, e=error: c.compress(delta, e, weights)[:2],
-            lambda p, c=codec: c.decompress(p, weights),
+            functools.partial(_compress, codec, delta, error, weights),
+            functools.partial(_decompress, codec, weights=weights),
             len,
             n,
             args.repeat,
@@ -260,4 +277,3 @@ def _speed_result(args: argparse.Namespace, n: int, rows: dict[str, dict[str, fl
         ],
     )
     return BenchResult(summary=summary, tables=[table(title, columns, body), verdict])
-

@@ -13,6 +13,7 @@ measured too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -39,10 +40,8 @@ def _trim() -> None:
     gc.collect()
     libc_name = ctypes.util.find_library("c")
     if libc_name:
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
             ctypes.CDLL(libc_name).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc: nothing to trim
-            pass
 
 
 def reset_high_water() -> bool:
@@ -73,9 +72,7 @@ class PeakMemory:
             self._device_start = torch.cuda.memory_allocated(self.device)
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         peak_kb = _status_kb("VmHWM")
         if self._start_kb is not None and peak_kb is not None:
             self.extra_bytes = max(0, peak_kb - self._start_kb) * 1024

@@ -198,7 +198,11 @@ def make_hf_trace(
     embedded corpus' byte ids; each BF16 state is written as it comes. Returns the step losses."""
     model = build_hf_from_config(HF_MODELS[model_name], seed).to(device)
     cpu_batches = corpus_batches(stdlib_corpus(), derive_seed("hf-trace", seed), HF_BATCH, HF_SEQ)
-    batches: BatchFn = lambda step: tuple(t.to(device) for t in cpu_batches(step))  # type: ignore[return-value]  # noqa: E731
+
+    def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = cpu_batches(step)
+        return x.to(device), y.to(device)
+
     begin_trace(out_dir)
     files = [write_step(out_dir, 0, bf16_state(model))]
     snapshot: StepHook = lambda step, _loss: files.append(write_step(out_dir, step + 1, bf16_state(model)))  # noqa: E731
