@@ -1,8 +1,11 @@
 # Two commands for users: `make demo` and `make test`. Both build .venv from nothing.
 PYTHON ?= python3
 VENV ?= .venv
-# The CPU build by default; GPU users pick their own, e.g. TORCH_SPEC="torch==2.13.0+cu128".
+# PyTorch is installed first, from PyTorch's CPU index by default (PyPI's Linux wheel is the CUDA
+# build, several GB). GPU users pick theirs: TORCH_INDEX=https://download.pytorch.org/whl/cu128,
+# or TORCH_INDEX= (empty) for PyPI's default build.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -13,7 +16,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	# torch alone from TORCH_INDEX; its own dependencies come with the project, from PyPI
+	$(BIN)/python -m pip install --quiet --retries 1 --no-deps "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 

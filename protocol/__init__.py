@@ -3,13 +3,14 @@
 Files (each imports only the standard library, torch, numpy, codec libraries and earlier rows):
 
 - `errors.py`      one exception tree; every rejection of peer bytes is a `ProtocolError`
+- `state.py`       `State`, the one name for tensors by parameter name (read-only), and `StateDict` (owned)
 - `tensorbytes.py` wire dtype names, exact bit-pattern views of float tensors, host slabs of device tensors
 - `parallel.py`    per-tensor codec work on all cores, results in input order
 - `statehash.py`   the state hash (v2): SHA-256 over per-chunk SHA-256 digests, on all cores, checkable piecewise
 - `identity.py`    Ed25519 identities (PyNaCl), signature checks, the key-file text format
 - `messages.py`    pydantic wire models, their canonical bytes and size caps; `PROTOCOL_VERSION`
-- `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays
 - `wire.py`        bounded reader/writer for binary formats (truncation, trailing bytes, caps)
+- `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays
 - `ans.py`         rANS entropy coding, compiled (numba), integer-exact models, streams bounded by their length
 - `contexts.py`    the old weight's exponent as coding context; compiled rank passes in natural order
 - `positions.py`   sparse positions as Rice-coded gaps between ranks in a context class, one code byte a class

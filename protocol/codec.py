@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,9 +41,9 @@ from protocol.errors import (
     SizeLimitExceeded,
     UnknownVersion,
 )
+from protocol.state import State
 from protocol.wire import Reader, Writer
 
-State = Mapping[str, torch.Tensor]
 _HEADER_SLACK = 1 << 16
 _DIGEST_BYTES = 8
 

@@ -31,7 +31,6 @@ state whose hash is the one the patch names.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +53,7 @@ from protocol.errors import (
     UnknownVersion,
 )
 from protocol.parallel import parallel_map
+from protocol.state import State, StateDict
 from protocol.statehash import CHUNK_BYTES, StateDigests, digest_bytes, state_hash, tensor_digests
 from protocol.tensorbytes import bits, dtype_name, host_slabs, raw_dtype
 from protocol.wire import Reader, Writer
@@ -67,8 +67,6 @@ SAME, SPARSE, DENSE = 0, 1, 2
 _HEADER_SLACK = 1 << 16
 _SLAB_BYTES = CHUNK_BYTES  # decode and hash this much of a tensor at a time: both slabs stay in cache
 _HOST_SLAB = 1 << 24  # elements of a non-CPU tensor copied to the host at a time when encoding
-
-State = Mapping[str, torch.Tensor]
 
 
 @dataclass
@@ -320,9 +318,7 @@ def default_max_bytes(state: State) -> int:
     return sum(t.numel() * t.element_size() for t in state.values()) * 11 // 10 + _HEADER_SLACK
 
 
-def apply(
-    old: State, patch: bytes, *, max_bytes: int | None = None, held_hash: str | None = None
-) -> dict[str, torch.Tensor]:
+def apply(old: State, patch: bytes, *, max_bytes: int | None = None, held_hash: str | None = None) -> StateDict:
     """The state `patch` produces from `old`. `old` is never modified.
 
     `held_hash`: the hash of `old` if the caller already knows it (a node knows the hash of the
@@ -335,7 +331,7 @@ def apply(
 
 def apply_with_digests(
     old: State, patch: bytes, *, max_bytes: int | None = None, held_hash: str | None = None
-) -> tuple[dict[str, torch.Tensor], StateDigests]:
+) -> tuple[StateDict, StateDigests]:
     """`apply`, also returning the new state's chunk digests (statehash.py), already verified."""
     parsed = _parse(old, patch, default_max_bytes(old) if max_bytes is None else max_bytes)
     plans = _plan(parsed)  # every check that needs no weights, before hashing or decoding anything
@@ -350,7 +346,7 @@ def apply_with_digests(
     return new, digests
 
 
-def apply_unverified(old: State, patch: bytes, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
+def apply_unverified(old: State, patch: bytes, *, max_bytes: int | None = None) -> StateDict:
     """`apply` without either state hash check: for measuring the codec alone, never for peer bytes."""
     cap = default_max_bytes(old) if max_bytes is None else max_bytes
     parsed = _parse(old, patch, cap)
@@ -468,7 +464,7 @@ def _require(e: _Entry) -> None:
 
 def _decode_body(
     old: State, parsed: _Parsed, plans: dict[str, _Walk], *, hashing: bool
-) -> tuple[dict[str, torch.Tensor], StateDigests | None]:
+) -> tuple[StateDict, StateDigests | None]:
     models = Models.from_counts(parsed.model_counts) if len(parsed.model_keys) else None
 
     def one(e: _Entry) -> tuple[torch.Tensor, list[bytes]]:

@@ -24,17 +24,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from protocol.errors import (
-    MalformedPayload,
-    ReplayedMessage,
-    SizeLimitExceeded,
-    TrailingBytes,
-    TruncatedPayload,
-    UnknownVersion,
-    WrongRun,
-)
+from protocol.errors import MalformedPayload, ReplayedMessage, SizeLimitExceeded, UnknownVersion, WrongRun
 from protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, verify_signature
 from protocol.messages import MAX_BODY_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION, WireModel
+from protocol.wire import Reader
 
 DOMAIN = b"pulse/signed-message\x00"
 MAGIC = b"PLSM"
@@ -90,25 +83,25 @@ class SignedMessage:
         """Parse an envelope's framing (no signature check). Bad framing is a `MalformedPayload`."""
         if len(data) > max_bytes:
             raise SizeLimitExceeded(f"signed message is {len(data)} bytes, cap is {max_bytes}")
-        reader = _Reader(data)
-        if reader.take(len(MAGIC)) != MAGIC:
+        reader = Reader(data, "signed message")
+        if bytes(reader.raw(len(MAGIC))) != MAGIC:
             raise MalformedPayload("not a pulse signed message (bad magic)")
-        version, kind_len = struct.unpack(">HB", reader.take(3))
+        version, kind_len = reader.unpack(">HB")
         if version != PROTOCOL_VERSION:
             raise UnknownVersion(f"protocol version {version}, this node speaks {PROTOCOL_VERSION}")
-        kind_bytes = reader.take(kind_len)
+        kind_bytes = bytes(reader.raw(kind_len))
         if not _KIND_RE.fullmatch(kind_bytes):
             raise MalformedPayload(f"message kind {kind_bytes!r} is not a valid kind name")
         kind = kind_bytes.decode("ascii")
-        run_id = reader.take(32).hex()
-        (round_,) = struct.unpack(">Q", reader.take(8))
-        sender = reader.take(PUBLIC_KEY_BYTES)
-        (body_len,) = struct.unpack(">I", reader.take(4))
+        run_id = bytes(reader.raw(32)).hex()
+        (round_,) = reader.unpack(">Q")
+        sender = bytes(reader.raw(PUBLIC_KEY_BYTES))
+        (body_len,) = reader.unpack(">I")
         if body_len > MAX_BODY_BYTES:
             raise SizeLimitExceeded(f"message body is {body_len} bytes, cap is {MAX_BODY_BYTES}")
-        body = reader.take(body_len)
-        signature = reader.take(SIGNATURE_BYTES)
-        reader.finish()
+        body = bytes(reader.raw(body_len))
+        signature = bytes(reader.raw(SIGNATURE_BYTES))
+        reader.expect_end()
         return cls(kind, run_id, round_, sender, body, signature, version)
 
     def open(self, *, run_id: str, expect: type[M]) -> M:
@@ -211,21 +204,3 @@ class SeenCache:
 
     def ids(self) -> list[str]:
         return list(self._ids)
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self._data = memoryview(data)
-        self._pos = 0
-
-    def take(self, n: int) -> bytes:
-        end = self._pos + n
-        if end > len(self._data):
-            raise TruncatedPayload(f"signed message ends at byte {len(self._data)}, needs {end}")
-        chunk = bytes(self._data[self._pos : end])
-        self._pos = end
-        return chunk
-
-    def finish(self) -> None:
-        if self._pos != len(self._data):
-            raise TrailingBytes(f"{len(self._data) - self._pos} bytes after the signature")

@@ -8,6 +8,7 @@ too long, or a count above the caller's bound.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,10 @@ class Reader:
 
     def u8(self) -> int:
         return int(self.raw(1)[0])
+
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
+        """Fixed-size fields in `struct` format (`fmt` gives the byte order)."""
+        return struct.unpack(fmt, self.raw(struct.calcsize(fmt)))
 
     def varint(self, bound: int, field: str) -> int:
         """A LEB128 integer that must be <= bound; `field` names it in errors."""

@@ -12,11 +12,10 @@ from pydantic import ValidationError
 
 from protocol.codec import make_codec
 from protocol.errors import IncompatibleStates, TruncatedPayload
+from protocol.state import State
 from tests.tracked import Tracked
 from validator.aggregate import aggregate, clip_scales, global_norm
 from validator.outer import OuterConfig, OuterOptimizer
-
-State = dict[str, torch.Tensor]
 
 
 def updates(scales: list[float]) -> dict[bytes, State]:

@@ -16,7 +16,7 @@ from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import SeenCache, open_signed, sign
 from tests.fakeswarm import RUN_ID, make_swarm
 from tests.tracked import Tracked
-from validator.gauntlet import RoundPipeline
+from validator.gauntlet import Decision, RoundPipeline
 from validator.intake import RoundContext, Submission, reason_text, screen
 from validator.ratings import Ratings
 from validator.scoring import CopyCandidate, RoundSecret, Sketch, copy_owners
@@ -205,10 +205,38 @@ def test_pipeline_decodes_one_update_at_a_time(tmp_path: Path) -> None:
     pipeline = Counting(swarm.cfg, v.weights, v.evaluator, v.batch_fn)
     secret = RoundSecret.derive(identity_for("validator"), RUN_ID, 0)
     Tracked.alive = Tracked.peak = 0
+    decision = pipeline.decide(screened, secret, v.standing(), run_id=RUN_ID, round_=0)
+    assert all("indicator average" in o.reason for o in decision.outcomes)  # no history yet: none selected
     inspection = pipeline.inspect(screened.candidates, secret)
-    evaluated = pipeline.evaluate(inspection, secret, RUN_ID, 0)
-    assert pipeline.aggregate(evaluated) is not None
-    assert len(evaluated) == 5 and Tracked.peak == 1
+    assert pipeline.aggregate(inspection.assessments) is not None
+    assert len(decision.outcomes) == 5 and Tracked.peak == 1
+
+
+def test_decide_is_the_whole_decision_and_changes_nothing(tmp_path: Path) -> None:
+    """`run_round` publishes what `RoundPipeline.decide` decided, and commits its standing; deciding
+    twice from the same state gives the same decision and leaves the validator as it was."""
+    swarm = make_swarm(min_indicator_average=0.05)
+    honest = swarm.honest(3)
+    arena = Arena(swarm.validator(tmp_path), [*honest, *swarm.adversaries(("copycat", "signflip"), [honest[0].key])])
+    arena.play()
+    v = arena.validator
+    subs, _, _ = arena.submissions()
+    book = v.book
+
+    def decide() -> Decision:
+        pipeline = RoundPipeline(v.cfg, v.weights, v.evaluator, v.batch_fn)
+        screened = screen(subs, v.context(pipeline), v.seen)
+        secret = RoundSecret.derive(identity_for("validator"), RUN_ID, v.round)
+        return pipeline.decide(screened, secret, v.standing(), run_id=RUN_ID, round_=v.round)
+
+    decision, again = decide(), decide()
+    assert (again.outcomes, again.scored, again.rejections) == (decision.outcomes, decision.scored, decision.rejections)
+    assert again.standing == decision.standing and v.book == book
+    report = v.run_round(subs)
+    assert report.outcomes == decision.outcomes and report.selected()
+    assert (report.result.selected, report.result.rejections) == (decision.scored, decision.rejections)
+    assert v.book.ratings == decision.standing.ratings.records
+    assert v.book.indicators == decision.standing.indicators
 
 
 @pytest.fixture(scope="module")

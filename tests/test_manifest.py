@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.run.manifest import Manifest, codec_for, load_manifest, parse_manifest
+from node.run.manifest import Manifest, SelectionSection, TrainSection, codec_for, load_manifest, parse_manifest
 from protocol.errors import ConfigError
 from protocol.pulseloco import PulseLoCoCodec
 from protocol.sparseloco import SparseLoCoCodec
+from validator.config import GauntletConfig, SelectionRules, UpdateRules
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -105,6 +106,24 @@ def test_codec_options_reach_the_codec_and_the_run_id() -> None:
     assert isinstance(fp32, PulseLoCoCodec) and fp32.value_format == "fp32"
     beta = codec_for(_with_codec("sparseloco", beta=0.5))
     assert isinstance(beta, SparseLoCoCodec) and beta.beta == 0.5
+
+
+def test_the_manifest_composes_the_validators_own_settings() -> None:
+    """`[train]` and `[selection]` extend the validator's models: each shared field is declared once,
+    with one default and one docstring, and the defaults give the validator's defaults."""
+    gauntlet_fields = set(GauntletConfig.model_fields)
+    for section, rules in ((TrainSection, UpdateRules), (SelectionSection, SelectionRules)):
+        assert issubclass(section, rules) and set(rules.model_fields) <= gauntlet_fields
+        assert not (set(section.model_fields) - set(rules.model_fields)) & gauntlet_fields
+        for name, info in rules.model_fields.items():
+            assert repr(section.model_fields[name]) == repr(info) == repr(GauntletConfig.model_fields[name])
+            assert info.description
+    assert Manifest(name="x").gauntlet() == GauntletConfig()
+    data = _tiny()
+    data["selection"]["top_g"] = 3  # type: ignore[index]
+    data["train"]["outer"] = {"lr": 0.5, "momentum": 0.9}  # type: ignore[index]
+    cfg = parse_manifest(data).gauntlet()
+    assert cfg.top_g == 3 and cfg.outer.lr == 0.5 and cfg.eval_step == pytest.approx(0.1)
 
 
 def test_an_rl_run_needs_the_byte_level_gpt_and_no_overlap() -> None:

@@ -1,4 +1,8 @@
-"""SparseLoCo: top-k per chunk, 2-bit values, the error-feedback invariant, size, hostile payloads."""
+"""SparseLoCo: top-k per chunk, 2-bit values, the error-feedback invariant, size, lying headers.
+
+What every codec must do (round trips, truncation, trailing bytes, caps, corruption, the caller's
+tensors untouched) is in test_codec_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -14,24 +18,19 @@ from protocol import sparseloco
 from protocol.codec import CodecStats
 from protocol.errors import (
     InvalidPositions,
-    LayoutMismatch,
     MalformedPayload,
     NonFiniteValues,
-    SizeLimitExceeded,
-    TrailingBytes,
-    TruncatedPayload,
-    UnknownVersion,
 )
 from protocol.positions import log2_binomial
 from protocol.sparseloco import CHUNK, SparseLoCoCodec, chunk_order, chunk_sizes
+from protocol.state import StateDict
 
-State = dict[str, torch.Tensor]
 SHAPES = {"attn.weight": (128, 192), "ln.bias": (40,), "odd.weight": (100, 50), "wte.weight": (64, 64)}
 
 
 def make_case(
     seed: int, scale: float = 1e-3, shapes: dict[str, tuple[int, ...]] = SHAPES
-) -> tuple[State, State, State]:
+) -> tuple[StateDict, StateDict, StateDict]:
     g = torch.Generator().manual_seed(seed)
     weights = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in shapes.items()}
     delta = {n: torch.randn(s, generator=g) * scale for n, s in shapes.items()}
@@ -39,11 +38,11 @@ def make_case(
     return weights, delta, error
 
 
-def clone(state: State) -> State:
+def clone(state: StateDict) -> StateDict:
     return {n: t.clone() for n, t in state.items()}
 
 
-def same(a: State, b: State) -> bool:
+def same(a: StateDict, b: StateDict) -> bool:
     return set(a) == set(b) and all(torch.equal(a[n], b[n]) for n in a)
 
 
@@ -118,13 +117,6 @@ def test_bits_per_value_at_64_of_4096() -> None:
     assert stats.sent == n_sparse + 512
 
 
-def test_compress_leaves_its_inputs_alone() -> None:
-    weights, delta, error = make_case(9)
-    copies = clone(weights), clone(delta), clone(error)
-    SparseLoCoCodec().compress(delta, error, weights)
-    assert same(weights, copies[0]) and same(delta, copies[1]) and same(error, copies[2])
-
-
 def test_bad_options() -> None:
     with pytest.raises(ValueError):
         SparseLoCoCodec(k=0)
@@ -136,14 +128,14 @@ def test_bad_options() -> None:
 
 
 @pytest.fixture(scope="module")
-def case() -> tuple[State, bytes, CodecStats]:
+def case() -> tuple[StateDict, bytes, CodecStats]:
     weights, delta, error = make_case(10)
     payload, _, stats = SparseLoCoCodec().compress(delta, error, weights)
     return weights, payload, stats
 
 
 def rejects(
-    payload: bytes, weights: State, exc: type[Exception], codec: SparseLoCoCodec | None = None, **kw: int
+    payload: bytes, weights: StateDict, exc: type[Exception], codec: SparseLoCoCodec | None = None, **kw: int
 ) -> None:
     before = clone(weights)
     with pytest.raises(exc) as info:
@@ -161,19 +153,7 @@ def patched(payload: bytes, at: int, data: bytes) -> bytes:
     return payload[:at] + data + payload[at + len(data) :]
 
 
-def test_truncation_and_framing(case: tuple[State, bytes, CodecStats]) -> None:
-    weights, payload, _ = case
-    for cut in sorted({*range(0, 60), *range(len(payload) - 30, len(payload)), len(payload) // 2}):
-        rejects(payload[:cut], weights, TruncatedPayload)
-    rejects(payload + b"\x00", weights, TrailingBytes)
-    rejects(patched(payload, 0, b"PLOC"), weights, UnknownVersion)
-    rejects(patched(payload, 4, b"\x09"), weights, UnknownVersion)
-    rejects(payload, weights, SizeLimitExceeded, max_bytes=len(payload) - 1)
-    rejects(payload, {**weights, "ln.bias": torch.zeros(41, dtype=torch.bfloat16)}, LayoutMismatch)
-    rejects(payload, {n: t for n, t in weights.items() if n != "ln.bias"}, LayoutMismatch)
-
-
-def test_header_lies(case: tuple[State, bytes, CodecStats]) -> None:
+def test_header_lies(case: tuple[StateDict, bytes, CodecStats]) -> None:
     weights, payload, _ = case
     assert payload[_K_AT] == 64
     rejects(payload, weights, MalformedPayload, SparseLoCoCodec(k=32))  # another run's k
@@ -203,21 +183,3 @@ def test_positions_beyond_a_chunk_are_rejected(monkeypatch: pytest.MonkeyPatch, 
     payload = SparseLoCoCodec().compress(delta, error, weights)[0]
     monkeypatch.undo()
     rejects(payload, weights, InvalidPositions)
-
-
-@settings(max_examples=60, deadline=None)
-@given(data=st.data())
-def test_random_corruption_never_escapes_the_error_tree(
-    case: tuple[State, bytes, CodecStats], data: st.DataObject
-) -> None:
-    weights, payload, _ = case
-    at = data.draw(st.integers(0, len(payload) - 1))
-    bad = patched(payload, at, bytes([data.draw(st.integers(0, 255))]))
-    before = clone(weights)
-    try:
-        out = SparseLoCoCodec().decompress(bad, weights)
-    except MalformedPayload:
-        pass
-    else:
-        assert all(bool(torch.isfinite(t).all()) for t in out.values())
-    assert same(weights, before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +28,18 @@ class SimulatedCrash(Exception):
 class Ending:
     chain: list[str]  # state hash after each round
     envelopes: list[bytes]  # signed result of each round
+    patches: list[bytes]  # PULSESync patch of each round
     ratings: dict[str, object]
     indicators: dict[str, float]
     seen: list[str]
     outer_steps: int
 
 
-def ending(v: Validator, chain: list[str], envelopes: list[bytes]) -> Ending:
+def ending(v: Validator, chain: list[str], envelopes: list[bytes], patches: list[bytes]) -> Ending:
     book = v.book
-    return Ending(chain, envelopes, dict(book.ratings), dict(book.indicators), list(book.seen), book.outer_steps)
+    return Ending(
+        chain, envelopes, patches, dict(book.ratings), dict(book.indicators), list(book.seen), book.outer_steps
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +50,16 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Swarm, list
     arena = Arena(
         swarm.validator(tmp_path_factory.mktemp("clean")), [*honest, *swarm.adversaries(KINDS, [m.key for m in honest])]
     )
-    rounds, chain, envelopes = [], [], []
+    rounds, chain, envelopes, patches = [], [], [], []
     for _ in range(ROUNDS):
         subs, _, _ = arena.submissions()
         report = arena.validator.run_round(subs)
         rounds.append(subs)
         chain.append(report.state_hash)
         envelopes.append(report.envelope)
+        patches.append(report.patch)
     assert len(set(chain)) == ROUNDS  # every round moved the weights
-    return swarm, rounds, ending(arena.validator, chain, envelopes)
+    return swarm, rounds, ending(arena.validator, chain, envelopes, patches)
 
 
 def test_restart_after_every_persistence_step(
@@ -77,6 +82,7 @@ def test_restart_after_every_persistence_step(
     current = swarm.reopen(tmp_path, crash_hook=hook)
     chain: list[str] = []
     envelopes: list[bytes] = []
+    patches: list[bytes] = []
     crashes = 0
     while current.round < ROUNDS:
         r = current.round
@@ -84,17 +90,36 @@ def test_restart_after_every_persistence_step(
             report = current.run_round(rounds[r])
             chain.append(report.state_hash)
             envelopes.append(report.envelope)
+            patches.append(report.patch)
         except SimulatedCrash as crash:
             crashes += 1
             current = swarm.reopen(tmp_path, crash_hook=hook)  # the process restarts from disk
             expected = r + 1 if STEPS.index(str(crash)) >= STEPS.index("commit") else r
             assert current.round == expected
             if current.round > r:  # committed before the crash: the result is on disk, ready to republish
-                assert current.last_result is not None
+                assert current.last_result is not None and current.last_patch is not None
                 chain.append(current.state_hash)
                 envelopes.append(current.last_result)
+                patches.append(current.last_patch)
     assert crashes == len(plan) and not pending
-    assert ending(current, chain, envelopes) == clean
+    assert ending(current, chain, envelopes, patches) == clean  # the same bytes, signed result and patch
+
+
+def test_a_round_rerun_from_its_committed_state_gives_the_same_bytes(
+    uninterrupted: tuple[Swarm, list[list[Submission]], Ending], tmp_path: Path
+) -> None:
+    """Two processes that hold the same committed state and get the same submissions publish the
+    same signed result and patch, byte for byte: nothing in a round depends on the process."""
+    swarm, rounds, clean = uninterrupted
+    swarm.validator(tmp_path / "a")
+    first = swarm.reopen(tmp_path / "a")
+    first.run_round(rounds[0])
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    twin = swarm.reopen(tmp_path / "b")
+    for r in range(1, ROUNDS):
+        mine, theirs = first.run_round(rounds[r]), twin.run_round(rounds[r])
+        assert (mine.envelope, mine.patch) == (theirs.envelope, theirs.patch) == (clean.envelopes[r], clean.patches[r])
+        assert mine.outcomes == theirs.outcomes and first.book == twin.book
 
 
 def test_state_round_trips_and_rejects_corruption(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ Files:
 - `intake.py`     cheap checks before decoding: signature, run, round, replay, duplicate, base hash, size, digest
 - `scoring.py`    the `Evaluator` interface, loss gains before/after an evaluation step, indicator, copy sketches
 - `ratings.py`    persistent OpenSkill Plackett-Luce ratings, one match per round, missing/invalid rank last
-- `gauntlet.py`   one round's pipeline: inspect, evaluate, mark copies, select the top G, aggregate
+- `gauntlet.py`   `RoundPipeline`: a round's whole decision (inspect, evaluate, copies, rate, select), the aggregate
 - `atomicfile.py` atomic whole-file writes (temp file, fsync, rename, fsync folder); `node` uses them too
 - `state.py`      the state on disk: atomic files, one commit point per round, resume after a kill
-- `core.py`       `Validator`: owns master, ratings and replay cache; `run_round` -> signed result + patch
+- `core.py`       `Validator`: owns master, ratings and replay cache; `run_round`: screen, decide, step, sign, commit
 
 `validator` imports `protocol`, never `node`.
 """

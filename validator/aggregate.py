@@ -16,23 +16,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
-Update = Mapping[str, torch.Tensor]
+from protocol.state import State, StateDict
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    update: dict[str, torch.Tensor]  # FP32 mean of the clipped updates
+    update: StateDict  # FP32 mean of the clipped updates
     norms: list[float]  # global L2 norm of each input, before clipping
     clip_to: float  # the median norm
     scales: list[float]  # factor each input was multiplied by
 
 
-def global_norm(update: Update) -> float:
+def global_norm(update: State) -> float:
     """L2 norm over every tensor of `update`, accumulated in float64 in sorted-name order."""
     return math.sqrt(sum(float(update[name].double().square().sum()) for name in sorted(update)))
 
@@ -45,7 +43,7 @@ def clip_scales(norms: Sequence[float]) -> tuple[float, list[float]]:
 
 def aggregate(
     payloads: Sequence[bytes],
-    decode: Callable[[bytes], Update],
+    decode: Callable[[bytes], State],
     *,
     norms: Sequence[float] | None = None,
 ) -> Aggregate:
@@ -57,7 +55,7 @@ def aggregate(
     elif len(norms) != len(payloads):
         raise ValueError(f"{len(norms)} norms for {len(payloads)} payloads")
     clip_to, scales = clip_scales(norms)
-    total: dict[str, torch.Tensor] = {}
+    total: StateDict = {}
     for payload, scale in zip(payloads, scales, strict=True):
         update = decode(payload)
         for name in sorted(update):

@@ -1,4 +1,9 @@
-"""The validator's settings: one pydantic model, one docstring per field, checked at load.
+"""The validator's settings: strict pydantic models, one docstring per field, checked at load.
+
+`UpdateRules` (codec, its options, the outer step) and `SelectionRules` (assignment, random
+batches, top G, indicator threshold) are what a run fixes: a run manifest's `[train]` and
+`[selection]` sections are these models, extended (`node/run/manifest.py`), so each field is
+declared once. `GauntletConfig` is both plus the validator's own thresholds.
 
 Defaults follow Templar's Gauntlet where it published a number (evaluation step 0.2 x outer lr,
 indicator average 0.95/0.05, OpenSkill Plackett-Luce beta 7 and tau 0.1) and SparseLoCo's outer
@@ -17,21 +22,55 @@ from protocol.codec_options import CodecOptions
 from protocol.messages import MAX_REJECTIONS, MAX_SELECTED
 from validator.outer import OuterConfig
 
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-class GauntletConfig(BaseModel):
-    """How the validator checks, scores, selects and aggregates one round's submissions."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+class UpdateRules(BaseModel):
+    """How a run's pseudo-gradients travel and reach the master: miners encode with this codec, the
+    validator decodes with it and applies the outer step. A run manifest's `[train]` section is this
+    model plus the miners' inner loop."""
 
-    # -- what the run fixes (miners use the same values) -------------------------------------
+    model_config = _STRICT
+
     codec: str = "sparseloco"
-    """Payload codec of the run (`protocol.codec.REGISTRY`); a header naming another is rejected."""
+    """Pseudo-gradient codec of the run (`protocol.codec.REGISTRY`: 'pulseloco', 'sparseloco', or
+    'dense' for comparisons); a submission whose header names another is rejected."""
     codec_options: CodecOptions = CodecOptions()
-    """The run's codec parameters (k, beta, value format); payloads are decoded with exactly these."""
+    """The codec's parameters (PULSELoCo: value_format; SparseLoCo: k, beta); payloads are encoded and
+    decoded with exactly these."""
+    outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)
+    """Outer step the validator applies to the FP32 master (SparseLoCo: plain SGD, lr 1.0)."""
+
+    @model_validator(mode="after")
+    def _codec_known(self) -> Self:
+        if self.codec not in REGISTRY:
+            raise ValueError(f"codec {self.codec!r} is not one of {sorted(REGISTRY)}")
+        return self
+
+
+class SelectionRules(BaseModel):
+    """The selection settings a run fixes, so miners know them (their data assignment) and every
+    validator of the run applies the same. A run manifest's `[selection]` section is this model plus
+    the evaluation batch sizes."""
+
+    model_config = _STRICT
+
     assignment_batches: int = Field(default=2, ge=1, le=1024)
     """Batches in a miner's data assignment per round (`protocol.assignment`); miners cycle over them."""
-    outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)
-    """Outer step on the FP32 master (SparseLoCo: plain SGD, lr 1.0)."""
+    top_g: int = Field(default=8, ge=1, le=MAX_SELECTED)
+    """At most this many submissions are aggregated per round, the best by final score."""
+    random_batches: int = Field(default=2, ge=1, le=64)
+    """Random training batches R the validator draws each round and scores every submission on."""
+    min_indicator_average: float = Field(default=0.1, ge=0, le=1)
+    """Only miners whose own-data indicator average reaches this are aggregated (three honest rounds
+    from zero)."""
+
+
+class GauntletConfig(UpdateRules, SelectionRules):
+    """How the validator checks, scores, selects and aggregates one round's submissions: what the run
+    fixes (`UpdateRules`, `SelectionRules`), then the validator's own thresholds."""
+
+    model_config = _STRICT
 
     # -- intake ------------------------------------------------------------------------------
     max_submissions: int = Field(default=MAX_REJECTIONS, ge=1, le=MAX_REJECTIONS)
@@ -58,8 +97,6 @@ class GauntletConfig(BaseModel):
     # -- scoring -----------------------------------------------------------------------------
     eval_step_fraction: float = Field(default=0.2, gt=0)
     """The evaluation step is W - (fraction x outer lr) x update, the update clipped to the median norm."""
-    random_batches: int = Field(default=2, ge=1, le=64)
-    """Random training batches R the validator draws each round (the same for every submission)."""
     indicator_margin: float = Field(default=0.05, ge=0)
     """Indicator +1 needs the own-data advantage to exceed this fraction of the reference update's gain on R."""
     indicator_decay: float = Field(default=0.95, ge=0, lt=1)
@@ -72,10 +109,6 @@ class GauntletConfig(BaseModel):
     """A rated miner silent for up to this many rounds ranks last; after that it sits out (rating kept)."""
 
     # -- selection ---------------------------------------------------------------------------
-    top_g: int = Field(default=8, ge=1, le=MAX_SELECTED)
-    """At most this many submissions are aggregated per round, the best by final score."""
-    min_indicator_average: float = Field(default=0.1, ge=0, le=1)
-    """Only miners whose indicator average reaches this are aggregated (three honest rounds from zero)."""
     min_score: float = 0.0
     """Only updates whose relative gain on random data exceeds this are aggregated."""
 
@@ -83,11 +116,12 @@ class GauntletConfig(BaseModel):
     keep_rounds: int = Field(default=2, ge=1)
     """Committed round folders kept on disk (the newest is the one a restart resumes from)."""
 
-    @model_validator(mode="after")
-    def _codec_known(self) -> Self:
-        if self.codec not in REGISTRY:
-            raise ValueError(f"codec {self.codec!r} is not one of {sorted(REGISTRY)}")
-        return self
+    @classmethod
+    def for_run(cls, update: UpdateRules, selection: SelectionRules) -> GauntletConfig:
+        """The settings for a run that fixes `update` and `selection`; the rest keep their defaults."""
+        fixed = {name: getattr(update, name) for name in UpdateRules.model_fields}
+        fixed |= {name: getattr(selection, name) for name in SelectionRules.model_fields}
+        return cls(**fixed)
 
     @property
     def eval_step(self) -> float:

@@ -4,10 +4,12 @@
     v = Validator.open(folder, cfg, run_id, identity, evaluator, batch_fn)             # resume
     report = v.run_round(submissions)   # one Outcome per submission, signed result, patch
 
-`run_round` computes everything for round r from the state of round r, commits the state of
-round r+1 (state.py) and only then adopts it in memory. Inputs are the same after a restart
-(the validator's randomness is a hash of its own signature), so re-running a round that was cut
-off before its commit gives the same result, byte for byte.
+A round: screen (intake.py), decide (`RoundPipeline.decide`, gauntlet.py: outcomes, the selected,
+the next ratings and indicator averages), aggregate and step the master, encode the patch and
+sign the result, commit (state.py). Everything for round r is computed from the state of round
+r; the state of round r+1 is committed and only then adopted in memory. Inputs are the same
+after a restart (the validator's randomness is a hash of its own signature), so re-running a
+round that was cut off before its commit gives the same result and patch, byte for byte.
 """
 
 from __future__ import annotations
@@ -15,24 +17,23 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from protocol import pulsesync
 from protocol.errors import ConfigError, CorruptState
 from protocol.identity import Identity
-from protocol.messages import Rejection, RoundResult, ScoredSubmission
+from protocol.messages import RoundResult
 from protocol.signing import SeenCache, sign
+from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator.config import GauntletConfig
-from validator.gauntlet import Outcome, RoundPipeline, outcomes_and_result, select
+from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing
 from validator.intake import RoundContext, Submission, screen
 from validator.outer import OuterOptimizer
 from validator.ratings import Ratings
-from validator.scoring import BatchFn, Evaluator, RoundSecret, moving_average
+from validator.scoring import BatchFn, Evaluator, RoundSecret
 from validator.state import Book, CrashHook, Snapshot, StateStore
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Validator:
         cfg: GauntletConfig,
         run_id: str,
         identity: Identity,
-        master: Mapping[str, torch.Tensor],
+        master: State,
         evaluator: Evaluator,
         batch_fn: BatchFn,
         *,
@@ -141,73 +142,71 @@ class Validator:
         )
 
     def run_round(self, submissions: Sequence[Submission]) -> RoundReport:
-        """Score, select and aggregate this round's submissions; commit and move to the next round."""
+        """Screen, decide, aggregate and step, encode and sign, commit; then move to the next round."""
         if self._broken:
             raise RuntimeError("a previous round failed midway: reopen the validator from disk")
         start = time.perf_counter()
-        r, cfg = self.round, self.cfg
-        pipeline = RoundPipeline(cfg, self.weights, self.evaluator, self.batch_fn)
-        secret = RoundSecret.derive(self.identity, self.run_id, r)
+        pipeline = RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn)
         screened = screen(submissions, self.context(pipeline), self.seen)
-        inspection = pipeline.inspect(screened.candidates, secret)
-        evaluated = pipeline.evaluate(inspection, secret, self.run_id, r)
-        pipeline.mark_copies(evaluated)
-
-        indicators = dict(self.book.indicators)
-        for a in evaluated:
-            indicators[a.sender] = moving_average(indicators.get(a.sender, 0.0), a.indicator, cfg.indicator_decay)
-        ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
-        last = [a.sender for a in inspection.assessments if a.problem is not None]
-        last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
-        ratings = self.ratings.rate(r, ranked, last)
-        selected, finals, reasons = select(cfg, evaluated, ratings.ordinal, indicators)
-        outcomes, scored, rejections = outcomes_and_result(
-            screened, inspection.assessments, selected, finals, reasons, len(submissions)
-        )
+        secret = RoundSecret.derive(self.identity, self.run_id, self.round)
+        decision = pipeline.decide(screened, secret, self.standing(), run_id=self.run_id, round_=self.round)
 
         self._broken = True  # from here the master changes before the commit
-        update = pipeline.aggregate(selected)
-        if update is not None:
-            self.outer.step(update)
-            del update
-        new_weights = self.outer.bf16_weights()
-        new_hash = state_hash(new_weights)
+        new_weights, new_hash = self._step(pipeline.aggregate(decision.selected))
         patch = pulsesync.encode(self.weights, new_weights, old_hash=self.state_hash, new_hash=new_hash)
-        result = self._result(scored, rejections, patch, new_hash)
+        result = self._result(decision, patch, new_hash)
         envelope = sign(self.identity, result).to_bytes()
-        seen = SeenCache(cfg.seen_capacity, self.seen.ids())
-        for message_id in screened.message_ids:
-            seen.add(message_id)
-        book = Book(
-            round=r + 1,
-            outer_steps=self.outer.steps,
-            ratings=dict(ratings.records),
-            indicators=indicators,
-            seen=seen.ids(),
-            states=[*self.book.states, new_hash][-(cfg.behind_rounds + 1) :],
-        )
-        self.store.commit(Snapshot(book, self.outer.master, self.outer.state_tensors(), envelope, patch))
-        self._adopt(book, envelope, patch)
+        self._commit(decision.standing, screened.message_ids, new_hash, envelope, patch)
         self._broken = False
+
+        seconds = time.perf_counter() - start
         report = RoundReport(
-            r, tuple(outcomes), result, envelope, patch, new_hash, inspection.median, time.perf_counter() - start
+            result.round, decision.outcomes, result, envelope, patch, new_hash, decision.median_norm, seconds
         )
         _log_report(report)
         return report
 
-    def _result(
-        self, scored: tuple[ScoredSubmission, ...], rejections: tuple[Rejection, ...], patch: bytes, new_hash: str
-    ) -> RoundResult:
+    def standing(self) -> Standing:
+        """The miners' ratings and indicator averages this round starts from."""
+        return Standing(self.ratings, self.book.indicators)
+
+    def _step(self, update: StateDict | None) -> tuple[StateDict, str]:
+        """Apply the outer step (none without an update); the new BF16 weights and their hash."""
+        if update is not None:
+            self.outer.step(update)
+            del update
+        new_weights = self.outer.bf16_weights()
+        return new_weights, state_hash(new_weights)
+
+    def _result(self, decision: Decision, patch: bytes, new_hash: str) -> RoundResult:
         return RoundResult(
             run_id=self.run_id,
             round=self.round,
-            selected=scored,
-            rejections=rejections,
+            selected=decision.scored,
+            rejections=decision.rejections,
             base_state_hash=self.state_hash,
             patch_sha256=hashlib.sha256(patch).hexdigest(),
             patch_size=len(patch),
             new_state_hash=new_hash,
         )
+
+    def _commit(
+        self, standing: Standing, message_ids: Sequence[str], new_hash: str, envelope: bytes, patch: bytes
+    ) -> None:
+        """Write the state of the next round (state.py), then adopt it in memory."""
+        seen = SeenCache(self.cfg.seen_capacity, self.seen.ids())
+        for message_id in message_ids:
+            seen.add(message_id)
+        book = Book(
+            round=self.round + 1,
+            outer_steps=self.outer.steps,
+            ratings=dict(standing.ratings.records),
+            indicators=dict(standing.indicators),
+            seen=seen.ids(),
+            states=[*self.book.states, new_hash][-(self.cfg.behind_rounds + 1) :],
+        )
+        self.store.commit(Snapshot(book, self.outer.master, self.outer.state_tensors(), envelope, patch))
+        self._adopt(book, envelope, patch)
 
 
 def _log_report(report: RoundReport) -> None:

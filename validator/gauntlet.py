@@ -1,14 +1,21 @@
-"""The Gauntlet round: from a round's submissions to a signed result and the next state.
+"""The Gauntlet round: from a round's screened submissions to its decision, then the aggregate.
 
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
+    --- RoundPipeline.decide: the whole decision, from the state of round r ---
     inspect                decode one at a time: finite, norm, sketch; the round's median norm;
                            norm far above the median -> rejected, near zero -> free rider
     evaluate (scoring.py)  decode one at a time again: gains on A and R, indicator
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
-    rate (ratings.py)      one OpenSkill match: evaluated by score, everyone else last
+    standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
+                           by score, everyone else last
     select                 final = ordinal x max(indicator average, 0); the top G of the eligible
+    outcomes               one per submission; the selected and rejected entries of the result
+    --- RoundPipeline.aggregate ---
     aggregate              decode the selected one at a time, clip to their median norm, mean
     then (core.py)         outer step, BF16, PULSESync patch, signed RoundResult, commit (state.py)
+
+`decide` changes nothing: it reads the miners' `Standing` of round r and returns the next one in
+its `Decision`, which the validator commits with the new weights or not at all.
 
 Memory: payloads stay compressed; at most one decoded update is alive at a time, beside the
 round's reference update and the aggregate, so a round's peak does not grow with the number of
@@ -24,20 +31,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
-
-import torch
 
 from protocol.assignment import Assignment
 from protocol.codec import default_max_bytes
 from protocol.codec_options import build_codec
 from protocol.errors import ProtocolError
 from protocol.messages import Rejection, ScoredSubmission
+from protocol.state import State, StateDict
 from validator.aggregate import aggregate, global_norm
 from validator.config import GauntletConfig
 from validator.intake import Candidate, Screened, reason_text
+from validator.ratings import Ratings
 from validator.scoring import (
     BatchFn,
     CopyCandidate,
@@ -46,8 +53,8 @@ from validator.scoring import (
     RoundEvaluation,
     RoundSecret,
     Sketch,
-    State,
     copy_owners,
+    moving_average,
 )
 
 
@@ -87,22 +94,73 @@ class Outcome:
     gains: Gains | None = None
 
 
+@dataclass(frozen=True)
+class Standing:
+    """What the validator carries about miners from round to round (committed in the `Book`)."""
+
+    ratings: Ratings
+    indicators: Mapping[str, float]  # moving average of each miner's indicator
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Everything a round decides before the master moves."""
+
+    outcomes: tuple[Outcome, ...]  # one per submission, in arrival order
+    selected: tuple[Assessment, ...]  # to aggregate, best final score first
+    scored: tuple[ScoredSubmission, ...]  # the signed result's selected entries
+    rejections: tuple[Rejection, ...]  # ... and its rejected ones
+    standing: Standing  # ratings and indicator averages after this round
+    median_norm: float
+
+
 @dataclass
 class Inspection:
     assessments: list[Assessment]
     median: float
-    reference: dict[str, torch.Tensor] | None  # mean direction of the admissible updates, at the median norm
+    reference: StateDict | None  # mean direction of the admissible updates, at the median norm
 
 
 class RoundPipeline:
-    """The stateless part of a round: decoding, checks, scores and aggregation for one set of candidates."""
+    """One round's decision and aggregate, from the weights W_r; keeps nothing between rounds."""
 
     def __init__(self, cfg: GauntletConfig, weights: State, evaluator: Evaluator, batch_fn: BatchFn) -> None:
         self.cfg, self.weights, self.evaluator, self.batch_fn = cfg, weights, evaluator, batch_fn
         self.codec = build_codec(cfg.codec, cfg.codec_options)
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
 
-    def decode(self, payload: bytes) -> dict[str, torch.Tensor]:
+    def decide(
+        self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
+    ) -> Decision:
+        """Inspect, evaluate, mark copies, rate, select: the round's outcomes and the next standing."""
+        inspection = self.inspect(screened.candidates, secret)
+        evaluated = self.evaluate(inspection, secret, run_id, round_)
+        self.mark_copies(evaluated)
+        after = self.rate(round_, standing, screened, inspection, evaluated)
+        selected, finals, reasons = select(self.cfg, evaluated, after.ratings.ordinal, after.indicators)
+        outcomes, scored, rejections = outcomes_and_result(
+            screened, inspection.assessments, selected, finals, reasons, screened.total
+        )
+        return Decision(tuple(outcomes), tuple(selected), scored, rejections, after, inspection.median)
+
+    def rate(
+        self,
+        round_: int,
+        standing: Standing,
+        screened: Screened,
+        inspection: Inspection,
+        evaluated: Sequence[Assessment],
+    ) -> Standing:
+        """Indicator averages of the evaluated, and one rating match: evaluated by score, the rest last."""
+        indicators = dict(standing.indicators)
+        for a in evaluated:
+            indicators[a.sender] = moving_average(indicators.get(a.sender, 0.0), a.indicator, self.cfg.indicator_decay)
+        ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
+        last = [a.sender for a in inspection.assessments if a.problem is not None]
+        last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
+        return Standing(standing.ratings.rate(round_, ranked, last), indicators)
+
+    def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
 
     def inspect(self, candidates: Sequence[Candidate], secret: RoundSecret) -> Inspection:
@@ -110,7 +168,7 @@ class RoundPipeline:
         offset = secret.sketch_offset(self.cfg.sketch_stride)
         first: dict[str, Assessment] = {}  # payload hash -> its first submission
         out: list[Assessment] = []
-        directions: dict[str, torch.Tensor] | None = None  # sum of update / norm
+        directions: StateDict | None = None  # sum of update / norm
         for c in candidates:
             out.append(a := Assessment(c))
             if c.header.payload_sha256 in first:
@@ -135,7 +193,7 @@ class RoundPipeline:
             reference = {name: t.mul_(median / kept) for name, t in directions.items()}
         return Inspection(out, median, reference)
 
-    def _measure(self, a: Assessment, offset: int) -> dict[str, torch.Tensor] | None:
+    def _measure(self, a: Assessment, offset: int) -> StateDict | None:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
         try:
             update = self.decode(a.candidate.payload)
@@ -191,7 +249,7 @@ class RoundPipeline:
             if a.index in owners:
                 a.problem, a.copy = f"copy of {sender[owners[a.index]][:16]}'s submission", True
 
-    def aggregate(self, selected: Sequence[Assessment]) -> dict[str, torch.Tensor] | None:
+    def aggregate(self, selected: Sequence[Assessment]) -> StateDict | None:
         if not selected:
             return None
         result = aggregate([a.candidate.payload for a in selected], self.decode, norms=[a.norm for a in selected])
@@ -199,7 +257,10 @@ class RoundPipeline:
 
 
 def select(
-    cfg: GauntletConfig, evaluated: Sequence[Assessment], ordinal: Callable[[str], float], averages: dict[str, float]
+    cfg: GauntletConfig,
+    evaluated: Sequence[Assessment],
+    ordinal: Callable[[str], float],
+    averages: Mapping[str, float],
 ) -> tuple[list[Assessment], dict[int, float], dict[int, str]]:
     """(selected, final score by index, reason by index for the evaluated ones not selected)."""
     finals: dict[int, float] = {}
@@ -266,7 +327,7 @@ def outcomes_and_result(
     return ordered, scored, rejections
 
 
-def _accumulate(total: dict[str, torch.Tensor] | None, update: State, scale: float) -> dict[str, torch.Tensor]:
+def _accumulate(total: StateDict | None, update: State, scale: float) -> StateDict:
     if total is None:
         return {name: t.mul(scale) for name, t in update.items()}
     for name, t in update.items():

@@ -86,6 +86,7 @@ class Screened:
     refusals: list[Refusal] = field(default_factory=list)
     message_ids: list[str] = field(default_factory=list)  # to remember once the round commits
     senders: list[str] = field(default_factory=list)  # signed senders of this round (one entry each)
+    total: int = 0  # submissions screened: every index below this is a candidate or a refusal
 
 
 def reason_text(text: str) -> str:
@@ -104,6 +105,7 @@ def screen(submissions: Sequence[Submission], ctx: RoundContext, seen: SeenCache
             out.candidates.append(verdict)
         else:
             out.refusals.append(verdict)
+    out.total = len(submissions)
     return out
 
 

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from protocol.identity import Identity
+from protocol.state import State
 
-State = Mapping[str, torch.Tensor]
 Batch = Any  # opaque to the validator: whatever the node's batch function returns
 BatchFn = Callable[[int], Batch]  # batch seed -> batch of the run's training split
 

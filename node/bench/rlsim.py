@@ -29,8 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from node.learn.model import GPT, build_gpt
 from node.learn.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
 from node.learn.rl.generate import rollout_groups, rollout_seed
@@ -45,12 +43,12 @@ from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.rollouts import RolloutBatch, RolloutGroup
 from protocol.signing import sign
+from protocol.state import State
 from protocol.statehash import state_hash
 from validator.core import Validator
 from validator.intake import Submission
 
 log = logging.getLogger(__name__)
-State = dict[str, torch.Tensor]
 Progress = Callable[[str], None]
 
 

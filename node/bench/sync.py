@@ -45,10 +45,10 @@ from node.bench.trace import HF_MODELS, hf_trace_dir, make_hf_trace, make_trace,
 from node.learn.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
 from node.learn.data import stdlib_corpus
 from protocol import pulsesync
+from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from protocol.tensorbytes import bits
 
-State = dict[str, torch.Tensor]
 MODELS = ("tiny", *HF_MODELS)
 DEFAULT_TRACE_STEPS = {"tiny": 40, "qwen2-0.5b": 3}
 MEMORY_TARGET = 0.25  # extra peak memory of encode and of apply, as a share of one BF16 state
@@ -118,7 +118,7 @@ def _trace(args: argparse.Namespace, steps: int) -> Path:
     return trace_dir
 
 
-def _pairs(trace_dir: Path, delay: int, device: torch.device) -> Iterator[tuple[State, State]]:
+def _pairs(trace_dir: Path, delay: int, device: torch.device) -> Iterator[tuple[StateDict, StateDict]]:
     for old, new in trace_pairs(trace_dir, delay):
         yield {n: t.to(device) for n, t in old.items()}, {n: t.to(device) for n, t in new.items()}
 

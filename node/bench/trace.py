@@ -19,7 +19,7 @@ import argparse
 import copy
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from node.learn.train import (
     evaluate,
     inner_train,
 )
+from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator.atomicfile import write_atomic
 
@@ -53,13 +54,11 @@ FORMAT = "pulse-trace/v2"  # v2: the manifest's digests are state hashes v2 (pro
 EVAL_BATCHES = 8  # held-out batches for the loss column
 MASTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-State = dict[str, torch.Tensor]
-
 
 @dataclass
 class Trace:
     lr: float
-    states: list[State]  # BF16, steps + 1 of them: before the first step, then after each
+    states: list[StateDict]  # BF16, steps + 1 of them: before the first step, then after each
     losses: list[float]  # training loss of each step
     model: GPT  # the master weights after the last step
 
@@ -76,7 +75,7 @@ def trace_states(model: GPT, lr: float, steps: int, batches: BatchFn) -> Trace:
     return Trace(lr, states, losses, model)
 
 
-def unchanged_fraction(states: list[State], k: int) -> float | None:
+def unchanged_fraction(states: Sequence[State], k: int) -> float | None:
     """Mean over t of the fraction of weights with identical bits in states t and t+k (None if k too big)."""
     if k >= len(states):
         return None
@@ -85,12 +84,12 @@ def unchanged_fraction(states: list[State], k: int) -> float | None:
     return sum(fractions) / len(fractions)
 
 
-def _same_bits(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> int:
+def _same_bits(a: State, b: State) -> int:
     # compare bit patterns, not values: -0.0 == 0.0 would hide a change the patch must carry
     return sum(int((a[n].view(torch.int16) == b[n].view(torch.int16)).sum()) for n in a)
 
 
-def write_trace(out_dir: Path, states: list[State], info: dict[str, Any]) -> None:
+def write_trace(out_dir: Path, states: Sequence[StateDict], info: dict[str, Any]) -> None:
     """Write `states` as step files and the manifest (last, so a present manifest means a whole trace)."""
     begin_trace(out_dir)
     files = [write_step(out_dir, i, state) for i, state in enumerate(states)]
@@ -103,7 +102,7 @@ def begin_trace(out_dir: Path) -> None:
     (out_dir / MANIFEST).unlink(missing_ok=True)
 
 
-def write_step(out_dir: Path, i: int, state: State) -> dict[str, str]:
+def write_step(out_dir: Path, i: int, state: StateDict) -> dict[str, str]:
     """Write state i of a trace; its manifest entry."""
     digest = state_hash(state)
     name = f"step_{i:04d}.safetensors"
@@ -128,7 +127,7 @@ def read_manifest(trace_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def iter_trace(trace_dir: Path) -> Iterator[State]:
+def iter_trace(trace_dir: Path) -> Iterator[StateDict]:
     """The BF16 states of a written trace in step order, each checked against its manifest SHA-256."""
     for entry in read_manifest(trace_dir)["files"]:
         name = entry["file"]
@@ -140,9 +139,9 @@ def iter_trace(trace_dir: Path) -> Iterator[State]:
         yield state
 
 
-def trace_pairs(trace_dir: Path, delay: int) -> Iterator[tuple[State, State]]:
+def trace_pairs(trace_dir: Path, delay: int) -> Iterator[tuple[StateDict, StateDict]]:
     """(state t, state t + delay) for every t, holding only delay + 1 states at a time."""
-    window: list[State] = []
+    window: list[StateDict] = []
     for state in iter_trace(Path(trace_dir)):
         window.append(state)
         if len(window) > delay:
@@ -150,7 +149,7 @@ def trace_pairs(trace_dir: Path, delay: int) -> Iterator[tuple[State, State]]:
             window.pop(0)
 
 
-def load_trace(trace_dir: Path) -> list[State]:
+def load_trace(trace_dir: Path) -> list[StateDict]:
     """All states of a trace (steps + 1 of them, ~6.5 MB each for the default model)."""
     return list(iter_trace(Path(trace_dir)))
 

@@ -17,7 +17,7 @@ from torch import nn
 class GPTConfig(BaseModel):
     """Sizes of the embedded GPT. The defaults give ~3.3M parameters."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     vocab_size: int = Field(default=256, ge=2)
     """Tokens are bytes, so 256."""

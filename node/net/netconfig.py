@@ -18,7 +18,7 @@ from protocol.errors import ConfigError
 class NetConfig(BaseModel):
     """How this node joins the swarm. Bad values fail at construction with the field named."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     initial_peers: tuple[str, ...] = ()
     """Multiaddrs of peers to dial first, each ending in /p2p/<peer id> (from `pulse dht`)."""

@@ -50,7 +50,7 @@ class Status(enum.IntEnum):
 class TransferLimits(BaseModel):
     """Caps and timeouts for blob streams, both directions."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     max_blob_bytes: int = Field(default=4 * 2**30, ge=0)
     """Largest blob this node serves or accepts."""

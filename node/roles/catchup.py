@@ -25,11 +25,11 @@ from node.net.peer import Peer
 from protocol import pulsesync
 from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch, TransferError
 from protocol.messages import RoundResult
+from protocol.state import State
 from protocol.statehash import state_hash
 
 log = logging.getLogger(__name__)
 
-State = dict[str, torch.Tensor]
 CHECKPOINT_FORMAT = "safetensors"
 
 

@@ -20,8 +20,6 @@ import logging
 import time
 from pathlib import Path
 
-import torch
-
 from node.events import Events, mb
 from node.net.netconfig import NetConfig
 from node.net.peer import Peer, Role
@@ -36,10 +34,10 @@ from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
+from protocol.state import State
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
-State = dict[str, torch.Tensor]
 
 
 class Node:

@@ -27,11 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from node.learn.model import GPTConfig
 from node.learn.rl.config import RLConfig
 from node.learn.train import InnerOptimConfig
-from protocol.codec import REGISTRY, Codec
-from protocol.codec_options import CodecOptions, build_codec
+from protocol.codec import Codec
+from protocol.codec_options import build_codec
 from protocol.errors import ConfigError
-from validator.config import GauntletConfig
-from validator.outer import OuterConfig
+from validator.config import GauntletConfig, SelectionRules, UpdateRules
 
 PublicKeyHex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -83,8 +82,9 @@ class DataSection(BaseModel):
         return self
 
 
-class TrainSection(BaseModel):
-    """The miners' inner loop (DiLoCo: H local AdamW steps per round)."""
+class TrainSection(UpdateRules):
+    """The miners' inner loop (DiLoCo: H local AdamW steps per round), and how its result reaches
+    the master: the codec, its options and the outer step (`validator.config.UpdateRules`)."""
 
     model_config = _STRICT
 
@@ -95,18 +95,6 @@ class TrainSection(BaseModel):
     overlap: bool = True
     """Miners train round r+1 from W_r while round r is scored, and submit that one-round-stale
     pseudo-gradient for r+1 (as in overlapped / streaming DiLoCo), so they do not sit idle."""
-    codec: str = "sparseloco"
-    """Pseudo-gradient codec: 'pulseloco', 'sparseloco' (or 'dense', for comparisons)."""
-    codec_options: CodecOptions = CodecOptions()
-    """The codec's parameters (PULSELoCo: value_format; SparseLoCo: k, beta); part of the run id."""
-    outer: OuterConfig = OuterConfig(lr=1.0, momentum=0.0)
-    """Outer step the validator applies to the FP32 master."""
-
-    @model_validator(mode="after")
-    def _codec_known(self) -> Self:
-        if self.codec not in REGISTRY:
-            raise ValueError(f"codec {self.codec!r} is not one of {sorted(REGISTRY)}")
-        return self
 
 
 class RoundSection(BaseModel):
@@ -124,21 +112,14 @@ class RoundSection(BaseModel):
     """How long round results, checkpoints and heartbeats live in the DHT."""
 
 
-class SelectionSection(BaseModel):
-    """The Gauntlet settings a run fixes (the rest keep `GauntletConfig`'s defaults)."""
+class SelectionSection(SelectionRules):
+    """The Gauntlet settings a run fixes (`validator.config.SelectionRules`; the validator's other
+    thresholds keep `GauntletConfig`'s defaults), and the sizes of its evaluation batches."""
 
     model_config = _STRICT
 
-    top_g: int = Field(default=8, ge=1, le=64)
-    """At most this many submissions are aggregated per round."""
-    assignment_batches: int = Field(default=2, ge=1, le=1024)
-    """Batches in a miner's data assignment per round; miners cycle over them."""
-    random_batches: int = Field(default=2, ge=1, le=64)
-    """Random batches the validator scores every submission on."""
     eval_batch_size: int = Field(default=8, ge=1, le=4096)
     """Sequences per scoring batch (a prefix of the miners' batch of the same seed)."""
-    min_indicator_average: float = Field(default=0.1, ge=0, le=1)
-    """A miner is aggregated only once its own-data indicator average reaches this."""
     held_out_batches: int = Field(default=4, ge=0, le=1024)
     """Held-out batches the validator reports the loss on after each round (0: no report)."""
 
@@ -156,10 +137,15 @@ class Manifest(BaseModel):
     """'lm': language-model training on the corpus; 'rl': GRPO post-training with rollouts from the
     run's inference workers (followers), on the arithmetic task of `[rl]`."""
     model: ModelSection = ModelSection()
+    """The model the run trains and how its initial weights W_0 are made."""
     data: DataSection = DataSection()
+    """The corpus miners train on and the validator scores on."""
     train: TrainSection = TrainSection()
+    """The miners' inner loop, the codec and the outer step."""
     round: RoundSection = RoundSection()
+    """Round deadlines, checkpoints and DHT record lifetimes."""
     selection: SelectionSection = SelectionSection()
+    """What the Gauntlet fixes for the run: assignments, scoring batches, top G, indicator threshold."""
     rl: RLConfig = RLConfig()
     """The RL task, GRPO and rollout settings (read when `task = "rl"`)."""
 
@@ -187,16 +173,8 @@ class Manifest(BaseModel):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
 
     def gauntlet(self) -> GauntletConfig:
-        s = self.selection
-        return GauntletConfig(
-            codec=self.train.codec,
-            codec_options=self.train.codec_options,
-            assignment_batches=s.assignment_batches,
-            outer=self.train.outer,
-            top_g=s.top_g,
-            random_batches=s.random_batches,
-            min_indicator_average=s.min_indicator_average,
-        )
+        """The validator library's settings: what `[train]` and `[selection]` fix, defaults otherwise."""
+        return GauntletConfig.for_run(self.train, self.selection)
 
     def with_validators(self, keys: list[str]) -> Manifest:
         """A copy naming `keys` as the validators (a different run id)."""

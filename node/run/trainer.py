@@ -18,8 +18,7 @@ from node.run.setup import RunSetup
 from protocol.assignment import Assignment
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
-
-State = dict[str, torch.Tensor]
+from protocol.state import State
 
 
 class Trainer:

@@ -33,11 +33,11 @@ from protocol.codec_options import CodecOptions, build_codec
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
+from protocol.state import State
 from protocol.wire import Reader
 from validator.aggregate import global_norm
 from validator.intake import Submission
 
-State = dict[str, torch.Tensor]
 T = TypeVar("T")
 KINDS = ("copycat", "thief", "signflip", "noise", "freerider", "nan", "replay", "behind")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
+
+from tests.helpers import poll
 
 
 def _stat(pid: int) -> tuple[int, str] | None:
@@ -43,12 +44,8 @@ def descendants(root: int | None = None) -> set[int]:
 
 def wait_gone(pids: set[int], timeout: float) -> set[int]:
     """Poll until none of `pids` is alive or `timeout` passes; returns the survivors."""
-    deadline = time.monotonic() + timeout
-    survivors = {pid for pid in pids if alive(pid)}
-    while survivors and time.monotonic() < deadline:
-        time.sleep(0.05)
-        survivors = {pid for pid in survivors if alive(pid)}
-    return survivors
+    poll(lambda: not any(alive(pid) for pid in pids), timeout, interval=0.05)
+    return {pid for pid in pids if alive(pid)}
 
 
 def kill(pids: set[int]) -> None:

@@ -31,6 +31,7 @@ from protocol.errors import NetworkError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SeenCache, sign
+from tests import helpers
 
 pytestmark = pytest.mark.swarm
 
@@ -88,10 +89,7 @@ def header(identity: Identity, round_: int, run_id: str = RUN) -> SubmissionHead
 
 def poll(check: Callable[[], Any], timeout: float = SETTLE_S) -> Any:
     """`check()` once it is truthy, or its last value after `timeout` (bounded polling)."""
-    deadline = time.monotonic() + timeout
-    while not (result := check()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return result
+    return helpers.poll(check, timeout)
 
 
 async def _stored_subkeys(_dht: hivemind.DHT, node: Any, key: str) -> list[Any]:

@@ -8,7 +8,6 @@ refused with their reason and left out of later pools.
 
 from __future__ import annotations
 
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,8 @@ import pytest
 
 from node.commands.roles import RL_CONFIG
 from node.run.manifest import parse_manifest
-from node.swarm.demo import Proc, Swarm, prepare, read_events, summarize
+from node.swarm.demo import Proc, Swarm, prepare, summarize
+from tests.helpers import events, wait_exits
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3
@@ -55,14 +55,13 @@ def test_rl_round_trip_with_lying_workers(swarm: tuple[Swarm, Path, list[Path]])
     honest += [s.start_role(f"worker{i}", "follow", None) for i in range(2)]
     liars = [start_liar(s, "liar_reward", "reward"), start_liar(s, "liar_state", "state")]
 
-    deadline = time.monotonic() + WAIT
+    wait_exits([proc.popen for proc in honest], WAIT)
     for proc in honest:
-        proc.popen.wait(max(deadline - time.monotonic(), 1.0))
         assert proc.popen.returncode == 0, proc.log.read_text(errors="replace")[-2000:]
     for proc in liars:
         assert proc.popen.poll() in (None, 0), proc.log.read_text(errors="replace")[-2000:]
 
-    records = read_events(s.out / "events")
+    records = events(s.out)
     summary = summarize(records, ROUNDS)
     assert summary["rounds"] == ROUNDS
     finals = summary["final_state_hashes"]

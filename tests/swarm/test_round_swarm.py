@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +20,8 @@ import pytest
 
 from node.commands.roles import DEFAULT_CONFIG
 from node.run.manifest import Manifest, parse_manifest
-from node.swarm.demo import Proc, Swarm, prepare, read_events, summarize
+from node.swarm.demo import Proc, Swarm, prepare, summarize
+from tests.helpers import events, has_event, wait_exits, wait_for
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3
@@ -47,28 +47,20 @@ def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
 
 
 def _events(swarm: Swarm) -> list[dict[str, Any]]:
-    return read_events(swarm.out / "events")
+    return events(swarm.out)
 
 
 def _wait(swarm: Swarm, what: str, found: Callable[[list[dict[str, Any]]], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if found(_events(swarm)):
-            return
-        time.sleep(0.2)
-    logs = {p.name: p.read_text(errors="replace")[-1500:] for p in (swarm.out / "logs").glob("*.log")}
-    raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
+    wait_for(lambda: found(_events(swarm)), WAIT, what, logs=swarm.out / "logs")
 
 
 def _has(name: str, event: str, round_: int | None = None) -> Callable[[list[dict[str, Any]]], bool]:
-    return lambda records: any(
-        r["name"] == name and r["event"] == event and (round_ is None or r.get("round") == round_) for r in records
-    )
+    return lambda records: has_event(records, name, event, round_)
 
 
 def _finish(swarm: Swarm, workers: list[Proc]) -> dict[str, Any]:
+    wait_exits([proc.popen for proc in workers], WAIT)
     for proc in workers:
-        proc.popen.wait(WAIT)
         assert proc.popen.returncode == 0, proc.log.read_text(errors="replace")[-2000:]
     return summarize(_events(swarm), ROUNDS)
 

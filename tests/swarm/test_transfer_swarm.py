@@ -39,6 +39,7 @@ from protocol.errors import (
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SignedMessage, Verified, sign
+from tests.helpers import apoll
 from tests.swarm import procs
 from tests.swarm.blob_peer import Fault
 
@@ -55,10 +56,7 @@ def run(scenario: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
 
 
 async def poll(check: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    return check()
+    return await apoll(check, timeout)
 
 
 async def p2p_pair(*initial: list[str]) -> P2P:
@@ -458,11 +456,7 @@ async def _spread(nodes: list[PulseDHT], tmp_path: Path) -> None:
 
 async def _await_sync(check: Callable[[], Any], timeout: float = 15.0) -> Any:
     """Poll a blocking DHT check from async code without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    deadline = time.monotonic() + timeout
-    while not (result := await loop.run_in_executor(None, check)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    return result
+    return await apoll(check, timeout, interval=0.1, blocking=True)
 
 
 async def _maddrs(p2p: P2P) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -33,8 +33,7 @@ from node.learn.rl.grpo import RolloutTensors, kl_k3, rollout_tensors, surrogate
 from node.learn.rl.task import reward
 from node.learn.train import load_state, unique_state
 from protocol.rollouts import RolloutGroup
-
-State = Mapping[str, torch.Tensor]
+from protocol.state import State
 
 
 class GRPOEvaluator:

@@ -30,9 +30,9 @@ from node.learn.rl.config import RLConfig
 from node.learn.rl.task import reward
 from node.learn.train import InnerOptimConfig, load_bf16_state, load_state, make_optimizer, unique_state
 from protocol.rollouts import RolloutGroup
+from protocol.state import State
 
 ADVANTAGE_EPS = 1e-4
-State = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
-
 from node.events import Events
 from node.learn.model import CausalLM
 from node.learn.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
@@ -21,8 +19,7 @@ from node.learn.train import load_bf16_state
 from node.net.peer import Peer
 from node.roles.rl.pool import PoolKeeper
 from node.run.setup import RunSetup
-
-State = Mapping[str, torch.Tensor]
+from protocol.state import State
 
 
 class RLValidation:

@@ -28,10 +28,10 @@ from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
 from protocol.sparseloco import CHUNK, SparseLoCoCodec
+from protocol.state import State
 from protocol.wire import Reader, Writer
 from validator.intake import Submission
 
-State = dict[str, torch.Tensor]
 BOMB_BYTES = 1 << 30  # what the zstd frame expands to
 
 

@@ -49,6 +49,7 @@ from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SignedMessage
+from protocol.state import State
 from validator.intake import Submission
 
 T = TypeVar("T")
@@ -65,7 +66,7 @@ class Hostile:
         self.fake = crafting.fake_setup(setup)
         self.trainers: dict[tuple[str, str], Miner] = {}
         self.history: list[tuple[int, Submission]] = []  # (round sent, submission) of stored pushes
-        self.previous: tuple[dict[str, torch.Tensor], str] | None = None
+        self.previous: tuple[State, str] | None = None
         self.deadline = 0.0
         self.tasks: list[asyncio.Task[None]] = []
         self.mine = {k.public_hex for k in keys}

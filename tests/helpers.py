@@ -1,0 +1,71 @@
+"""Bounded waiting for tests: poll a condition until a timeout, and read a swarm's event logs.
+
+    found = poll(lambda: reader.get(SubmissionHeader, 1), timeout=10)     # truthy, or the last value
+    await apoll(lambda: service.active == 0, timeout=10)                  # the same from async code
+    wait_for(lambda: has_event(events(out), "miner0", "submitted"), 150, "miner0's submission")
+
+Every wait has a timeout; `wait_for` raises with what it waited for (and the logs it was given),
+`poll`/`apoll` return the last value so the caller's assert says what was wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Record = dict[str, Any]
+
+
+def poll(check: Callable[[], T], timeout: float, interval: float = 0.1) -> T:
+    """`check()` as soon as it is truthy, or its value at `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()) and time.monotonic() < deadline:
+        time.sleep(interval)
+    return result
+
+
+async def apoll(check: Callable[[], T], timeout: float, interval: float = 0.02, *, blocking: bool = False) -> T:
+    """`poll` for async code; `blocking=True` runs `check` in an executor so it cannot stall the loop."""
+    loop = asyncio.get_running_loop()
+
+    async def value() -> T:
+        return await loop.run_in_executor(None, check) if blocking else check()
+
+    deadline = time.monotonic() + timeout
+    while not (result := await value()) and time.monotonic() < deadline:
+        await asyncio.sleep(interval)
+    return result
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str, logs: Path | None = None) -> None:
+    """Return once `check()` is truthy; else fail naming `what`, with the tail of each log in `logs`."""
+    if poll(check, timeout, interval=0.2):
+        return
+    tails = {p.name: p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("*.log"))} if logs else {}
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; logs: {tails}")
+
+
+def wait_exits(popens: Sequence[subprocess.Popen[Any]], timeout: float) -> None:
+    """Wait for every process to exit within one shared `timeout` (TimeoutExpired otherwise)."""
+    deadline = time.monotonic() + timeout
+    for popen in popens:
+        popen.wait(max(deadline - time.monotonic(), 0.1))
+
+
+def events(out: Path) -> list[Record]:
+    """Every event the swarm in `out` has written so far (`out/events/*.jsonl`)."""
+    from node.swarm.demo import read_events  # here, not at the top: it imports torch, polling needs none
+
+    return read_events(out / "events")
+
+
+def has_event(records: Iterable[Record], name: str, event: str, round_: int | None = None) -> bool:
+    """Whether node `name` emitted `event` (in round `round_`, if given)."""
+    return any(
+        r["name"] == name and r["event"] == event and (round_ is None or r.get("round") == round_) for r in records
+    )

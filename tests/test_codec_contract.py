@@ -1,0 +1,157 @@
+"""The codec contract (protocol/codec.py), for every codec in the registry.
+
+Each registered codec must: round-trip (decompress(payload) + new error == carried buffer + delta,
+to within one FP32 rounding), produce the same bytes for the same inputs, leave the caller's
+tensors alone (compress and decompress), and reject hostile payloads with the specific
+`MalformedPayload` subclass: truncation anywhere, trailing bytes, the caller's size cap, another
+layout, another codec's payload; a corrupted byte either raises one or decodes to finite tensors
+of the right shapes. Codec-specific properties (gating, top-k, crafted headers) stay in
+test_pulseloco.py and test_sparseloco.py; the dense codec's, which has no file of its own, at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.codec import REGISTRY, Codec, CodecStats, DenseCodec, make_codec
+from protocol.errors import (
+    LayoutMismatch,
+    MalformedPayload,
+    SizeLimitExceeded,
+    TrailingBytes,
+    TruncatedPayload,
+    UnknownVersion,
+)
+from protocol.state import State, StateDict
+
+CODECS = sorted(REGISTRY)
+# a 2-D tensor of whole 64x64 tiles, a small square one, a 1-D one and one of odd shape
+SHAPES = {"attn.weight": (128, 192), "ln.bias": (40,), "odd.weight": (100, 50), "wte.weight": (64, 64)}
+
+
+def make_case(seed: int, scale: float = 1e-3) -> tuple[StateDict, StateDict, StateDict]:
+    """(BF16 weights, FP32 delta, FP32 error buffer); some zero weights, where any update shows."""
+    g = torch.Generator().manual_seed(seed)
+    weights = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in SHAPES.items()}
+    weights["ln.bias"][:5] = 0
+    delta = {n: torch.randn(s, generator=g) * scale for n, s in SHAPES.items()}
+    error = {n: torch.randn(s, generator=g) * scale / 4 for n, s in SHAPES.items()}
+    return weights, delta, error
+
+
+def clone(state: State) -> StateDict:
+    return {n: t.clone() for n, t in state.items()}
+
+
+def same(a: State, b: State) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.fixture(scope="module", params=CODECS)
+def case(request: pytest.FixtureRequest) -> tuple[Codec, StateDict, bytes]:
+    codec = make_codec(request.param)
+    weights, delta, error = make_case(6)
+    return codec, weights, codec.compress(delta, error, weights)[0]
+
+
+def rejects(codec: Codec, payload: bytes, weights: State, exc: type[Exception], **kw: int) -> None:
+    before = clone(weights)
+    with pytest.raises(exc) as info:
+        codec.decompress(payload, weights, **kw)
+    assert info.type is exc, f"{codec.name}: expected {exc.__name__}, got {info.type.__name__}: {info.value}"
+    assert same(weights, before)
+
+
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("with_error", [False, True])
+def test_round_trip_keeps_the_error_feedback_invariant(name: str, with_error: bool) -> None:
+    codec = make_codec(name)
+    weights, delta, error = make_case(1)
+    buffer = error if with_error else None
+    payload, new_error, stats = codec.compress(delta, buffer, weights)
+    sent = codec.decompress(payload, weights)
+    carry = getattr(codec, "beta", 1.0) if with_error else 0.0  # SparseLoCo decays its buffer by beta
+    assert set(sent) == set(new_error) == set(weights)
+    for n, w in weights.items():
+        assert sent[n].dtype == new_error[n].dtype == torch.float32 and sent[n].shape == w.shape
+        acc = error[n] * carry + delta[n]
+        assert torch.allclose(sent[n] + new_error[n], acc, rtol=1e-6, atol=1e-9), n
+    assert 0 < stats.sent <= stats.elements == sum(t.numel() for t in weights.values())
+    assert stats.payload_bytes == len(payload)
+    assert codec.compress(delta, buffer, weights)[0] == payload  # the same inputs give the same bytes
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_caller_tensors_are_left_alone(name: str) -> None:
+    codec = make_codec(name)
+    weights, delta, error = make_case(9)
+    copies = clone(weights), clone(delta), clone(error)
+    payload, new_error, _ = codec.compress(delta, error, weights)
+    assert same(weights, copies[0]) and same(delta, copies[1]) and same(error, copies[2])
+    sent = codec.decompress(payload, weights)
+    assert same(weights, copies[0])
+    for n in weights:  # the outputs are the caller's to modify: no view of an input
+        for out in (sent[n], new_error[n]):
+            assert all(out.data_ptr() != t[n].data_ptr() for t in (weights, delta, error))
+
+
+def test_registry_names_its_codecs() -> None:
+    assert {make_codec(name).name for name in CODECS} == set(CODECS)
+    assert len({make_codec(name).magic for name in CODECS}) == len(CODECS)
+    with pytest.raises(KeyError):
+        make_codec("nope")
+
+
+def test_truncation_anywhere_is_truncation(case: tuple[Codec, StateDict, bytes]) -> None:
+    codec, weights, payload = case
+    for cut in sorted({*range(0, 64), *range(len(payload) - 40, len(payload)), len(payload) // 2}):
+        rejects(codec, payload[:cut], weights, TruncatedPayload)
+
+
+def test_trailing_bytes_cap_and_layout(case: tuple[Codec, StateDict, bytes]) -> None:
+    codec, weights, payload = case
+    rejects(codec, payload + b"\x00", weights, TrailingBytes)
+    rejects(codec, payload, weights, SizeLimitExceeded, max_bytes=len(payload) - 1)
+    rejects(codec, b"XXXX" + payload[4:], weights, UnknownVersion)
+    rejects(codec, payload[:4] + bytes([payload[4] + 1]) + payload[5:], weights, UnknownVersion)
+    rejects(codec, payload, {**weights, "ln.bias": torch.zeros(41, dtype=torch.bfloat16)}, LayoutMismatch)
+    rejects(codec, payload, {n: t for n, t in weights.items() if n != "ln.bias"}, LayoutMismatch)
+    for other in CODECS:
+        if other != codec.name:
+            theirs = make_codec(other).compress(*make_case(6)[1:], weights)[0]
+            rejects(codec, theirs, weights, UnknownVersion)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_corruption_never_escapes_the_error_tree(
+    case: tuple[Codec, StateDict, bytes], data: st.DataObject
+) -> None:
+    codec, weights, payload = case
+    at = data.draw(st.integers(0, len(payload) - 1))
+    bad = payload[:at] + bytes([data.draw(st.integers(0, 255))]) + payload[at + 1 :]
+    before = clone(weights)
+    try:
+        out = codec.decompress(bad, weights)
+    except MalformedPayload:
+        pass
+    else:
+        assert set(out) == set(weights)
+        assert all(out[n].shape == weights[n].shape and bool(torch.isfinite(out[n]).all()) for n in out)
+    assert same(weights, before)
+
+
+# -- the dense codec (DiLoCo): exact, keeps nothing --------------------------------------------
+
+
+def test_dense_codec_is_exact_and_keeps_no_error() -> None:
+    weights, delta, error = make_case(4)
+    codec = make_codec("dense")
+    assert isinstance(codec, DenseCodec)
+    payload, new_error, stats = codec.compress(delta, error, weights)
+    out = codec.decompress(payload, weights)
+    assert all(torch.equal(out[n], error[n] + delta[n]) and not new_error[n].any() for n in weights)
+    assert stats == CodecStats(stats.elements, stats.elements, len(payload), 0, 4 * stats.elements)
