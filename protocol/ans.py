@@ -88,19 +88,23 @@ def normalize(counts: np.ndarray) -> np.ndarray:
 
 
 @_jit
-def _tables(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _tables(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     models, alphabet = counts.shape
     freq = np.empty((models, alphabet), np.int64)
     cum = np.empty((models, alphabet), np.int64)
     sym = np.empty((models, TOTAL), np.int32)
+    packed = np.empty((models, TOTAL if alphabet <= 256 else 0), np.int32)
     for m in range(models):
         freq[m] = _normalize(counts[m].copy())
         start = 0
         for s in range(alphabet):
             cum[m, s] = start
             sym[m, start : start + freq[m, s]] = s
+            if alphabet <= 256:
+                for slot in range(start, start + freq[m, s]):
+                    packed[m, slot] = (s << 24) | (freq[m, s] << 12) | (slot - start)
             start += freq[m, s]
-    return freq, cum, sym
+    return freq, cum, sym, packed
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,9 @@ class Models:
     freq: np.ndarray  # (models, alphabet) int64
     cum: np.ndarray  # (models, alphabet) int64, start of each symbol's slot range
     sym: np.ndarray  # (models, TOTAL) int32, the symbol owning each slot
+    # (models, TOTAL) int32 for alphabets of at most 256 symbols, else (models, 0): per slot, its
+    # symbol << 24 | frequency << 12 | slot - cumulative, so a decoding step is one table load
+    packed: np.ndarray
 
     @classmethod
     def from_counts(cls, counts: np.ndarray) -> Models:

@@ -52,6 +52,7 @@ def _geometric_counts(theta_256: int) -> np.ndarray:
 
 GEOMETRIC = Models.from_counts(np.stack([_geometric_counts(t) for t in THETAS]))
 GEOMETRIC_SYM, GEOMETRIC_FREQ, GEOMETRIC_CUM = GEOMETRIC.sym, GEOMETRIC.freq, GEOMETRIC.cum  # compiled in
+GEOMETRIC_PACKED = GEOMETRIC.packed
 # cost in bits of each q symbol under each model, for the encoder's choice of (b, theta)
 _Q_COST = PRECISION - np.log2(GEOMETRIC.freq.astype(np.float64))
 _Q_COST[:, Q_ESCAPE] += ESCAPE_BITS

@@ -518,7 +518,7 @@ def _walk_tensor(
         out = view[lo : lo + len(a)] if view is not None else np.empty_like(a)
         status = syncpass.walk(
             a, out, shift, emask, _WIDTH[e.dtype], e.words, state, cnt, nxt, left,
-            plan.code_b, plan.code_t, plan.row, models.sym, models.freq, models.cum,
+            plan.code_b, plan.code_t, plan.row, models.packed,
         )  # fmt: skip
         _check(status, e.name)
         _store(view, flat, lo, out)

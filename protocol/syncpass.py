@@ -21,7 +21,7 @@ import numpy as np
 
 from protocol.ans import OK, PAST_END, PRECISION, STATE_LOW, TOTAL
 from protocol.contexts import NUM_CONTEXTS
-from protocol.positions import GEOMETRIC_CUM, GEOMETRIC_FREQ, GEOMETRIC_SYM, Q_ESCAPE, dec_gap
+from protocol.positions import GEOMETRIC_CUM, GEOMETRIC_FREQ, GEOMETRIC_PACKED, Q_ESCAPE, dec_gap
 
 LITERALS = 16
 ALPHABET = LITERALS + 33 - 5  # literal z 0..15, then bit lengths 5..32
@@ -258,9 +258,7 @@ def walk(
     code_b: np.ndarray,
     code_t: np.ndarray,
     row: np.ndarray,
-    vsym: np.ndarray,
-    vfreq: np.ndarray,
-    vcum: np.ndarray,
+    vpacked: np.ndarray,
 ) -> int:
     """new = old with the stream's changes, for one slab of a tensor; per-class state carries over.
 
@@ -268,7 +266,7 @@ def walk(
     the same): numba's calls in this loop cost as much as the decoding itself.
     """
     x, pos, n_words = state[0], state[1], len(words)
-    gsym, gfreq, gcum = GEOMETRIC_SYM, GEOMETRIC_FREQ, GEOMETRIC_CUM
+    gpacked = GEOMETRIC_PACKED
     wmask = (1 << width) - 1
     for i in range(len(old)):
         a = np.int64(old[i])
@@ -277,10 +275,9 @@ def walk(
         cnt[c] = r + 1
         if r == nxt[c]:
             # value: a symbol of the class's model, then the bits below a large z's leading one
-            m = row[c]
-            slot = x & (TOTAL - 1)
-            z = np.int64(vsym[m, slot])
-            x = vfreq[m, z] * (x >> PRECISION) + slot - vcum[m, z]
+            e = vpacked[row[c], x & (TOTAL - 1)]
+            z = e >> 24
+            x = ((e >> 12) & 0xFFF) * (x >> PRECISION) + (e & 0xFFF)
             if x < STATE_LOW:
                 if pos == n_words:
                     return PAST_END
@@ -317,9 +314,9 @@ def walk(
                 nxt[c] = r + 1
             else:
                 # gap: a geometric symbol q (64 escapes to 32 raw bits), then b raw bits
-                slot = x & (TOTAL - 1)
-                q = np.int64(gsym[t, slot])
-                x = gfreq[t, q] * (x >> PRECISION) + slot - gcum[t, q]
+                e = gpacked[t, x & (TOTAL - 1)]
+                q = e >> 24
+                x = ((e >> 12) & 0xFFF) * (x >> PRECISION) + (e & 0xFFF)
                 if x < STATE_LOW:
                     if pos == n_words:
                         return PAST_END
