@@ -50,7 +50,7 @@ _inline = numba.njit(nogil=True, cache=True, inline="always")
 
 
 @_jit
-def _normalize(c: np.ndarray) -> np.ndarray:
+def _normalize(c: np.ndarray) -> np.ndarray:  # (see `normalize`)
     total = c.sum()
     if total == 0:
         c = np.ones_like(c)
@@ -107,6 +107,19 @@ def _tables(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return freq, cum, sym, packed
 
 
+def _tables_interpreted(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`_tables` by the interpreter, with the same integer arithmetic (for import-time tables)."""
+    models, alphabet = counts.shape
+    freq = np.stack([_normalize.py_func(row.copy()) for row in counts])
+    cum = np.cumsum(freq, axis=1) - freq
+    sym = np.stack([np.repeat(np.arange(alphabet), row) for row in freq]).astype(np.int32)
+    slot = np.arange(TOTAL)
+    packed = (sym.astype(np.int64) << 24) | (np.take_along_axis(freq, sym, axis=1) << 12)
+    packed |= slot[None, :] - np.take_along_axis(cum, sym, axis=1)
+    packed = packed.astype(np.int32) if alphabet <= 256 else np.empty((models, 0), np.int32)
+    return freq, cum, sym, packed
+
+
 @dataclass(frozen=True)
 class Models:
     """A set of categorical models over one alphabet, one row each, as coding tables."""
@@ -119,11 +132,13 @@ class Models:
     packed: np.ndarray
 
     @classmethod
-    def from_counts(cls, counts: np.ndarray) -> Models:
+    def from_counts(cls, counts: np.ndarray, *, compiled: bool = True) -> Models:
+        """Tables for one model per row of `counts`. `compiled=False` builds the same tables with
+        the interpreter: for tables made at import time, before anything is compiled."""
         counts = np.ascontiguousarray(np.atleast_2d(np.asarray(counts, dtype=np.int64)))
         if counts.shape[1] < 2 or np.any(counts < 0) or int(counts.max(initial=0)) > (1 << 62) // TOTAL:
             raise ValueError("models need at least two symbols and non-negative counts below 2**50")
-        return cls(*_tables(counts))
+        return cls(*(_tables(counts) if compiled else _tables_interpreted(counts)))
 
     @property
     def alphabet(self) -> int:

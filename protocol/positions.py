@@ -50,7 +50,7 @@ def _geometric_counts(theta_256: int) -> np.ndarray:
     return np.array([*head, max(1, w[-1] * theta_256 >> 8)], dtype=np.int64)
 
 
-GEOMETRIC = Models.from_counts(np.stack([_geometric_counts(t) for t in THETAS]))
+GEOMETRIC = Models.from_counts(np.stack([_geometric_counts(t) for t in THETAS]), compiled=False)
 GEOMETRIC_SYM, GEOMETRIC_FREQ, GEOMETRIC_CUM = GEOMETRIC.sym, GEOMETRIC.freq, GEOMETRIC.cum  # compiled in
 GEOMETRIC_PACKED = GEOMETRIC.packed
 # cost in bits of each q symbol under each model, for the encoder's choice of (b, theta)

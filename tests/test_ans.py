@@ -111,3 +111,18 @@ def test_encoder_refuses_what_it_cannot_code() -> None:
         enc.categorical(np.array([1]), models, 0)  # zero frequency
     with pytest.raises(ValueError):
         enc.bits(np.array([4]), 2)  # does not fit
+
+
+def test_import_time_tables_match_the_compiled_ones() -> None:
+    rng = np.random.default_rng(5)
+    for alphabet in (4, 65, 512):
+        counts = rng.integers(0, 1000, size=(3, alphabet)) * (rng.random((3, alphabet)) < 0.5)
+        counts[:, 1] += 1
+        a, b = Models.from_counts(counts), Models.from_counts(counts, compiled=False)
+        assert all(np.array_equal(x, y) for x, y in zip(vars(a).values(), vars(b).values(), strict=True))
+
+
+def test_warm_up_runs_every_codec() -> None:
+    from protocol.warmup import warm_up
+
+    assert warm_up() > 0
