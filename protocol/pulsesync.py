@@ -95,12 +95,9 @@ class _Changes:
     n: np.ndarray  # (256,) class sizes
     codes: np.ndarray  # (256,) gap code byte per class
     gap_bits: float  # what the gaps cost under those codes
-    hist: np.ndarray  # (256, ALPHABET) value symbols per class
+    classes: np.ndarray  # the classes with changes, ascending
+    hist: np.ndarray  # (len(classes), ALPHABET) value symbols of each of them
     extra: np.ndarray  # (256,) extra value bits per class
-
-    @property
-    def classes(self) -> np.ndarray:
-        return np.flatnonzero(self.k)
 
     def table(self) -> positions.ClassTable:
         c = self.classes
@@ -111,7 +108,7 @@ class _Changes:
 
     def sparse_bits_estimate(self) -> float:
         """Gaps at their coded cost, values at their entropy, the table at about 3 bytes a class."""
-        values = _entropy_bits(self.hist[self.classes]) + float(self.extra.sum())
+        values = _entropy_bits(self.hist) + float(self.extra.sum())
         return self.gap_bits + values + 24 * len(self.classes)
 
 
@@ -208,7 +205,8 @@ def _collect(old: torch.Tensor, new: torch.Tensor) -> _Changes | None:
         return None
     k = hist.sum(axis=1)
     codes, costs = positions.choose_codes(cls, gap, n, k)
-    return _Changes(cls, gap, zs, k, n, codes, float(costs.sum()), hist, syncpass.extra_bits(hist))
+    classes = np.flatnonzero(k)
+    return _Changes(cls, gap, zs, k, n, codes, float(costs.sum()), classes, hist[classes], syncpass.extra_bits(hist))
 
 
 def _value_models(old: State, sparse: dict[str, _Changes]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -216,8 +214,8 @@ def _value_models(old: State, sparse: dict[str, _Changes]) -> tuple[np.ndarray, 
     totals: dict[int, np.ndarray] = {}
     for name, ch in sparse.items():
         base = DTYPE_CODES[dtype_name(old[name].dtype)] * NUM_CONTEXTS
-        for c in ch.classes.tolist():
-            totals[base + c] = totals.get(base + c, 0) + ch.hist[c]
+        for c, row in zip(ch.classes.tolist(), ch.hist, strict=True):
+            totals[base + c] = totals.get(base + c, 0) + row
     keys = np.array(sorted(totals), dtype=np.int64)
     counts = np.stack([totals[int(key)] for key in keys]) if len(keys) else np.zeros((0, syncpass.ALPHABET), np.int64)
     index = {int(key): i for i, key in enumerate(keys)}

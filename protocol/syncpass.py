@@ -25,6 +25,7 @@ from protocol.positions import GEOMETRIC_CUM, GEOMETRIC_FREQ, GEOMETRIC_PACKED, 
 
 LITERALS = 16
 ALPHABET = LITERALS + 33 - 5  # literal z 0..15, then bit lengths 5..32
+_SAMPLE = 64
 _jit = numba.njit(nogil=True, cache=True)
 _inline = numba.njit(nogil=True, cache=True, inline="always")
 
@@ -110,15 +111,20 @@ def collect(
     (classes x ALPHABET value symbols) carry over, so a tensor may be walked slab by slab.
     `offsets`: an empty array whose dtype the gaps take (int32 for tensors below 2**31 weights):
     with the class byte and a z of the weights' width, 7 bytes a change for BF16."""
-    cap = max(1024, len(old) >> 5)
+    sampled = 0  # size the arrays from every 64th weight, so that they rarely grow or waste
+    for i in range(0, len(old), _SAMPLE):
+        sampled += old[i] != new[i]
+    cap = 1024 + sampled * _SAMPLE * 5 // 4
     cls, gap, zs = np.empty(cap, np.uint8), np.empty(cap, offsets.dtype), np.empty(cap, old.dtype)
     i, k = _collect_into(old, new, 0, shift, emask, width, cnt, last, hist, cls, gap, zs, 0)
-    while i < len(old):  # full: grow by doubling (amortized linear, peak 1.5x the final size)
-        cap *= 2
+    while i < len(old):  # full after all: grow by half (amortized linear)
+        cap += cap // 2
         cls2, gap2, zs2 = np.empty(cap, np.uint8), np.empty(cap, offsets.dtype), np.empty(cap, old.dtype)
         cls2[:k], gap2[:k], zs2[:k] = cls[:k], gap[:k], zs[:k]
         cls, gap, zs = cls2, gap2, zs2
         i, k = _collect_into(old, new, i, shift, emask, width, cnt, last, hist, cls, gap, zs, k)
+    if 5 * k >= 4 * cap:  # little unused: keep the arrays rather than hold both while copying
+        return cls[:k], gap[:k], zs[:k]
     return cls[:k].copy(), gap[:k].copy(), zs[:k].copy()
 
 
