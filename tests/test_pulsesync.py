@@ -440,3 +440,15 @@ def test_device_paths_stream_through_host_slabs(monkeypatch: pytest.MonkeyPatch)
     assert same_bits(pulsesync.apply(old, patch), new)
     monkeypatch.setattr(pulsesync, "_SLAB_BYTES", 2 * 5_000)  # and the decoder's in 6
     assert same_bits(pulsesync.apply_unverified(old, patch), new)
+
+
+def test_a_held_hash_spares_hashing_the_old_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    old, new = weight_pair()
+    patch = pulsesync.encode(old, new)
+    held = state_hash(old)
+    calls = []
+    monkeypatch.setattr(pulsesync, "state_hash", lambda s: calls.append(1) or held)
+    assert same_bits(pulsesync.apply(old, patch, held_hash=held), new)
+    assert calls == []  # only the new state was hashed, slab by slab while it was decoded
+    with pytest.raises(StateHashMismatch):  # a held hash that is not the patch's base
+        pulsesync.apply(old, patch, held_hash="00" * 32)
