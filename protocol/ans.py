@@ -17,12 +17,15 @@ by at least log2(1 / (7/8 * 17/16)) > 0.105 bits, and raw bits by their count; t
 most 16 * W bits of symbols: `AnsDecoder.require` refuses a header that claims more before any
 work is done, and reading past the last word raises instead of inventing zeros.
 
-The primitives `enc_put`, `dec_cat` and `dec_bits` are numba functions that other compiled
-loops (pulsesync's per-weight pass) call directly; the segment classes serve the rest.
+Segments are compiled kernels (`AnsEncoder.segment`, `AnsDecoder.run`): categorical runs and raw
+bits here, gap groups in positions.py; PULSESync's per-weight walk codes its own symbols
+(syncpass.py). Hot loops write the rANS steps out rather than call helpers: numba's calls cost
+as much as the coding there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
@@ -149,16 +152,6 @@ class Models:
 
 
 @_inline
-def enc_put(x: int, out: np.ndarray, pos: int, f: int, c: int, scale: int) -> tuple[int, int]:
-    """Push one symbol of frequency f, cumulative c, out of 2**scale; words go down from pos."""
-    if x >= ((STATE_LOW >> scale) << WORD_BITS) * f:
-        pos -= 1
-        out[pos] = x & 0xFFFF
-        x >>= WORD_BITS
-    return ((x // f) << scale) + (x % f) + c, pos
-
-
-@_inline
 def _refill(x: int, pos: int, words: np.ndarray) -> tuple[int, int, int]:
     if x < STATE_LOW:
         if pos >= len(words):
@@ -194,22 +187,6 @@ def dec_bits(x: int, pos: int, words: np.ndarray, nbits: int) -> tuple[int, int,
 
 
 @_jit
-def _enc_categorical(
-    x: int, out: np.ndarray, pos: int, symbols: np.ndarray, ids: np.ndarray, freq: np.ndarray, cum: np.ndarray
-) -> tuple[int, int]:
-    for i in range(len(symbols) - 1, -1, -1):
-        m, s = ids[i], symbols[i]
-        f = freq[m, s]
-        if x >= f << (32 - PRECISION):
-            pos -= 1
-            out[pos] = x & 0xFFFF
-            x >>= WORD_BITS
-        d = x // f
-        x = (d << PRECISION) + (x - d * f) + cum[m, s]
-    return x, pos
-
-
-@_jit
 def _enc_bits(x: int, out: np.ndarray, pos: int, values: np.ndarray, nbits: np.ndarray) -> tuple[int, int]:
     for i in range(len(values) - 1, -1, -1):
         b, v = nbits[i], values[i]
@@ -227,26 +204,6 @@ def _enc_bits(x: int, out: np.ndarray, pos: int, values: np.ndarray, nbits: np.n
                 x >>= WORD_BITS
             x = (x << (b - RAW_MAX)) | (v >> RAW_MAX)
     return x, pos
-
-
-@_jit
-def _dec_categorical(
-    x: int, pos: int, words: np.ndarray, ids: np.ndarray, sym: np.ndarray, freq: np.ndarray, cum: np.ndarray
-) -> tuple[int, int, np.ndarray, int]:
-    out = np.empty(len(ids), dtype=np.int64)
-    n_words = len(words)
-    for i in range(len(ids)):
-        m = ids[i]
-        slot = x & (TOTAL - 1)
-        s = np.int64(sym[m, slot])
-        x = freq[m, s] * (x >> PRECISION) + slot - cum[m, s]
-        if x < STATE_LOW:
-            if pos == n_words:
-                return x, pos, out, PAST_END
-            x = (x << WORD_BITS) | int(words[pos])
-            pos += 1
-        out[i] = s
-    return x, pos, out, OK
 
 
 @_jit
@@ -270,6 +227,149 @@ def _dec_bits(x: int, pos: int, words: np.ndarray, nbits: np.ndarray) -> tuple[i
     return x, pos, out, OK
 
 
+@_jit
+def _enc_runs(
+    x: int,
+    out: np.ndarray,
+    pos: int,
+    symbols: np.ndarray,
+    run_ids: np.ndarray,
+    run_lengths: np.ndarray,
+    freq: np.ndarray,
+    cum: np.ndarray,
+) -> tuple[int, int]:
+    """Symbols in runs: the first run_lengths[0] under model run_ids[0], and so on."""
+    i = len(symbols)
+    for r in range(len(run_ids) - 1, -1, -1):
+        m = run_ids[r]
+        for _ in range(run_lengths[r]):
+            i -= 1
+            s = symbols[i]
+            f = freq[m, s]
+            if x >= f << (32 - PRECISION):
+                pos -= 1
+                out[pos] = x & 0xFFFF
+                x >>= WORD_BITS
+            d = x // f
+            x = (d << PRECISION) + (x - d * f) + cum[m, s]
+    return x, pos
+
+
+@_jit
+def _dec_runs(
+    x: int,
+    pos: int,
+    words: np.ndarray,
+    run_ids: np.ndarray,
+    run_lengths: np.ndarray,
+    sym: np.ndarray,
+    freq: np.ndarray,
+    cum: np.ndarray,
+) -> tuple[int, int, np.ndarray, int]:
+    out = np.empty(run_lengths.sum(), dtype=np.int32)
+    n_words = len(words)
+    i = 0
+    for r in range(len(run_ids)):
+        m = run_ids[r]
+        for _ in range(run_lengths[r]):
+            slot = x & (TOTAL - 1)
+            s = np.int64(sym[m, slot])
+            x = freq[m, s] * (x >> PRECISION) + slot - cum[m, s]
+            if x < STATE_LOW:
+                if pos == n_words:
+                    return x, pos, out, PAST_END
+                x = (x << WORD_BITS) | int(words[pos])
+                pos += 1
+            out[i] = s
+            i += 1
+    return x, pos, out, OK
+
+
+@_jit
+def _enc_fixed_bits(x: int, out: np.ndarray, pos: int, values: np.ndarray, nbits: int) -> tuple[int, int]:
+    """Every value as nbits raw bits (decode order per value: the high piece, then 16 bits)."""
+    lo = nbits if nbits <= RAW_MAX else RAW_MAX
+    hi = nbits - lo
+    for i in range(len(values) - 1, -1, -1):
+        v = int(values[i])
+        if lo > 0:
+            if x >= np.int64(1) << (32 - lo):
+                pos -= 1
+                out[pos] = x & 0xFFFF
+                x >>= WORD_BITS
+            x = (x << lo) | (v & ((1 << lo) - 1))
+        if hi > 0:
+            if x >= np.int64(1) << (32 - hi):
+                pos -= 1
+                out[pos] = x & 0xFFFF
+                x >>= WORD_BITS
+            x = (x << hi) | (v >> lo)
+    return x, pos
+
+
+@_jit
+def _dec_fixed_bits(
+    x: int, pos: int, words: np.ndarray, out: np.ndarray, nbits: int
+) -> tuple[int, int, np.ndarray, int]:
+    """Fill `out` with nbits-bit raw values."""
+    count = len(out)
+    n_words = len(words)
+    lo = nbits if nbits <= RAW_MAX else RAW_MAX
+    hi = nbits - lo
+    for i in range(count):
+        v = 0
+        if hi > 0:
+            v = x & ((1 << hi) - 1)
+            x >>= hi
+            if x < STATE_LOW:
+                if pos == n_words:
+                    return x, pos, out, PAST_END
+                x = (x << WORD_BITS) | int(words[pos])
+                pos += 1
+        if lo > 0:
+            v = (v << lo) | (x & ((1 << lo) - 1))
+            x >>= lo
+            if x < STATE_LOW:
+                if pos == n_words:
+                    return x, pos, out, PAST_END
+                x = (x << WORD_BITS) | int(words[pos])
+                pos += 1
+        out[i] = v
+    return x, pos, out, OK
+
+
+@_jit
+def _all_codable(symbols: np.ndarray, run_ids: np.ndarray, run_lengths: np.ndarray, freq: np.ndarray) -> bool:
+    i = 0
+    for r in range(len(run_ids)):
+        m = run_ids[r]
+        if m < 0 or m >= freq.shape[0]:
+            return False
+        for _ in range(run_lengths[r]):
+            s = symbols[i]
+            if s < 0 or s >= freq.shape[1] or freq[m, s] == 0:
+                return False
+            i += 1
+    return True
+
+
+@_jit
+def runs_of(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(id, length) of each run of equal consecutive ids."""
+    n_runs = 1 if len(ids) else 0
+    for i in range(1, len(ids)):
+        n_runs += ids[i] != ids[i - 1]
+    run_ids = np.empty(n_runs, np.int64)
+    lengths = np.zeros(n_runs, np.int64)
+    r = -1
+    for i in range(len(ids)):
+        if i == 0 or ids[i] != ids[i - 1]:
+            r += 1
+            run_ids[r] = ids[i]
+        lengths[r] += 1
+    return run_ids, lengths
+
+
 # -- segment coder ----------------------------------------------------------------------------
 
 
@@ -284,54 +384,72 @@ def require(words: np.ndarray, categorical: int, raw_bits: int = 0, what: str = 
         )
 
 
-def _ids(model_ids: np.ndarray | int, n: int) -> np.ndarray:
-    if isinstance(model_ids, (int, np.integer)):
-        return np.full(n, int(model_ids), dtype=np.int64)
-    return np.ascontiguousarray(model_ids, dtype=np.int64)
+Runs = tuple[np.ndarray, np.ndarray]  # (model row per run, symbols per run)
 
 
-def _nbits(nbits: np.ndarray | int, n: int) -> np.ndarray:
-    if isinstance(nbits, (int, np.integer)):
-        return np.full(n, int(nbits), dtype=np.int64)
-    return np.ascontiguousarray(nbits, dtype=np.int64)
+def _runs(model_ids: np.ndarray | int | None, runs: Runs | None, n: int) -> Runs:
+    if runs is not None:
+        return np.ascontiguousarray(runs[0], np.int64), np.ascontiguousarray(runs[1], np.int64)
+    if model_ids is None or isinstance(model_ids, (int, np.integer)):
+        return np.array([int(model_ids or 0)], np.int64), np.array([n], np.int64)
+    return runs_of(np.ascontiguousarray(model_ids))
+
+
+Kernel = Callable[..., tuple[int, int]]
 
 
 class AnsEncoder:
-    """Queue segments in decode order; `finish()` codes them and returns the words (uint16)."""
+    """Queue segments in decode order; `finish()` codes them and returns the words (uint16).
+
+    A segment is a compiled kernel `kernel(x, out, pos, *args) -> (x, pos)` that pushes its
+    symbols backwards (see the module docstring) and at most `max_words` words."""
 
     def __init__(self) -> None:
-        self._segments: list[tuple[str, np.ndarray, np.ndarray, Models | None]] = []
-        self._max_bits = 2 * WORD_BITS
+        self._segments: list[tuple[Kernel, tuple[object, ...]]] = []
+        self._max_words = 4
 
-    def categorical(self, symbols: np.ndarray, models: Models, model_ids: np.ndarray | int = 0) -> None:
-        """symbols[i] under models row model_ids[i] (one row for all if an int)."""
-        symbols = np.ascontiguousarray(symbols, dtype=np.int64)
-        if symbols.size:
-            ids = _ids(model_ids, symbols.size)
-            if np.any(models.freq[ids, symbols] == 0):
-                raise ValueError("a symbol has zero frequency in its model")
-            self._segments.append(("cat", symbols, ids, models))
-            self._max_bits += (PRECISION + WORD_BITS) * symbols.size
+    def segment(self, kernel: Kernel, args: tuple[object, ...], max_words: int) -> None:
+        self._segments.append((kernel, args))
+        self._max_words += max_words
+
+    def categorical(
+        self,
+        symbols: np.ndarray,
+        models: Models,
+        model_ids: np.ndarray | int | None = None,
+        *,
+        runs: Runs | None = None,
+    ) -> None:
+        """symbols[i] under model row model_ids[i] (one row for all if an int), or in `runs`."""
+        symbols = np.ascontiguousarray(symbols)
+        if not symbols.size:
+            return
+        run_ids, lengths = _runs(model_ids, runs, symbols.size)
+        if int(lengths.sum()) != symbols.size or not _all_codable(symbols, run_ids, lengths, models.freq):
+            raise ValueError("every symbol needs a model that gives it a nonzero frequency")
+        self.segment(_enc_runs, (symbols, run_ids, lengths, models.freq, models.cum), symbols.size)
 
     def bits(self, values: np.ndarray, nbits: np.ndarray | int) -> None:
-        """values[i] as nbits[i] raw bits (0..32); values must fit."""
-        values = np.ascontiguousarray(values, dtype=np.int64)
-        if values.size:
-            nb = _nbits(nbits, values.size)
-            if np.any((nb < 0) | (nb > 2 * RAW_MAX)) or np.any((values < 0) | (values >> nb != 0)):
-                raise ValueError("raw values must fit their bit counts (at most 32)")
-            self._segments.append(("bits", values, nb, None))
-            self._max_bits += int(nb.sum()) + 2 * WORD_BITS * values.size
+        """values[i] as nbits (or nbits[i]) raw bits, 0..32; values must fit."""
+        values = np.ascontiguousarray(values)
+        if not values.size:
+            return
+        if isinstance(nbits, (int, np.integer)):
+            if not 0 <= nbits <= 2 * RAW_MAX or np.any((values < 0) | (values >> int(nbits) != 0)):
+                raise ValueError("raw values must fit their bit count (at most 32)")
+            self.segment(_enc_fixed_bits, (values, int(nbits)), 2 * values.size)
+            return
+        nb = np.ascontiguousarray(nbits, dtype=np.int64)
+        values = values.astype(np.int64, copy=False)
+        if np.any((nb < 0) | (nb > 2 * RAW_MAX)) or np.any((values < 0) | (values >> nb != 0)):
+            raise ValueError("raw values must fit their bit counts (at most 32)")
+        self.segment(_enc_bits, (values, nb), 2 * values.size)
 
     def finish(self) -> np.ndarray:
-        out = np.empty(self._max_bits // WORD_BITS + 4, dtype=np.uint16)
+        out = np.empty(self._max_words, dtype=np.uint16)
         x, pos = STATE_LOW, len(out)
-        for kind, a, b, models in reversed(self._segments):
-            if kind == "cat":
-                assert models is not None
-                x, pos = _enc_categorical(x, out, pos, a, b, models.freq, models.cum)
-            else:
-                x, pos = _enc_bits(x, out, pos, a, b)
+        for kernel, args in reversed(self._segments):
+            x, pos = kernel(x, out, pos, *args)
         out[pos - 2], out[pos - 1] = x >> WORD_BITS, x & 0xFFFF
         return out[pos - 2 :].copy()
 
@@ -357,32 +475,40 @@ class AnsDecoder:
         """Refuse a header that claims more symbols than the stream can possibly hold."""
         require(self.words, categorical, raw_bits, what)
 
-    def check(self, status: int) -> None:
+    def run(self, kernel: Callable[..., tuple[int, int, np.ndarray, int]], *args: object) -> np.ndarray:
+        """Pop a segment with a compiled `kernel(x, pos, words, *args) -> (x, pos, out, status)`."""
+        self.x, self.pos, out, status = kernel(self.x, self.pos, self.words, *args)
         if status == PAST_END:
             raise TruncatedPayload("entropy-coded section ends before its last symbol")
-
-    def categorical(self, models: Models, model_ids: np.ndarray | int, count: int | None = None) -> np.ndarray:
-        """Symbols under models rows model_ids (an int and a count: that row for all)."""
-        n = count if count is not None else len(np.asarray(model_ids))
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        self.require(n)
-        ids = _ids(model_ids, n)
-        self.x, self.pos, out, status = _dec_categorical(
-            self.x, self.pos, self.words, ids, models.sym, models.freq, models.cum
-        )
-        self.check(status)
         return out
+
+    def categorical(
+        self,
+        models: Models,
+        model_ids: np.ndarray | int | None = None,
+        count: int | None = None,
+        *,
+        runs: Runs | None = None,
+    ) -> np.ndarray:
+        """Symbols (int32) under model rows model_ids (an int and a count: that row for all), or in `runs`."""
+        n = count if count is not None else (int(np.sum(runs[1])) if runs is not None else len(np.asarray(model_ids)))
+        if n == 0:
+            return np.zeros(0, dtype=np.int32)
+        self.require(n)
+        run_ids, lengths = _runs(model_ids, runs, n)
+        return self.run(_dec_runs, run_ids, lengths, models.sym, models.freq, models.cum)
 
     def bits(self, nbits: np.ndarray | int, count: int | None = None) -> np.ndarray:
-        n = count if count is not None else len(np.asarray(nbits))
-        if n == 0:
+        if isinstance(nbits, (int, np.integer)):
+            n = int(count or 0)
+            self.require(0, n * int(nbits))
+            out = np.empty(n, dtype=np.int32 if nbits < 32 else np.int64)
+            return self.run(_dec_fixed_bits, out, int(nbits)) if n else out
+        nb = np.ascontiguousarray(nbits, dtype=np.int64)
+        if not len(nb):
             return np.zeros(0, dtype=np.int64)
-        nb = _nbits(nbits, n)
         self.require(0, int(nb.sum()))
-        self.x, self.pos, out, status = _dec_bits(self.x, self.pos, self.words, nb)
-        self.check(status)
-        return out
+        return self.run(_dec_bits, nb)
 
     def finish(self) -> None:
         """Every word consumed and the state back where the encoder started: nothing unaccounted."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from protocol import ans
@@ -23,6 +24,7 @@ from protocol.wire import Reader, Writer
 
 ALPHABET = 512
 CONTEXTS = 256
+_jit = numba.njit(nogil=True, cache=True)
 FP32_MANTISSA, BF16_MANTISSA = 23, 7
 
 
@@ -44,20 +46,74 @@ class Coded:
     models: Models
 
 
+@_jit
+def _split(raw: np.ndarray, ctx: np.ndarray, dropped: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(symbol, mantissa, (CONTEXTS x ALPHABET) counts, status) of FP32 bit patterns; status 1 for
+    inf/NaN, 2 for mantissa bits below the kept ones."""
+    n = len(raw)
+    sym = np.empty(n, np.int16)
+    mantissa = np.empty(n, np.int32)
+    counts = np.zeros((CONTEXTS, ALPHABET), np.int64)
+    for i in range(n):
+        u = np.int64(raw[i])
+        exponent = (u >> 23) & 0xFF
+        if exponent == 0xFF:
+            return sym, mantissa, counts, 1
+        if u & ((1 << dropped) - 1):
+            return sym, mantissa, counts, 2
+        c = np.int64(ctx[i])
+        s = (u >> 31) * 256 + ((c - exponent) & 0xFF)
+        sym[i] = s
+        mantissa[i] = (u & 0x7FFFFF) >> dropped
+        counts[c, s] += 1
+    return sym, mantissa, counts, 0
+
+
+@_jit
+def _context_runs(ctx: np.ndarray, row_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(model row, length) of each run of values sharing a context."""
+    n_runs = 1 if len(ctx) else 0
+    for i in range(1, len(ctx)):
+        n_runs += ctx[i] != ctx[i - 1]
+    rows, lengths = np.empty(n_runs, np.int64), np.zeros(n_runs, np.int64)
+    r = -1
+    for i in range(len(ctx)):
+        if i == 0 or ctx[i] != ctx[i - 1]:
+            r += 1
+            rows[r] = row_of[ctx[i]]
+        lengths[r] += 1
+    return rows, lengths
+
+
+@_jit
+def _assemble(ctx: np.ndarray, sym: np.ndarray, mantissa: np.ndarray, dropped: int) -> tuple[np.ndarray, bool]:
+    """FP32 values from their parts; False if one would be inf or NaN."""
+    out = np.empty(len(ctx), np.uint32)
+    for i in range(len(ctx)):
+        s = np.int64(sym[i])
+        exponent = (np.int64(ctx[i]) - (s & 0xFF)) & 0xFF
+        if exponent == 0xFF:
+            return out.view(np.float32), False
+        out[i] = ((s >> 8) << 31) | (exponent << 23) | (np.int64(mantissa[i]) << dropped)
+    return out.view(np.float32), True
+
+
 def split(values: np.ndarray, ctx: np.ndarray, mantissa_bits: int) -> Coded:
     """Symbols, mantissas and per-context models of finite FP32 `values` (ctx: uint8 per value)."""
-    raw = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
-    exponent = (raw >> 23) & 0xFF
-    if np.any(exponent == 0xFF):
+    raw = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    sym, mantissa, counts, status = _split(raw, np.ascontiguousarray(ctx, dtype=np.uint8), 23 - mantissa_bits)
+    if status == 1:
         raise ValueError("only finite values can be coded")
-    dropped = 23 - mantissa_bits
-    if dropped and np.any(raw & ((1 << dropped) - 1)):
+    if status == 2:
         raise ValueError(f"values have mantissa bits below the {mantissa_bits} this format keeps")
-    ctx = ctx.astype(np.int64)
-    sym = (raw >> 31) * 256 + ((ctx - exponent) & 0xFF)
-    keys, model_of = np.unique(ctx, return_inverse=True)
-    counts = np.bincount(model_of * ALPHABET + sym, minlength=len(keys) * ALPHABET).reshape(len(keys), ALPHABET)
-    return Coded(sym, (raw & 0x7FFFFF) >> dropped, ctx, Models(keys, counts.astype(np.int64)))
+    keys = np.flatnonzero(counts.sum(axis=1))
+    return Coded(sym, mantissa, np.ascontiguousarray(ctx, dtype=np.uint8), Models(keys, counts[keys]))
+
+
+def _rows(keys: np.ndarray) -> np.ndarray:
+    row_of = np.full(CONTEXTS, -1, np.int64)
+    row_of[keys] = np.arange(len(keys))
+    return row_of
 
 
 def write_models(w: Writer, models: Models) -> None:
@@ -73,28 +129,36 @@ def read_models(r: Reader, total: int) -> Models:
 
 def encode(enc: AnsEncoder, coded: Coded, mantissa_bits: int) -> None:
     """Queue symbols (each under its context's model) and then mantissas, in decode order."""
-    model_of = np.searchsorted(coded.models.keys, coded.ctx)
-    enc.categorical(coded.sym, ans.Models.from_counts(coded.models.counts), model_of)
+    runs = _context_runs(coded.ctx, _rows(coded.models.keys))
+    enc.categorical(coded.sym, ans.Models.from_counts(coded.models.counts), runs=runs)
     enc.bits(coded.mantissa, mantissa_bits)
 
 
 def decode(dec: AnsDecoder, ctx: np.ndarray, models: Models, mantissa_bits: int) -> np.ndarray:
-    """FP32 values for the contexts `ctx` (known to the receiver); each context's model must count
-    exactly its values. Raises NonFiniteValues for an inf/NaN exponent."""
-    ctx = ctx.astype(np.int64)
+    """FP32 values for the contexts `ctx` (uint8, known to the receiver); each context's model must
+    count exactly its values. Raises NonFiniteValues for an inf/NaN exponent."""
+    ctx = np.ascontiguousarray(ctx, dtype=np.uint8)
     n = len(ctx)
     dec.require(n, n * mantissa_bits, "value stream")  # before any work: a short stream cannot hold them
-    present, per_ctx = np.unique(ctx, return_counts=True)
-    if not np.array_equal(present, models.keys) or not np.array_equal(per_ctx, models.counts.sum(axis=1)):
+    per_ctx = np.bincount(ctx, minlength=CONTEXTS)
+    present = np.flatnonzero(per_ctx)
+    if not np.array_equal(present, models.keys) or not np.array_equal(per_ctx[present], models.counts.sum(axis=1)):
         raise MalformedPayload("value models do not match the contexts of the sent positions")
-    model_of = np.searchsorted(models.keys, ctx)
-    sym = dec.categorical(ans.Models.from_counts(models.counts), model_of)
-    seen = np.bincount(model_of * ALPHABET + sym, minlength=len(models.keys) * ALPHABET)
-    if not np.array_equal(seen, models.counts.reshape(-1)):
+    row_of = _rows(models.keys)
+    sym = dec.categorical(ans.Models.from_counts(models.counts), runs=_context_runs(ctx, row_of))
+    seen = _symbol_counts(ctx, sym, row_of, len(models.keys))
+    if not np.array_equal(seen, models.counts):
         raise MalformedPayload("decoded value symbols disagree with their models")
-    mantissa = dec.bits(mantissa_bits, n) << (23 - mantissa_bits)
-    exponent = (ctx - (sym & 0xFF)) & 0xFF
-    if np.any(exponent == 0xFF):
+    mantissa = dec.bits(mantissa_bits, n)
+    values, finite = _assemble(ctx, sym, mantissa, 23 - mantissa_bits)
+    if not finite:
         raise NonFiniteValues("a value decodes to inf or NaN")
-    raw = ((sym >> 8) << 31) | (exponent << 23) | mantissa
-    return raw.astype(np.uint32).view(np.float32)
+    return values
+
+
+@_jit
+def _symbol_counts(ctx: np.ndarray, sym: np.ndarray, row_of: np.ndarray, models: int) -> np.ndarray:
+    counts = np.zeros((models, ALPHABET), np.int64)
+    for i in range(len(ctx)):
+        counts[row_of[ctx[i]], sym[i]] += 1
+    return counts

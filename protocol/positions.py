@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from protocol.ans import OK, PRECISION, AnsDecoder, AnsEncoder, Models, dec_bits, dec_cat
+from protocol.ans import OK, PAST_END, PRECISION, STATE_LOW, TOTAL, AnsDecoder, AnsEncoder, Models, dec_bits, dec_cat
 from protocol.contexts import NUM_CONTEXTS
 from protocol.errors import InvalidPositions, MalformedPayload, SizeLimitExceeded, TruncatedPayload
 from protocol.wire import Reader, Writer
@@ -106,7 +106,8 @@ def _choose_codes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per class (length of n): the cheapest code byte for its gaps, and that cost in bits.
 
-    `cls`, `gaps`: one entry per coded gap (any order). Classes with k == n get FULL at no cost.
+    `cls`, `gaps`: one entry per coded gap (any order); an empty `cls` means the gaps are grouped
+    by class instead, k[c] of them for class c in ascending order. Classes with k == n get FULL.
     """
     classes = len(n)
     b0 = np.zeros(classes, np.int64)
@@ -116,8 +117,14 @@ def _choose_codes(
             b0[c] = max(0, min(MAX_B - _B_TRIES + 1, round(math.log2(max(m, 1.0))) - _B_TRIES // 2))
     hist = np.zeros((classes, _B_TRIES, Q_ESCAPE + 1), np.int64)
     count = np.zeros(classes, np.int64)
+    grouped_class, left = 0, 0
     for i in range(len(gaps)):
-        c = cls[i]
+        if len(cls):
+            c = int(cls[i])
+        else:
+            while left == 0:
+                left, grouped_class = k[grouped_class], grouped_class + 1
+            c, left = grouped_class - 1, left - 1
         count[c] += 1
         for j in range(_B_TRIES):
             hist[c, j, min(gaps[i] >> (b0[c] + j), Q_ESCAPE)] += 1
@@ -143,44 +150,150 @@ def _choose_codes(
     return codes, costs
 
 
-def choose_codes(cls: np.ndarray, gaps: np.ndarray, n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(code byte, bits) per class for the coded gaps `gaps` of classes `cls`; see `_choose_codes`."""
+def choose_codes(
+    cls: np.ndarray | None, gaps: np.ndarray, n: np.ndarray, k: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(code byte, bits) per class for the coded gaps `gaps` of classes `cls` (None: grouped by
+    class, k[c] each); see `_choose_codes`."""
+    cls_ = np.zeros(0, np.uint8) if cls is None else np.ascontiguousarray(cls)
     as64 = lambda a: np.ascontiguousarray(a, np.int64)  # noqa: E731
-    return _choose_codes(as64(cls), as64(gaps), as64(n), as64(k), _Q_COST)
+    return _choose_codes(cls_, np.ascontiguousarray(gaps), as64(n), as64(k), _Q_COST)
 
 
 # -- gap streams through the segment coder (SparseLoCo, PULSELoCo) -------------------------------
 
 
-def encode_gaps(enc: AnsEncoder, gaps: np.ndarray, code: np.ndarray) -> None:
-    """Queue gaps, one code byte each (FULL: implied, nothing coded). Decode order: q symbols,
-    escapes, remainders."""
+@_jit
+def _enc_gaps(
+    x: int,
+    out: np.ndarray,
+    pos: int,
+    gaps: np.ndarray,
+    k: np.ndarray,
+    code: np.ndarray,
+    gfreq: np.ndarray,
+    gcum: np.ndarray,
+) -> tuple[int, int]:
+    """Push groups of gaps backwards (group g: k[g] gaps under code[g]; FULL groups carry none).
+    Read order per gap: its q symbol, 32 escape bits if q >= Q_ESCAPE, its b remainder bits."""
+    i = len(gaps)
+    for group in range(len(k) - 1, -1, -1):
+        i -= k[group]
+        if code[group] == FULL:
+            continue
+        b, t = (code[group] - 1) >> 3, (code[group] - 1) & 7
+        lo = b if b <= 16 else 16
+        for j in range(i + k[group] - 1, i - 1, -1):
+            g = int(gaps[j])
+            if lo > 0:  # the remainder: low 16 bits pushed first, read last
+                if x >= np.int64(1) << (32 - lo):
+                    pos -= 1
+                    out[pos] = x & 0xFFFF
+                    x >>= 16
+                x = (x << lo) | (g & ((1 << lo) - 1))
+            if b > 16:
+                if x >= np.int64(1) << (32 - (b - 16)):
+                    pos -= 1
+                    out[pos] = x & 0xFFFF
+                    x >>= 16
+                x = (x << (b - 16)) | ((g >> 16) & ((np.int64(1) << (b - 16)) - 1))
+            q = g >> b
+            if q >= Q_ESCAPE:
+                e = q - Q_ESCAPE
+                if e >> 32:
+                    raise ValueError("a gap is too long for its code")
+                for piece in (e & 0xFFFF, e >> 16):
+                    if x >= np.int64(1) << 16:
+                        pos -= 1
+                        out[pos] = x & 0xFFFF
+                        x >>= 16
+                    x = (x << 16) | piece
+                q = Q_ESCAPE
+            f = gfreq[t, q]
+            if x >= f << (32 - PRECISION):
+                pos -= 1
+                out[pos] = x & 0xFFFF
+                x >>= 16
+            d = x // f
+            x = (d << PRECISION) + (x - d * f) + gcum[t, q]
+    return x, pos
+
+
+@_jit
+def _dec_gaps(
+    x: int, pos: int, words: np.ndarray, k: np.ndarray, code: np.ndarray, gpacked: np.ndarray
+) -> tuple[int, int, np.ndarray, int]:
+    out = np.zeros(k.sum(), np.int64)  # FULL groups: every gap 0
+    n_words = len(words)
+    i = 0
+    for group in range(len(k)):
+        if code[group] == FULL:
+            i += k[group]
+            continue
+        b, t = (code[group] - 1) >> 3, (code[group] - 1) & 7
+        hi_bits = b - 16 if b > 16 else 0
+        lo_bits = b - hi_bits
+        for _ in range(k[group]):
+            e = gpacked[t, x & (TOTAL - 1)]
+            q = int(e >> 24)
+            x = ((e >> 12) & 0xFFF) * (x >> PRECISION) + (e & 0xFFF)
+            if x < STATE_LOW:
+                if pos == n_words:
+                    return x, pos, out, PAST_END
+                x = (x << 16) | int(words[pos])
+                pos += 1
+            if q == Q_ESCAPE:
+                for _piece in range(2):
+                    q = (q << 16) | (x & 0xFFFF) if _piece else (x & 0xFFFF)
+                    x >>= 16
+                    if x < STATE_LOW:
+                        if pos == n_words:
+                            return x, pos, out, PAST_END
+                        x = (x << 16) | int(words[pos])
+                        pos += 1
+                q += Q_ESCAPE
+            g = (q << hi_bits) | (x & ((1 << hi_bits) - 1))
+            x >>= hi_bits
+            if x < STATE_LOW:
+                if pos == n_words:
+                    return x, pos, out, PAST_END
+                x = (x << 16) | int(words[pos])
+                pos += 1
+            g = (g << lo_bits) | (x & ((1 << lo_bits) - 1))
+            x >>= lo_bits
+            if x < STATE_LOW:
+                if pos == n_words:
+                    return x, pos, out, PAST_END
+                x = (x << 16) | int(words[pos])
+                pos += 1
+            out[i] = g
+            i += 1
+    return x, pos, out, OK
+
+
+def group_cost(k: np.ndarray, code: np.ndarray) -> tuple[int, int]:
+    """(geometric symbols, remainder bits) that gaps in these groups take at the very least."""
     coded = code != FULL
-    gaps = np.asarray(gaps, dtype=np.int64)[coded]
-    b, t = split_code(np.asarray(code)[coded])
-    q = gaps >> b
-    if np.any(q >= Q_ESCAPE + (1 << ESCAPE_BITS)):
-        raise ValueError("a gap is too long for its code")
-    enc.categorical(np.minimum(q, Q_ESCAPE), GEOMETRIC, t)
-    enc.bits(q[q >= Q_ESCAPE] - Q_ESCAPE, ESCAPE_BITS)
-    enc.bits(gaps & ((1 << b) - 1), b)
+    b, _ = split_code(code[coded])
+    return int(k[coded].sum()), int((k[coded] * b).sum())
 
 
-def decode_gaps(dec: AnsDecoder, code: np.ndarray) -> np.ndarray:
-    """Inverse of `encode_gaps` (FULL positions get 0)."""
-    code = np.asarray(code, dtype=np.int64)
-    gaps = np.zeros(code.shape, dtype=np.int64)
-    coded = code != FULL
-    b, t = split_code(code[coded])
-    dec.require(len(t), int(b.sum()))
-    q = dec.categorical(GEOMETRIC, t)
-    escaped = q >= Q_ESCAPE
-    q[escaped] += dec.bits(ESCAPE_BITS, int(escaped.sum()))
-    gaps[coded] = (q << b) | dec.bits(b)
-    return gaps
+def encode_gaps(enc: AnsEncoder, gaps: np.ndarray, k: np.ndarray, code: np.ndarray) -> None:
+    """Queue gaps in groups: group g is k[g] consecutive gaps under code byte code[g] (FULL: none
+    coded, the group is every position of its class). Gaps must fit their code."""
+    k, code = np.ascontiguousarray(k, np.int64), np.ascontiguousarray(code, np.int64)
+    gaps = np.ascontiguousarray(gaps)
+    if int(k.sum()) != len(gaps) or np.any((code < 0) | (code > MAX_CODE)):
+        raise ValueError("gap groups must cover the gaps, with known codes")
+    symbols, _ = group_cost(k, code)
+    enc.segment(_enc_gaps, (gaps, k, code, GEOMETRIC_FREQ, GEOMETRIC_CUM), 5 * symbols)
 
 
-# -- class tables -------------------------------------------------------------------------------
+def decode_gaps(dec: AnsDecoder, k: np.ndarray, code: np.ndarray, what: str = "positions stream") -> np.ndarray:
+    """Inverse of `encode_gaps` (FULL groups get 0), after checking the stream can hold them."""
+    k, code = np.ascontiguousarray(k, np.int64), np.ascontiguousarray(code, np.int64)
+    dec.require(*group_cost(k, code), what)
+    return dec.run(_dec_gaps, k, code, GEOMETRIC_PACKED)
 
 
 @dataclass
@@ -304,50 +417,8 @@ def read_table(r: Reader, name: str, numel: int) -> ClassTable:
     return ClassTable(rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy())
 
 
-def coded_cost(tables: Sequence[ClassTable]) -> tuple[int, int]:
-    """(geometric symbols, remainder bits) that the gaps of these tables take at the very least."""
-    symbols = raw = 0
-    for t in tables:
-        coded = t.code != FULL
-        b, _ = split_code(t.code[coded])
-        symbols += int(t.k[coded].sum())
-        raw += int((t.k[coded] * b).sum())
-    return symbols, raw
-
-
-def per_position(tables: Sequence[ClassTable]) -> np.ndarray:
-    """The code byte of every marked position, tables in order, classes class-major."""
+def table_groups(tables: Sequence[ClassTable]) -> tuple[np.ndarray, np.ndarray]:
+    """(k, code) of every class of these tables, in order: the gap groups of their stream."""
     if not tables:
-        return np.zeros(0, dtype=np.int64)
-    return np.repeat(np.concatenate([t.code for t in tables]), np.concatenate([t.k for t in tables]))
-
-
-def ranks_from_gaps(gaps: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Ranks inside each class from class-major gaps (each class's first gap counts from -1)."""
-    steps = gaps + 1
-    total = np.cumsum(steps)
-    first = np.concatenate(([0], np.cumsum(k)[:-1])).astype(np.int64)
-    base = np.zeros(len(k), dtype=np.int64)
-    base[1:] = total[first[1:] - 1]
-    return total - np.repeat(base, k) - 1
-
-
-def check_gaps(gaps: np.ndarray, class_size: np.ndarray) -> None:
-    """Each gap must fit in its class: rejects hostile gaps before any sum of them can overflow."""
-    if np.any(gaps >= class_size):
-        raise InvalidPositions("a position gap is larger than its class")
-
-
-def split_gaps(sorted_idx: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Class of each sorted index and the gap to the previous marked index of the same class.
-
-    `sorted_idx` ascending, in a layout where class c occupies [starts[c], starts[c] + counts[c]).
-    """
-    ends = starts + counts
-    cls = np.searchsorted(ends, sorted_idx, side="right")
-    prev = np.empty_like(sorted_idx)
-    prev[1:] = sorted_idx[:-1]
-    first = np.ones(sorted_idx.shape, dtype=bool)
-    first[1:] = cls[1:] != cls[:-1]
-    prev[first] = starts[cls[first]] - 1
-    return cls, sorted_idx - prev - 1
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate([t.k for t in tables]), np.concatenate([t.code for t in tables])

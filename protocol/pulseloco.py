@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from protocol import floatcode, positions
+from protocol import floatcode, positions, tensorbytes
 from protocol.ans import AnsDecoder, AnsEncoder, require
 from protocol.codec import Codec, CodecStats, State, numel, read_words, require_finite, write_words
-from protocol.contexts import check_full_classes, locate, marked_ranks
+from protocol.contexts import EXPONENT, NUM_CONTEXTS, check_full_classes, class_counts, place, take_class_major
 from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.tensorbytes import bits, dtype_name
 from protocol.wire import Reader, Writer
@@ -92,7 +92,7 @@ class PulseLoCoCodec(Codec):
         model_bytes = len(w.getvalue()) - before_model
         pos_enc = AnsEncoder()
         positions.encode_gaps(
-            pos_enc, np.concatenate([p.gaps for p in parts]), positions.per_position([p.table for p in parts])
+            pos_enc, np.concatenate([p.gaps for p in parts]), *positions.table_groups([p.table for p in parts])
         )
         pos_words = pos_enc.finish()
         val_enc = AnsEncoder()
@@ -110,27 +110,22 @@ class PulseLoCoCodec(Codec):
         return new_error, stats
 
     def _sparsify(self, weights: torch.Tensor, s: torch.Tensor) -> tuple[_Part, torch.Tensor]:
-        """Gate s against W; the part to send (class-major) and the new buffer."""
+        """Gate s (a buffer this codec owns) against W; the part to send (class-major) and the new
+        buffer: s itself, with the sent values taken out of it in one compiled walk."""
         flat = s.reshape(-1)
         require_finite("pulseloco", flat)
-        mask = gate(weights, flat).cpu().numpy()
-        pos, cls, rank, counts = marked_ranks(bits(weights), mask, dtype_name(weights.dtype))
-        order = np.argsort(cls, kind="stable")  # class-major; ranks stay ascending inside a class
-        pos, cls, rank = pos[order], cls[order], rank[order]
-        first = np.ones(len(cls), dtype=bool)
-        first[1:] = cls[1:] != cls[:-1]
-        gaps = rank - np.where(first, -1, np.concatenate(([0], rank[:-1]))) - 1
-        k_all = np.bincount(cls, minlength=len(counts))
-        codes, _ = positions.choose_codes(cls, gaps, counts, k_all)
+        mask = gate(weights, flat).cpu().numpy().view(np.uint8)
+        raw = bits(weights)
+        shift, emask = EXPONENT[dtype_name(weights.dtype)]
+        counts, k_all = class_counts(raw, mask, shift, emask)
+        host = flat.numpy() if tensorbytes.on_host(flat) else flat.cpu().numpy()
+        offsets = np.zeros(0, np.int32 if len(raw) < 1 << 31 else np.int64)
+        gaps, values = take_class_major(raw, mask, host, shift, emask, k_all, self.value_format == "bf16", offsets)
+        codes, _ = positions.choose_codes(None, gaps, counts, k_all)
         classes = np.flatnonzero(k_all)
         table = positions.ClassTable(classes, k_all[classes], codes[classes])
-        index = torch.from_numpy(pos).to(flat.device)
-        sent = flat[index]
-        if self.value_format == "bf16":
-            sent = sent.to(torch.bfloat16).float()
-        e_new = flat.clone()
-        e_new[index] = flat[index] - sent  # exact: see the invariant
-        part = _Part(table, gaps, cls.astype(np.uint8), sent.cpu().numpy())
+        e_new = flat if tensorbytes.on_host(flat) else torch.from_numpy(host).to(flat.device)
+        part = _Part(table, gaps, np.repeat(classes, k_all[classes]).astype(np.uint8), values)
         return part, e_new.reshape(s.shape)
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
@@ -143,42 +138,28 @@ class PulseLoCoCodec(Codec):
         pos_words, val_words = read_words(r), read_words(r)
         r.expect_end()
         total = sum(t.total for t in tables)  # what the streams must carry, before anything of that size
-        require(pos_words, *positions.coded_cost(tables), "positions stream")
+        require(pos_words, *positions.group_cost(*positions.table_groups(tables)), "positions stream")
         require(val_words, total, total * _MANTISSA_BY_CODE[code], "values stream")
-        pos_by_tensor = _decode_positions(pos_words, weights, names, tables)
+        dec = AnsDecoder(pos_words)
+        gaps = positions.decode_gaps(dec, *positions.table_groups(tables))
+        dec.finish()
         dec = AnsDecoder(val_words)
-        ctx = np.concatenate([np.zeros(0, np.uint8)] + [np.repeat(t.classes, t.k) for t in tables])
-        values = floatcode.decode(dec, ctx, models, _MANTISSA_BY_CODE[code])
+        ctx = np.concatenate([np.zeros(0, np.uint8)] + [np.repeat(t.classes, t.k).astype(np.uint8) for t in tables])
+        values = floatcode.decode(dec, ctx, models, _MANTISSA_BY_CODE[code])  # finite: inf/NaN refused
         dec.finish()
         out, offset = {}, 0
-        for name, pos in zip(names, pos_by_tensor, strict=True):
-            flat = np.zeros(weights[name].numel(), dtype=np.float32)
-            flat[pos] = values[offset : offset + len(pos)]  # finite: floatcode.decode refuses inf/NaN
-            offset += len(pos)
-            out[name] = torch.from_numpy(flat).reshape(weights[name].shape)
+        for name, table in zip(names, tables, strict=True):
+            w = weights[name]
+            flat = np.zeros(w.numel(), dtype=np.float32)
+            end = offset + table.total
+            if table.total:
+                k = np.zeros(NUM_CONTEXTS, np.int64)
+                k[table.classes] = table.k
+                shift, emask = EXPONENT[dtype_name(w.dtype)]
+                counts, ok = place(bits(w), shift, emask, k, gaps[offset:end], values[offset:end], flat)
+                if not ok:
+                    raise InvalidPositions(f"{name}: a rank is past the end of its exponent class")
+                check_full_classes(name, table.classes, table.k, table.code == positions.FULL, counts)
+            offset = end
+            out[name] = torch.from_numpy(flat).reshape(w.shape)
         return out
-
-
-def _decode_positions(
-    words: np.ndarray, weights: State, names: list[str], tables: list[positions.ClassTable]
-) -> list[np.ndarray]:
-    """Sent positions per tensor, class-major (the order values come in)."""
-    dec = AnsDecoder(words)
-    gaps = positions.decode_gaps(dec, positions.per_position(tables))
-    dec.finish()
-    out, offset = [], 0
-    for name, table in zip(names, tables, strict=True):
-        mine = gaps[offset : offset + table.total]
-        offset += table.total
-        if np.any(mine >= weights[name].numel()):  # bounds every sum of gaps below
-            raise InvalidPositions(f"{name}: a position gap is larger than the tensor")
-        if not table.total:
-            out.append(mine)
-            continue
-        w = weights[name]
-        raw = bits(w)
-        ranks = positions.ranks_from_gaps(mine, table.k)
-        pos, counts = locate(raw, dtype_name(w.dtype), table.classes, table.k, ranks)
-        check_full_classes(name, table.classes, table.k, table.code == positions.FULL, counts)
-        out.append(pos)
-    return out

@@ -456,7 +456,7 @@ def _require(e: _Entry) -> None:
     """Refuse a table that claims more than its stream can carry: each change is at least one
     value symbol, each coded gap one geometric symbol plus its remainder bits."""
     assert e.table is not None and e.words is not None
-    symbols, raw = positions.coded_cost([e.table])
+    symbols, raw = positions.group_cost(e.table.k, e.table.code)
     require(e.words, e.table.total + symbols, raw, f"{e.name}: stream")
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 
@@ -58,7 +59,7 @@ def is_tiled(shape: torch.Size) -> bool:
 
 def chunk_order(shape: torch.Size) -> np.ndarray | None:
     """Flat index of each chunk-order index (64x64 tiles), or None when chunks are flat runs.
-    (A reference for tests; the codec maps only the picked indices, with `flat_index`.)"""
+    (A reference for tests; the codec permutes tensors with `in_chunk_order`.)"""
     if is_tiled(shape):
         rows, cols = shape
         return np.arange(rows * cols).reshape(rows // TILE, TILE, cols // TILE, TILE).transpose(0, 2, 1, 3).reshape(-1)
@@ -71,16 +72,6 @@ def in_chunk_order(t: torch.Tensor) -> torch.Tensor:
         rows, cols = t.shape
         return t.reshape(rows // TILE, TILE, cols // TILE, TILE).permute(0, 2, 1, 3).reshape(-1)
     return t.reshape(-1)
-
-
-def flat_index(shape: torch.Size, sidx: np.ndarray) -> np.ndarray:
-    """Flat indices of chunk-order indices `sidx` (the inverse of `in_chunk_order`, pointwise)."""
-    if not is_tiled(shape):
-        return sidx
-    cols = shape[1]
-    tile, inner = sidx // CHUNK, sidx % CHUNK
-    tile_row, tile_col = tile // (cols // TILE), tile % (cols // TILE)
-    return (tile_row * TILE + inner // TILE) * cols + tile_col * TILE + inner % TILE
 
 
 def chunk_sizes(n: int) -> np.ndarray:
@@ -150,12 +141,13 @@ class SparseLoCoCodec(Codec):
         model_bytes = len(w.getvalue()) - start
         pos_enc, val_enc = AnsEncoder(), AnsEncoder()
         cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
-        positions.encode_gaps(pos_enc, cat([p.gaps for p in sparse]), cat([_gap_codes(p) for p in sparse]))
+        positions.encode_gaps(
+            pos_enc, cat([p.gaps for p in sparse]), cat([p.k for p in sparse]), cat([_chunk_codes(p) for p in sparse])
+        )
         if sparse:
             bins = Models.from_counts(np.stack([np.bincount(p.bins, minlength=BINS) for p in sparse]))
-            val_enc.categorical(
-                cat([p.bins for p in sparse]), bins, np.repeat(np.arange(len(sparse)), [len(p.bins) for p in sparse])
-            )
+            lengths = np.array([len(p.bins) for p in sparse])
+            val_enc.categorical(np.concatenate([p.bins for p in sparse]), bins, runs=(np.arange(len(sparse)), lengths))
         floatcode.encode(val_enc, coded, floatcode.BF16_MANTISSA)
         pos_words, val_words = pos_enc.finish(), val_enc.finish()
         write_words(w, pos_words)
@@ -171,36 +163,33 @@ class SparseLoCoCodec(Codec):
         return new_error, stats
 
     def _sparsify(self, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
-        """Pick top-k per chunk of the flat `acc`; the part to send and the new flat buffer."""
+        """Pick top-k per chunk of the flat `acc` (a buffer this codec owns); the part to send and
+        the new buffer, which reuses acc's memory (the residual written back in tensor order)."""
         co = in_chunk_order(acc.reshape(shape))
         magnitude = co.abs()
         require_finite(f"sparseloco tensor of shape {tuple(shape)}", co, magnitude)
         sizes = chunk_sizes(acc.numel())
         k = np.minimum(self.k, sizes)
-        picked = []
         n_full = int((sizes == CHUNK).sum())
-        if n_full:
-            top = magnitude[: n_full * CHUNK].view(n_full, CHUNK).topk(int(k[0]), dim=1).indices  # (chunks, k)
-            offsets = torch.arange(n_full, device=top.device)[:, None] * CHUNK
-            picked.append((top.sort(dim=1).values + offsets).reshape(-1))
-        if len(sizes) > n_full:
-            tail = magnitude[n_full * CHUNK :].topk(int(k[-1])).indices.sort().values
-            picked.append(tail + n_full * CHUNK)
-        sidx_t = torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64)
-        values = co[sidx_t].cpu().numpy()
-        sidx = sidx_t.cpu().numpy()
+        full = co[: n_full * CHUNK].view(n_full, CHUNK)
+        top = magnitude[: n_full * CHUNK].view(n_full, CHUNK).topk(self.k, dim=1).indices.sort(dim=1).values
+        tail = co[n_full * CHUNK :]
+        tail_top = magnitude[n_full * CHUNK :].topk(int(k[-1]) if len(sizes) > n_full else 0).indices.sort().values
+        del magnitude
+        values = torch.cat([full.gather(1, top).reshape(-1), tail[tail_top]]).cpu().numpy()
         bins, centroids = quantize(values)
-        flat_idx = torch.from_numpy(flat_index(shape, sidx)).to(acc.device)
-        e_new = acc.clone()
-        e_new[flat_idx] = acc[flat_idx] - torch.from_numpy(centroids[bins]).to(acc.device)
-        _, gaps = positions.split_gaps(sidx, np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes)
-        partial = np.repeat(k < sizes, k)
-        code = 0
-        if partial.any():
+        sent = torch.from_numpy(centroids[bins]).to(co.device)
+        full.scatter_add_(1, top, -sent[: top.numel()].view_as(top))  # co is ours: the residual in place
+        tail[tail_top] -= sent[top.numel() :]
+        gaps = chunk_gaps(top, tail_top)
+        _back_to_tensor_order(co, acc, shape)
+        code = positions.FULL
+        if self.k < CHUNK or (len(sizes) > n_full and k[-1] < sizes[-1]):
+            partial = np.repeat(k < sizes, k)
             one_class = np.zeros(int(partial.sum()), np.int64)
             codes, _ = positions.choose_codes(one_class, gaps[partial], np.array([CHUNK]), np.array([self.k]))
             code = int(codes[0])
-        return _Sparse(sizes, k, code, gaps, bins, centroids), e_new
+        return _Sparse(sizes, k, code, gaps, bins.astype(np.uint8), centroids), acc
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         k = r.varint(CHUNK, "k")
@@ -218,22 +207,25 @@ class SparseLoCoCodec(Codec):
         r.expect_end()
         picked = sum(int(c.sum()) for _, _, c in headers.values())
         require(val_words, picked + n_dense, n_dense * floatcode.BF16_MANTISSA, "values stream")
-        sidx = self._decode_positions(pos_words, weights, headers)
+        gaps = self._decode_gaps(pos_words, weights, headers)
         dec = AnsDecoder(val_words)
         out: dict[str, torch.Tensor] = {}
         if headers:
             counts = np.stack([c for _, _, c in headers.values()])
-            ids = np.repeat(np.arange(len(headers)), counts.sum(axis=1))
-            all_bins = dec.categorical(Models.from_counts(counts), ids)
+            all_bins = dec.categorical(Models.from_counts(counts), runs=(np.arange(len(headers)), counts.sum(axis=1)))
         offset = 0
         for name, (_, centroids, c) in headers.items():
-            bins = all_bins[offset : offset + int(c.sum())]
-            offset += int(c.sum())
+            total = int(c.sum())
+            bins, tensor_gaps = all_bins[offset : offset + total], gaps[offset : offset + total]
+            offset += total
             if not np.array_equal(np.bincount(bins, minlength=BINS), c):
                 raise MalformedPayload(f"{name}: decoded bins disagree with their counts")
+            shape = weights[name].shape
             flat = np.zeros(weights[name].numel(), dtype=np.float32)
-            flat[flat_index(weights[name].shape, sidx[name])] = centroids[bins]  # finite: checked in the header
-            out[name] = torch.from_numpy(flat).reshape(weights[name].shape)
+            cols = shape[1] if is_tiled(shape) else 0
+            if not _scatter(flat, tensor_gaps, min(self.k, CHUNK), cols, bins, centroids):
+                raise InvalidPositions(f"{name}: a picked position is past the end of its chunk")
+            out[name] = torch.from_numpy(flat).reshape(shape)  # finite: centroids are checked in the header
         dense = floatcode.decode(
             dec, np.full(n_dense, DENSE_CTX, dtype=np.uint8), dense_models, floatcode.BF16_MANTISSA
         )
@@ -262,33 +254,71 @@ class SparseLoCoCodec(Codec):
             raise MalformedPayload(f"{name}: gap code 0 must mean every chunk is fully sent")
         return code, centroids, counts
 
-    def _decode_positions(
+    def _decode_gaps(
         self, words: np.ndarray, weights: State, headers: dict[str, tuple[int, np.ndarray, np.ndarray]]
-    ) -> dict[str, np.ndarray]:
-        """Chunk-order picked indices per sparse tensor, ascending."""
-        geometry = {}
+    ) -> np.ndarray:
+        """The gaps of every sparse tensor's picks, chunk by chunk, tensors in order."""
+        ks, codes = [], []
         for name, (code, _, _) in headers.items():
             sizes = chunk_sizes(weights[name].numel())
             k = np.minimum(self.k, sizes)
-            geometry[name] = (sizes, k, np.repeat(np.where(k < sizes, code, positions.FULL), k))
-        cat = lambda i: np.concatenate([g[i] for g in geometry.values()]) if geometry else np.zeros(0, dtype=np.int64)  # noqa: E731
-        sizes_all, k_all, codes = cat(0), cat(1), cat(2)
+            ks.append(k)
+            codes.append(np.where(k < sizes, code, positions.FULL))
+        cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
         dec = AnsDecoder(words)
-        gaps = positions.decode_gaps(dec, codes)
+        gaps = positions.decode_gaps(dec, cat(ks), cat(codes))
         dec.finish()
-        positions.check_gaps(gaps, np.repeat(sizes_all, k_all))
-        out, offset = {}, 0
-        for name, (sizes, k, _) in geometry.items():
-            total = int(k.sum())
-            ranks = positions.ranks_from_gaps(gaps[offset : offset + total], k)
-            if np.any(ranks >= np.repeat(sizes, k)):
-                raise InvalidPositions(f"{name}: a picked position is past the end of its chunk")
-            starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-            out[name] = ranks + np.repeat(starts, k)
-            offset += total
-        return out
+        return gaps
 
 
-def _gap_codes(part: _Sparse) -> np.ndarray:
-    """The gap code of each picked position: the tensor's, or FULL in a fully sent chunk."""
-    return np.repeat(np.where(part.k < part.sizes, part.code, positions.FULL), part.k)
+def chunk_gaps(top: torch.Tensor, tail_top: torch.Tensor) -> np.ndarray:
+    """Gaps between the sorted picks of each chunk (the first from -1): (chunks, k) and the tail."""
+    gaps = [
+        torch.diff(top, dim=1, prepend=top.new_full((top.shape[0], 1), -1)).reshape(-1) - 1,
+        torch.diff(tail_top, prepend=tail_top.new_full((1,), -1)) - 1,
+    ]
+    return torch.cat(gaps).to(torch.int32).cpu().numpy()
+
+
+def _back_to_tensor_order(co: torch.Tensor, acc: torch.Tensor, shape: torch.Size) -> None:
+    """Write the chunk-ordered `co` into `acc` in the tensor's own order (nothing to do for runs)."""
+    if is_tiled(shape) and co.data_ptr() != acc.data_ptr():  # one tile column: chunk order is the order
+        rows, cols = shape
+        acc.view(rows // TILE, TILE, cols // TILE, TILE).copy_(
+            co.view(rows // TILE, cols // TILE, TILE, TILE).transpose(1, 2)
+        )
+
+
+@numba.njit(nogil=True, cache=True)
+def _scatter(flat: np.ndarray, gaps: np.ndarray, k: int, cols: int, bins: np.ndarray, centroids: np.ndarray) -> bool:
+    """flat[position of pick j] = centroids[bins[j]]: picks are gaps inside chunks of CHUNK
+    (k a chunk; the last chunk smaller and fully sent when it has at most k weights), 64x64 tiles
+    when cols > 0. False if a pick falls past its chunk."""
+    n = len(flat)
+    tiles_per_row = cols // TILE if cols else 0
+    j = 0
+    start = 0
+    while start < n:
+        size = min(CHUNK, n - start)
+        rank = -1
+        for _ in range(min(k, size)):
+            rank += int(gaps[j]) + 1
+            if rank >= size:
+                return False
+            sidx = start + rank
+            if cols:
+                tile, inner = sidx // CHUNK, sidx % CHUNK
+                sidx = (
+                    ((tile // tiles_per_row) * TILE + inner // TILE) * cols
+                    + (tile % tiles_per_row) * TILE
+                    + inner % TILE
+                )
+            flat[sidx] = centroids[bins[j]]
+            j += 1
+        start += size
+    return True
+
+
+def _chunk_codes(part: _Sparse) -> np.ndarray:
+    """The gap code of each chunk: the tensor's, or FULL for a fully sent one."""
+    return np.where(part.k < part.sizes, part.code, positions.FULL)

@@ -192,7 +192,8 @@ def craft(
     models = floatcode.Models(np.array([ctx0]), np.bincount(sym, minlength=floatcode.ALPHABET)[None, :])
     floatcode.write_models(w, models)
     enc = AnsEncoder()
-    positions.encode_gaps(enc, gaps, np.full(len(gaps), code))
+    coded_as = code if code <= positions.MAX_CODE else GAP_CODE  # an unknown code byte lies in the table only
+    positions.encode_gaps(enc, gaps, np.array([len(gaps)]), np.array([coded_as]))  # one group: the class
     write_words(w, enc.finish())
     enc = AnsEncoder()
     floatcode.encode(enc, floatcode.Coded(sym, raw & 0x7FFFFF, ctx, models), 23)
