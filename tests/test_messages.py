@@ -29,6 +29,7 @@ from protocol.messages import (
     MAX_REJECTIONS,
     MAX_ROUND,
     MAX_SELECTED,
+    PROTOCOL_VERSION,
     CheckpointAnnouncement,
     Heartbeat,
     PoolEntry,
@@ -36,8 +37,10 @@ from protocol.messages import (
     Rejection,
     RolloutAnnouncement,
     RolloutPool,
+    RoundMetrics,
     RoundResult,
     ScoredSubmission,
+    Standing,
     SubmissionHeader,
 )
 from protocol.signing import MAX_ENVELOPE_BYTES, SeenCache, SignedMessage, open_any, open_signed, sign
@@ -116,6 +119,41 @@ def test_every_kind_roundtrips_through_canonical_bytes() -> None:
 def test_worst_case_message_fits_a_dht_value() -> None:
     signed = sign(Identity.generate(), worst_round_result())
     assert len(signed.to_bytes()) <= MAX_ENVELOPE_BYTES < 64 * 1024
+
+
+def worst_round_metrics() -> RoundMetrics:
+    long = -1.2345678901234567e-300
+    return RoundMetrics(
+        run_id=RUN,
+        round=2**62,
+        held_out_loss=1.2345678901234567e-300,
+        held_out_reward=long,
+        submissions=2**31,
+        received_bytes=2**40,
+        dense_bytes=2**40,
+        standings=tuple(
+            Standing(sender=h(f"m{i}"), rating=long, indicator=long) for i in range(MAX_SELECTED + MAX_REJECTIONS)
+        ),
+    )
+
+
+def test_round_metrics_roundtrip_fit_a_dht_value_and_bound_their_fields() -> None:
+    metrics = worst_round_metrics()
+    assert RoundMetrics.from_canonical(metrics.canonical_bytes()) == metrics
+    assert len(sign(Identity.generate(), metrics).to_bytes()) <= MAX_ENVELOPE_BYTES
+    fields = metrics.model_dump(mode="json")
+    for change in ({"held_out_loss": -1.0}, {"schema_version": 2}, {"submissions": 2**31 + 1}, {"dense_bytes": -1}):
+        with pytest.raises(MalformedPayload):
+            RoundMetrics.from_canonical(_dumps({**fields, **change}))
+    too_many = [*fields["standings"], fields["standings"][0]]
+    with pytest.raises(MalformedPayload):
+        RoundMetrics.from_canonical(_dumps({**fields, "standings": too_many}))
+
+
+def _dumps(fields: dict[str, object]) -> bytes:
+    import json
+
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
 @pytest.mark.parametrize(
@@ -217,6 +255,7 @@ def _moved(signed: SignedMessage, **changes: object) -> SignedMessage:
         ({"round": 4}, InvalidSignature),
         ({"kind": "heartbeat"}, MalformedPayload),
         ({"sender": Identity.generate().public_key}, InvalidSignature),
+        ({"expires_ms": 2**40}, InvalidSignature),  # freshness is signed: nobody can extend a record's life
     ],
 )
 def test_signature_is_bound_to_its_domain(changes: dict[str, object], error: type[Exception]) -> None:
@@ -239,14 +278,14 @@ def test_signature_from_another_run_never_verifies_here() -> None:
 
 def test_signature_from_another_version_never_verifies() -> None:
     me = Identity.generate()
-    signed = replace(sign(me, submission(me)), version=2)
+    signed = replace(sign(me, submission(me)), version=PROTOCOL_VERSION + 1)
     with pytest.raises(UnknownVersion):
         SignedMessage.from_bytes(signed.to_bytes())
-    # A signature made under version 0, presented as version 1, does not verify.
-    legacy = replace(sign(me, submission(me)), version=0, signature=b"")
+    # A signature made under an older version, presented as this one, does not verify.
+    legacy = replace(sign(me, submission(me)), version=PROTOCOL_VERSION - 1, signature=b"")
     legacy = replace(legacy, signature=me.sign(legacy.preimage()))
     with pytest.raises(InvalidSignature):
-        replace(legacy, version=1).open(run_id=RUN, expect=SubmissionHeader)
+        replace(legacy, version=PROTOCOL_VERSION).open(run_id=RUN, expect=SubmissionHeader)
 
 
 def test_body_and_envelope_must_agree_on_sender() -> None:
@@ -276,7 +315,7 @@ def test_framing_errors() -> None:
         SignedMessage.from_bytes(b"XXXX" + data[4:])
     with pytest.raises(SizeLimitExceeded):
         SignedMessage.from_bytes(data + b"\x00" * MAX_ENVELOPE_BYTES)
-    body_len_at = 4 + 3 + len("submission") + 32 + 8 + 32  # magic, version+kind len, kind, run, round, key
+    body_len_at = 4 + 3 + len("submission") + 32 + 8 + 8 + 32  # magic, version+kind len, kind, run, round, expires, key
     huge_len = data[:body_len_at] + struct.pack(">I", 2**31) + data[body_len_at + 4 :]
     with pytest.raises(SizeLimitExceeded, match="body"):
         SignedMessage.from_bytes(huge_len)

@@ -42,6 +42,7 @@ from node.bench import plainpatch
 from node.bench.peakmem import PeakMemory
 from node.bench.report import BenchResult, table
 from node.bench.trace import HF_MODELS, hf_trace_dir, make_hf_trace, make_trace, read_manifest, trace_pairs
+from node.events import steps as with_progress
 from node.learn.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
 from node.learn.data import stdlib_corpus
 from protocol import pulsesync
@@ -85,7 +86,8 @@ def run(args: argparse.Namespace) -> BenchResult:
     times = dict.fromkeys(_PHASES, 0.0)
     peaks = {"encode": 0, "apply": 0, "device": 0}
     pairs = 0
-    for old, new in _pairs(trace_dir, args.delay, device):
+    n_pairs = len(read_manifest(trace_dir)["files"]) - args.delay
+    for old, new in with_progress(_pairs(trace_dir, args.delay, device), "patch pairs", total=n_pairs):
         _measure_pair(old, new, args.repeat, totals, times, peaks)
         pairs += 1
     state_bytes = 2 * totals["elements"] / pairs

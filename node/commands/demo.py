@@ -19,8 +19,10 @@ from rich.live import Live
 from rich.table import Table
 
 from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG
+from node.events import EventLog, read_events
+from node.events.models import Baseline, RoundClosed
 from node.run.manifest import load_manifest
-from node.swarm.demo import Swarm, plot, prepare, read_events, summarize
+from node.swarm.demo import Swarm, plot, prepare, summarize
 from protocol.errors import ConfigError
 
 
@@ -34,6 +36,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--config", type=Path, default=None, help="base manifest (configs/tiny.toml; rl.toml for rl)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    parser.add_argument(
+        "--dashboard", type=int, metavar="PORT", help="also serve the live run page (`pulse dashboard`) on this port"
+    )
     parser.set_defaults(func=run)
 
 
@@ -49,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     followers = args.followers if args.followers is not None else (2 if args.task == "rl" else 1)
     out: Path = args.out
-    shutil.rmtree(out / "work", ignore_errors=True)
-    shutil.rmtree(out / "events", ignore_errors=True)
+    for stale in ("work", "events", "validator"):  # a new run: fresh keys, so no state of the last one is valid
+        shutil.rmtree(out / stale, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     manifest, validator_key, miner_keys = prepare(out, base, args.miners)
     swarm = Swarm(out, manifest, args.rounds)
@@ -58,11 +63,16 @@ def run(args: argparse.Namespace) -> int:
     ok = False
     try:
         swarm.start_bootstrap()
-        validator = swarm.start_role("validator", "validator", validator_key)
+        if args.dashboard is not None:
+            _, url = swarm.start_dashboard(args.dashboard)
+            console.print(f"live run page: {url}")
+        validator = swarm.start_role("validator", "validator", validator_key, state_dir=out / "validator")
         workers = [swarm.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
         workers += [swarm.start_role(f"follower{i}" if i else "follower", "follow", None) for i in range(followers)]
         deadline = time.monotonic() + args.timeout
-        with Live(_table([], args.rounds), console=console, refresh_per_second=2, transient=args.json) as live:
+        with Live(
+            _table(EventLog([]), args.rounds), console=console, refresh_per_second=2, transient=args.json
+        ) as live:
             while time.monotonic() < deadline:
                 live.update(_table(read_events(out / "events"), args.rounds))
                 if all(w.popen.poll() is not None for w in workers) or validator.popen.poll() is not None:
@@ -81,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         rl = args.task == "rl"
         curve = "reward.png" if rl else "loss.png"
-        console.print(f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png; logs in {out}/logs")
+        console.print(
+            f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png, {out}/leaderboard.png; logs in {out}/logs"
+        )
+        console.print(f"the model: pulse export --state-dir {out}/validator --config {out}/run.toml --out {out}/model")
         if not summary["rounds"]:
             console.print("no round completed")
         else:
@@ -99,28 +112,26 @@ def run(args: argparse.Namespace) -> int:
     return 0 if good else 1
 
 
-def _table(records: list[dict[str, Any]], rounds: int) -> Table:
+def _table(log: EventLog, rounds: int) -> Table:
     table = Table(title=f"pulse demo: {rounds} rounds on loopback")
-    rl = any(r.get("reward") is not None for r in records if r["event"] in ("round", "baseline"))
-    key = "reward" if rl else "loss"
-    metric = f"held-out {key}"
+    rl = any(e.reward is not None for e in log.events(RoundClosed)) or any(
+        e.reward is not None for e in log.events(Baseline)
+    )
+    metric = f"held-out {'reward' if rl else 'loss'}"
     for col in ("round", metric, "submissions", "selected", "sent", "vs dense", "patch", "scores"):
         table.add_column(col, justify="right" if col != "scores" else "left")
-    names = {r["sender"]: r["name"] for r in records if r["event"] == "start" and "sender" in r}
-    for r in records:
-        if r["event"] != "round":
-            continue
-        scores = ", ".join(
-            f"{names.get(k, k[:8])} {v:.3g}" for k, v in sorted(r["scores"].items(), key=lambda kv: -kv[1])
-        )
+    names = {key: name for name, key in log.keys().items()}
+    for e in log.events(RoundClosed):
+        scores = ", ".join(f"{names.get(k, k[:8])} {v:.3g}" for k, v in sorted(e.scores.items(), key=lambda kv: -kv[1]))
+        value = e.reward if rl else e.loss
         table.add_row(
-            str(r["round"]),
-            "-" if r.get(key) is None else f"{r[key]:.4f}",
-            str(r["submissions"]),
-            str(r["selected"]),
-            f"{r['bytes'] / 1e3:.1f} kB",
-            f"{r['dense_bytes'] / max(r['bytes'], 1):.0f}x smaller",
-            f"{r['patch_bytes'] / 1e3:.1f} kB",
+            str(e.round),
+            "-" if value is None else f"{value:.4f}",
+            str(e.submissions),
+            str(e.selected),
+            f"{e.bytes / 1e3:.1f} kB",
+            f"{e.dense_bytes / max(e.bytes, 1):.0f}x smaller",
+            f"{e.patch_bytes / 1e3:.1f} kB",
             scores or "-",
         )
     return table

@@ -1,43 +1,57 @@
-"""One running node on the network: DHT records, blob serving and fetching, all awaitable.
+"""What a role needs of the network: one interface, two implementations.
 
-    peer = await Peer.create(net_config, run, identity, folder, role="miner")   # run: a `RunRecords`
     result = await peer.round_result(r)        # the validator's signed verdict for round r, or None
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
-    await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"
-    await peer.shutdown()
+    peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
+    await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
+    await peer.submit(signed, payload_path, deadline=t)   # push to the validator; BUSY: again until t
+    peer.take_submissions(accept, on_submission, favoured)   # the validator: take pushed submissions
 
-hivemind's DHT API blocks (a pipe to its process), so every DHT call runs in a thread with the
-DHT's own timeout; blob transfers are bounded by `TransferLimits`. Only records signed by one of
-the run's validator keys count as round results and checkpoints.
+- `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
+  latest result). `pulse status` needs nothing more.
+- `Peer` is a node on the network: a `RunView` that also publishes records, holds and fetches
+  blobs, and pushes (or takes) submissions.
+
+Everything here is written once on top of a few transport primitives (`_get`, `_store`,
+`_fetch_one`, `_submit_to`, ...): `p2ppeer.P2PPeer` implements them with hivemind's DHT and libp2p
+streams, `memory.MemoryPeer` with an in-process network for the fast test tier. Both check every
+record's signature with `dht.PulseRecordValidator` and every blob against its SHA-256. Only records
+signed by one of the run's validator keys count as round results and checkpoints.
+
+A fetch asks the holders that delivered before first and hedges over the others
+(`fetching.py`), within one deadline per blob; blobs age out by `retention.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from hivemind.p2p import P2P, PeerID
-
 from node.net.blobstore import BlobStore
-from node.net.dht import PulseDHT
-from node.net.netconfig import NetConfig
-from node.net.transfer import Accept, OnSubmission, TransferService, fetch_from_any
-from protocol.errors import NetworkError, ProtocolError, TransferError
+from node.net.dht import sign_for
+from node.net.fetching import HolderBook, Progress, fetch_first
+from node.net.records import RecordRules
+from node.net.retention import BlobKind, Keeper, Retention
+from node.net.streams import DEFAULT_LIMITS, TransferLimits
+from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, fetch_deadline
+from protocol.errors import NetworkError, PeerBusy, TransferError
 from protocol.identity import Identity
-from protocol.messages import MAX_HELD_BLOBS, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
+from protocol.messages import MAX_HELD_BLOBS, MESSAGE_TYPES, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
 from protocol.signing import SignedMessage, Verified
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=WireModel)
-T = TypeVar("T")
 Role = Literal["bootstrap", "miner", "validator", "follower"]
 PUBLISH_RETRY_SECONDS = (1.0, 2.0)
+SUBMIT_BACKOFF_SECONDS = (0.5, 8.0)  # first pause after a BUSY answer, longest pause
 
 
 @dataclass(frozen=True)
@@ -45,108 +59,176 @@ class RunRecords:
     """What the network layer needs to know of a run (the roles make it from the manifest)."""
 
     run_id: str
-    validators: frozenset[str]  # public keys (hex) whose round results and checkpoints count
+    validators: tuple[str, ...]  # public keys (hex) whose round results and checkpoints count, in priority order
     record_ttl_seconds: float  # how long this node's DHT records live
     checkpoint_every: int  # how far back the newest checkpoint can be
 
+    def rules(self) -> RecordRules:
+        """The store-time rules every DHT peer of this run applies (`records.py`)."""
+        return RecordRules(self.run_id, self.validators)
 
-class Peer:
-    def __init__(
-        self, dht: PulseDHT, p2p: P2P, store: BlobStore, service: TransferService, run: RunRecords, role: Role
-    ) -> None:
-        self.dht, self.p2p, self.store, self.service = dht, p2p, store, service
-        self.run, self.role = run, role
-        self.run_id = run.run_id
-        self.validators = run.validators
-        self.held: list[str] = []  # blobs announced in heartbeats, newest last
-        self.validator_peer: PeerID | None = None
+    def retention(self) -> Retention:
+        """What a node keeps: enough rounds for a joiner to replay the patches since a checkpoint."""
+        return Retention(keep_rounds=max(Retention().keep_rounds, self.checkpoint_every + 2))
 
-    @classmethod
-    async def create(
-        cls,
-        config: NetConfig,
-        run: RunRecords,
-        identity: Identity,
-        folder: Path,
-        *,
-        role: Role,
-        accept: Accept | None = None,
-        on_submission: OnSubmission | None = None,
-    ) -> Peer:
-        loop = asyncio.get_running_loop()
-        dht = await loop.run_in_executor(None, lambda: PulseDHT.start(config, run_id=run.run_id, identity=identity))
-        try:
-            p2p = await asyncio.wait_for(dht.replicate_p2p(), config.startup_timeout)
-            store = BlobStore(folder / "blobs")
-            store.clear_partials()
-            service = await TransferService.create(
-                p2p, store, run_id=run.run_id, accept=accept, on_submission=on_submission
-            )
-        except BaseException:
-            dht.shutdown()
-            raise
-        return cls(dht, p2p, store, service, run, role)
+
+class RunView(ABC):
+    """The run's signed records, as this node reads them."""
+
+    def __init__(self, run: RunRecords) -> None:
+        self.run = run
 
     @property
-    def peer_id(self) -> PeerID:
-        return self.dht.peer_id
+    def run_id(self) -> str:
+        return self.run.run_id
 
-    async def shutdown(self) -> None:
-        try:
-            await asyncio.wait_for(self.service.shutdown(), 10.0)
-        except (TimeoutError, Exception) as exc:  # the daemon may already be gone on Ctrl+C
-            log.debug("transfer service shutdown: %s", exc)
-        await asyncio.get_running_loop().run_in_executor(None, self.dht.shutdown)
-
-    # -- DHT -------------------------------------------------------------------------------------
-
-    async def call(self, fn: Callable[[], T]) -> T:
-        """Run a blocking DHT call in a thread (it is bounded by the DHT's own timeout)."""
-        return await asyncio.get_running_loop().run_in_executor(None, fn)
+    @abstractmethod
+    async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        """The valid `kind` records of `round_`, signature-checked, the validators' first
+        (`RecordRules.read_order`); `NetworkError` if unreachable."""
 
     async def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        """Every valid `kind` record of `round_` (none when the network does not answer)."""
         try:
-            return await self.call(lambda: self.dht.get(kind, round_))
+            return await self._get(kind, round_)
         except NetworkError as exc:
-            log.debug("DHT get %s/%d failed: %s", kind.KIND, round_, exc)
+            log.debug("get %s/%d failed: %s", kind.KIND, round_, exc)
             return []
 
     async def from_validator(self, kind: type[M], round_: int) -> M | None:
-        for verified in await self.get(kind, round_):
-            if verified.sender_hex in self.validators:
-                return verified.message
-        return None
+        """The record of the first validator in priority order that has one (reads list them first)."""
+        found = [v for v in await self.get(kind, round_) if v.sender_hex in self.run.validators]
+        found.sort(key=lambda v: self.run.validators.index(v.sender_hex))
+        return found[0].message if found else None
 
     async def round_result(self, round_: int) -> RoundResult | None:
         return await self.from_validator(RoundResult, round_)
 
+    async def latest_result(self, start: int = 0) -> tuple[int, RoundResult | None]:
+        """(the last round with a round result, searched from `start`, that result); (start - 1, None) if none.
+
+        Exponential then binary search: O(log rounds) reads, each one round's records.
+        """
+        found = await self.round_result(start)
+        if found is None:
+            return start - 1, None
+        lo, step = start, 1
+        while (ahead := await self.round_result(lo + step)) is not None:
+            lo, step, found = lo + step, step * 2, ahead
+        hi = lo + step  # invariant: lo has a result (`found`), hi has none
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            middle = await self.round_result(mid)
+            lo, hi, found = (mid, hi, middle) if middle is not None else (lo, mid, found)
+        return lo, found
+
+    async def latest_result_round(self, start: int = 0) -> int:
+        """The last round with a round result, searched from `start`; start - 1 if none."""
+        return (await self.latest_result(start))[0]
+
+    async def latest_checkpoint(self, round_: int) -> CheckpointAnnouncement | None:
+        """The newest validator checkpoint at or below `round_`, looking back one checkpoint period."""
+        for r in range(round_, max(-1, round_ - self.run.checkpoint_every - 2), -1):
+            found = await self.from_validator(CheckpointAnnouncement, r)
+            if found is not None:
+                return found
+        return None
+
+
+class Peer(RunView):
+    """One node on the network: the run's records, blobs held and fetched, submissions pushed or taken."""
+
+    def __init__(
+        self, run: RunRecords, identity: Identity, store: BlobStore, role: Role, limits: TransferLimits = DEFAULT_LIMITS
+    ) -> None:
+        super().__init__(run)
+        self.identity, self.store, self.role, self.limits = identity, store, role, limits
+        self.held: list[str] = []  # blobs announced in heartbeats, newest last
+        self.validator_peer: str | None = None  # the active validator's peer id, from its heartbeat
+        self.holders = HolderBook()  # who delivered blobs, who failed
+        self.keeper = Keeper(store, run.retention())
+
+    # -- what an implementation provides -----------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def peer_id(self) -> str:
+        """This node's transport address (a libp2p peer id in base58), as heartbeats name it."""
+
+    @abstractmethod
+    async def _store(self, signed: SignedMessage) -> bool:
+        """Store a signed record under its signer's subkey until its signed expiry; False if no peer took it."""
+
+    @abstractmethod
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[Progress], None]) -> Path:
+        """Blob `sha256` (at most `size` bytes, hash-checked) from `holder` into `store`; `on_body`
+        when its body starts. `TransferError`/`ProtocolError` on any failure, nothing stored."""
+
+    @abstractmethod
+    async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
+        """One push of a submission to `validator`: `PeerBusy` if it has no slot, `TransferError` if refused."""
+
+    @abstractmethod
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
+        """Take pushed submissions (the validator): `accept` decides on each header, `on_submission`
+        gets each stored one, `favoured` senders may use the reserved slots. Until a role calls
+        this, a peer refuses every push."""
+
+    @abstractmethod
+    async def shutdown(self) -> None: ...
+
+    # -- for metrics (`roles/metrics.py`); None where an implementation cannot tell ------------------
+
+    def known_peers(self) -> int | None:
+        """Peers this node knows on the network (may block on the DHT: call it from a thread)."""
+        return None
+
+    def transfer_counts(self) -> TransferCounts | None:
+        """What this node's blob service did for others."""
+        return None
+
+    # -- records ---------------------------------------------------------------------------------
+
     async def validator_heartbeat(self, round_: int) -> Heartbeat | None:
         beat = await self.from_validator(Heartbeat, round_)
         if beat is not None and beat.role == "validator":
-            self.validator_peer = PeerID.from_base58(beat.peer_id)
+            self.validator_peer = beat.peer_id
             return beat
         return None
 
+    def sign(self, message: WireModel) -> SignedMessage:
+        """`message` signed by this node, fresh: kept in the DHT for the run's record TTL from now."""
+        return sign_for(self.identity, message, self.run.record_ttl_seconds)
+
     async def publish(self, message: WireModel) -> None:
-        ttl = self.run.record_ttl_seconds
-        await self._retry(message.KIND, message.round, lambda: self.dht.publish(message, ttl=ttl))
+        """Sign and store `message`; `NetworkError` if no peer took it after two retries."""
+        await self.publish_signed(self.sign(message).to_bytes())
 
     async def publish_signed(self, envelope: bytes) -> None:
-        signed = SignedMessage.from_bytes(envelope)
+        """Store a signed message: others' as they signed it (a relay), this node's own signed
+        afresh if it would not live half a TTL more (e.g. a result signed without an expiry, or
+        republished after a restart), so the stored record is the newest of its owner."""
+        signed = self._fresh(SignedMessage.from_bytes(envelope))
 
-        def store() -> None:
-            expiration = time.time() + self.run.record_ttl_seconds
-            if not self.dht.store_signed(signed, expiration_time=expiration):
+        async def store() -> None:
+            if not await self._store(signed):
                 raise NetworkError(f"no peer stored {signed.kind} for round {signed.round}")
 
         await self._retry(signed.kind, signed.round, store)
 
-    async def _retry(self, kind: str, round_: int, store: Callable[[], object]) -> None:
+    def _fresh(self, signed: SignedMessage) -> SignedMessage:
+        ttl = self.run.record_ttl_seconds
+        kind = MESSAGE_TYPES.get(signed.kind)
+        if signed.sender != self.identity.public_key or kind is None or signed.expires_at > time.time() + ttl / 2:
+            return signed
+        return sign_for(self.identity, signed.open(run_id=self.run_id, expect=kind), ttl)
+
+    async def _retry(self, kind: str, round_: int, store: Callable[[], Awaitable[None]]) -> None:
         """A store that no peer took is tried again after 1 s and 2 s: right after start-up (a
         restarted validator) the DHT node may not know its neighbours yet."""
         for pause in (*PUBLISH_RETRY_SECONDS, None):
             try:
-                await self.call(store)
+                await store()
                 return
             except NetworkError as exc:
                 if pause is None:
@@ -162,11 +244,14 @@ class Peer:
             log.info("could not store the %s for round %d in the DHT: %s", signed.kind, signed.round, exc)
 
     async def heartbeat(self, round_: int, state_hash: str | None) -> None:
+        """Publish 'alive at round r, serving these blobs', after dropping the blobs retention no longer keeps."""
+        removed = set(self.keeper.sweep(round_))
+        self.held = [sha for sha in self.held if sha not in removed]
         beat = Heartbeat(
             run_id=self.run_id,
             round=round_,
             role=self.role,
-            peer_id=self.peer_id.to_base58(),
+            peer_id=self.peer_id,
             state_hash=state_hash,
             blobs=tuple(self.held[-MAX_HELD_BLOBS:]),
             sent_at=int(time.time()),
@@ -176,54 +261,72 @@ class Peer:
         except NetworkError as exc:
             log.warning("could not publish a heartbeat for round %d: %s", round_, exc)
 
-    async def latest_result_round(self, start: int = 0) -> int:
-        """The last round with a round result, searched from `start` (exponential, then binary); -1 if none."""
-        if await self.round_result(start) is None:
-            return start - 1
-        lo, step = start, 1
-        while await self.round_result(lo + step) is not None:
-            lo, step = lo + step, step * 2
-        hi = lo + step  # invariant: lo has a result, hi has none
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if await self.round_result(mid) is not None else (lo, mid)
-        return lo
-
-    async def latest_checkpoint(self, round_: int) -> CheckpointAnnouncement | None:
-        """The newest validator checkpoint at or below `round_`, looking back one checkpoint period."""
-        for r in range(round_, max(-1, round_ - self.run.checkpoint_every - 2), -1):
-            found = await self.from_validator(CheckpointAnnouncement, r)
-            if found is not None:
-                return found
-        return None
-
     # -- blobs -----------------------------------------------------------------------------------
 
-    def hold(self, sha256: str) -> None:
-        """Announce `sha256` in the next heartbeats (this node re-serves it)."""
+    def hold(self, sha256: str, round_: int, kind: BlobKind = "patch") -> None:
+        """Announce `sha256` (a blob of round `round_`) in the next heartbeats: this node re-serves
+        it, and keeps it as `retention` says for its kind."""
+        self.keeper.tag(sha256, round_, kind)
         if sha256 in self.held:
             self.held.remove(sha256)
         self.held.append(sha256)
         del self.held[: -MAX_HELD_BLOBS // 2]
 
     async def fetch(self, sha256: str, size: int, round_: int) -> Path:
-        """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder."""
+        """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder of
+        round `round_` (or the next), the fastest that delivers, within one deadline."""
         if self.store.has(sha256):
             return self.store.path(sha256)
-        holders: list[PeerID] = []
-        for r in (round_, round_ + 1):
-            for verified in await self.get(Heartbeat, r):
-                beat = verified.message
-                if sha256 in beat.blobs or verified.sender_hex in self.validators:
-                    holders.append(PeerID.from_base58(beat.peer_id))
-        if self.validator_peer is not None:
-            holders.append(self.validator_peer)
-        holders = [h for h in dict.fromkeys(holders) if h != self.peer_id]
-        try:
-            path = await fetch_from_any(self.p2p, holders, sha256, self.store, max_size=size)
-        except ProtocolError as exc:
-            raise TransferError(f"blob {sha256[:12]}... failed its checks: {exc}") from exc
+        holders, trusted = await self._holders(sha256, round_)
+        path = await fetch_first(
+            [h for h in holders if h != self.peer_id],
+            lambda holder, on_body: self._fetch_one(holder, sha256, size, on_body),
+            book=self.holders,
+            sha256=sha256,
+            deadline=time.monotonic() + fetch_deadline(size, self.limits),
+            hedge_after=self.limits.hedge_after,
+            hedge_rate=self.limits.hedge_rate,
+            trusted=trusted,
+        )
         if path.stat().st_size != size:
             self.store.remove(sha256)
             raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")
+        self.keeper.tag_new(sha256, round_, "patch")
         return path
+
+    async def _holders(self, sha256: str, round_: int) -> tuple[list[str], set[str]]:
+        """Peers whose heartbeat of `round_` or the next lists `sha256`, and the validators' peers."""
+        holders: list[str] = []
+        trusted: set[str] = set()
+        for r in (round_, round_ + 1):
+            for verified in await self.get(Heartbeat, r):
+                beat = verified.message
+                if verified.sender_hex in self.run.validators:
+                    trusted.add(beat.peer_id)
+                if sha256 in beat.blobs or verified.sender_hex in self.run.validators:
+                    holders.append(beat.peer_id)
+        if self.validator_peer is not None:
+            holders.append(self.validator_peer)
+            trusted.add(self.validator_peer)
+        return holders, trusted
+
+    # -- submissions -----------------------------------------------------------------------------
+
+    async def submit(self, signed: SignedMessage, payload: Path, *, deadline: float | None = None) -> None:
+        """Push a signed submission header and its payload to the validator. A validator with no
+        free slot (BUSY) is asked again with growing pauses until `deadline` (unix time);
+        `TransferError` if it refused, `PeerBusy` if it was still busy then."""
+        pause, longest = SUBMIT_BACKOFF_SECONDS
+        while True:
+            if self.validator_peer is None:
+                raise TransferError("the validator's peer id is unknown")
+            try:
+                await self._submit_to(self.validator_peer, signed, payload)
+                return
+            except PeerBusy as exc:
+                wait = pause * random.uniform(0.5, 1.5)  # spread the retries of many miners
+                if deadline is None or time.time() + wait >= deadline:
+                    raise
+                log.info("the validator is busy (%s); trying again in %.1fs", exc, wait)
+                await asyncio.sleep(wait)
+                pause = min(2 * pause, longest)

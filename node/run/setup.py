@@ -1,8 +1,7 @@
-"""What a manifest means in memory: the model, the batches, W_0.
+"""What a manifest means in memory: the model and the batches (W_0 and the rest of the task: `task.py`).
 
 setup = RunSetup.from_manifest(manifest)
 setup.new_model()            # the run's model (embedded GPT or local Hugging Face LM), FP32
-setup.initial_master()       # W_0 as FP32 weights (only the validator needs them)
 setup.batch(seed)            # a miner's training batch, named by its seed
 setup.eval_batch(seed)       # the validator's scoring batch of the same seed (a prefix)
 setup.held_out()             # the batches the validator reports the loss on
@@ -14,13 +13,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import torch
-
 from node.learn.data import Corpus, load_text_files, stdlib_corpus
 from node.learn.hfmodel import load_hf_model, load_hf_tokenizer, model_dir, tokenize_corpus
 from node.learn.model import CausalLM, build_gpt
-from node.learn.rl.warmstart import warm_start
-from node.learn.train import Batch, unique_state
+from node.learn.train import Batch
 from node.run.manifest import Manifest
 from protocol.errors import ConfigError
 
@@ -63,13 +59,6 @@ class RunSetup:
         if self.manifest.model.kind == "hf":
             return load_hf_model(self.manifest.model.path or "")
         return build_gpt(self.manifest.model.gpt, self.manifest.model.seed)
-
-    def initial_master(self) -> dict[str, torch.Tensor]:
-        """W_0 in FP32: the model's initial weights, or for an RL run the (cached) supervised warm start."""
-        m = self.manifest
-        if m.task == "rl":
-            return warm_start(m.model.gpt, m.model.seed, m.rl)
-        return {n: t.detach().clone().float() for n, t in unique_state(self.new_model()).items()}
 
     def batch(self, seed: int) -> Batch:
         data = self.manifest.data

@@ -2,23 +2,28 @@
 
 Starts a bootstrap peer (`pulse dht`), a validator, N miners and a follower with a copy of
 `configs/tiny.toml` that names a fresh validator key, runs R rounds and stops everyone. Every
-role appends JSON lines to `DIR/events/<name>.jsonl` (`runtime.Events`); the demo reads them to
-draw the table, and at the end writes `DIR/summary.json`, `DIR/loss.png` and `DIR/bytes.png`.
+role appends JSON lines to `DIR/events/<name>.jsonl` (`node.events`); the demo reads them back as
+typed events (`read_events`) to draw the table, and at the end writes `DIR/summary.json`,
+`DIR/loss.png`, `DIR/bytes.png` and `DIR/leaderboard.png`. The validator's state folder stays at
+`DIR/validator` (`pulse export`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.events import EventLog
+from node.events.models import Baseline, Exited, Final, RoundClosed
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest
 from protocol.identity import Identity
@@ -72,10 +77,9 @@ class Swarm:
         self.procs.append(proc)
         return proc
 
-    def start_bootstrap(self, timeout: float = 60.0) -> None:
-        proc = self.spawn(
-            "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0"]
-        )
+    def start_bootstrap(self, timeout: float = 60.0, extra: Sequence[str] = ()) -> None:
+        args = ["dht", "--config", str(self.out / "run.toml"), "--host", "/ip4/127.0.0.1/tcp/0", *extra]
+        proc = self.spawn("bootstrap", "bootstrap", args)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = proc.log.read_text(errors="replace")
@@ -87,8 +91,18 @@ class Swarm:
             time.sleep(0.2)
         raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
 
-    def start_role(self, name: str, role: str, key: Path | None, *, state: str | None = None) -> Proc:
-        """Start `pulse <role>`; `state` names its state folder (default: `name`; a restart reuses one)."""
+    def start_role(
+        self,
+        name: str,
+        role: str,
+        key: Path | None,
+        *,
+        state: str | None = None,
+        state_dir: Path | None = None,
+        extra: Sequence[str] = (),
+    ) -> Proc:
+        """Start `pulse <role>`; its state folder is `state_dir`, else `work/<state>` (default: `work/<name>`;
+        a restart reuses one). `extra` flags come last (a later flag overrides an earlier one)."""
         args = [
             role,
             "--config",
@@ -100,7 +114,7 @@ class Swarm:
             "--events",
             str(self.out / "events" / f"{name}.jsonl"),
             "--state-dir",
-            str(self.work / (state or name)),
+            str(state_dir or self.work / (state or name)),
             "--host",
             "/ip4/127.0.0.1/tcp/0",
             "--initial-peers",
@@ -108,7 +122,22 @@ class Swarm:
         ]
         if key is not None:
             args += ["--key", str(key)]
-        return self.spawn(name, role, args)
+        return self.spawn(name, role, [*args, *extra])
+
+    def start_dashboard(self, port: int = 0, timeout: float = 60.0) -> tuple[Proc, str]:
+        """Start `pulse dashboard` on the run; returns it and the page's URL once it serves."""
+        args = ["dashboard", "--config", str(self.out / "run.toml"), "--port", str(port), "--poll", "1"]
+        args += ["--refresh", "2", "--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *self.bootstrap]
+        proc = self.spawn("dashboard", "dashboard", args)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(r" at (http://\S+)", proc.log.read_text(errors="replace"))
+            if found:
+                return proc, found.group(1)
+            if proc.popen.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"the dashboard did not start; see {proc.log}")
 
     def stop(self, proc: Proc) -> None:
         """Ctrl+C a role; SIGKILL its whole process group if it does not exit in time."""
@@ -164,46 +193,34 @@ def prepare(out: Path, base: Manifest, miners: int) -> tuple[Manifest, Path, lis
     return manifest, keys / "validator.key", miner_keys
 
 
-def read_events(folder: Path) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written
-            record["name"] = path.stem
-            records.append(record)
-    return sorted(records, key=lambda r: r["t"])
-
-
-def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
-    closed = [r for r in records if r["event"] == "round"]
-    baseline = [r["loss"] for r in records if r["event"] == "baseline" and r.get("loss") is not None]
-    finals = {r["name"]: r["state_hash"] for r in records if r["event"] in ("final", "done")}
-    busy = [r["busy_fraction"] for r in records if r["event"] == "final" and r.get("busy_fraction") is not None]
+def summarize(log: EventLog, rounds: int) -> dict[str, Any]:
+    """The demo's summary (`summary.json`) from every role's events."""
+    closed = log.events(RoundClosed)
+    baselines = log.events(Baseline)
+    finals = log.final_hashes()
+    busy = [e.busy_fraction for e in log.events(Final) if e.busy_fraction is not None]
     rss: dict[str, float] = {}
-    for r in records:
-        if r["event"] == "exit":
-            rss[r["role"]] = max(rss.get(r["role"], 0.0), round(r["peak_rss_mb"], 1))
-    sent = sum(r["bytes"] for r in closed)
-    dense = sum(r["dense_bytes"] for r in closed)
-    losses = [r["loss"] for r in closed if r.get("loss") is not None]
-    rewards = [r["reward"] for r in closed if r.get("reward") is not None]
-    reward_start = [r["reward"] for r in records if r["event"] == "baseline" and r.get("reward") is not None]
-    changed = [r["changed_fraction"] for r in closed if r.get("changed_fraction") is not None]
-    patch = sum(r["patch_bytes"] for r in closed)
+    for r in log.of(Exited):
+        rss[r.role] = max(rss.get(r.role, 0.0), round(r.event.peak_rss_mb, 1))
+    sent = sum(e.bytes for e in closed)
+    dense = sum(e.dense_bytes for e in closed)
+    loss_start = [e.loss for e in baselines if e.loss is not None]
+    losses = [e.loss for e in closed if e.loss is not None]
+    rewards = [e.reward for e in closed if e.reward is not None]
+    reward_start = [e.reward for e in baselines if e.reward is not None]
+    changed = [e.changed_fraction for e in closed]
+    patch = sum(e.patch_bytes for e in closed)
     return {
         "rounds": len(closed),
         "rounds_requested": rounds,
         "hashes_agree": len(finals) >= 2 and len(set(finals.values())) == 1,
         "final_state_hashes": finals,
-        "loss_first": baseline[0] if baseline else (losses[0] if losses else None),
+        "loss_first": loss_start[0] if loss_start else (losses[0] if losses else None),
         "loss_last": losses[-1] if losses else None,
         "loss_per_round": losses,
-        "bytes_per_round": [r["bytes"] for r in closed],
-        "dense_bytes_per_round": [r["dense_bytes"] for r in closed],
-        "patch_bytes_per_round": [r["patch_bytes"] for r in closed],
+        "bytes_per_round": [e.bytes for e in closed],
+        "dense_bytes_per_round": [e.dense_bytes for e in closed],
+        "patch_bytes_per_round": [e.patch_bytes for e in closed],
         "bytes_ratio_vs_dense": dense / sent if sent else None,
         "miner_busy_fraction": sum(busy) / len(busy) if busy else None,
         "reward_first": reward_start[0] if reward_start else None,
@@ -211,9 +228,21 @@ def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         "reward_per_round": rewards,
         "mean_patch_density": sum(changed) / len(changed) if changed else None,
         # PULSESync patches against shipping the whole BF16 state every round
-        "sync_ratio_vs_dense": sum(r.get("state_bytes", 0) for r in closed) / patch if patch else None,
+        "sync_ratio_vs_dense": sum(e.state_bytes for e in closed) / patch if patch else None,
         "peak_rss_mb": rss,
+        "places_per_round": places([e.scores for e in closed], {key: name for name, key in log.keys().items()}),
     }
+
+
+def places(scores: Sequence[Mapping[str, float]], names: Mapping[str, str]) -> dict[str, list[int | None]]:
+    """Each miner's place in every round (1: the highest final score among the aggregated), None when
+    it was not aggregated; `scores` holds each round's aggregated miners by key."""
+    out: dict[str, list[int | None]] = {}
+    for i, round_scores in enumerate(scores):
+        ranked = sorted(round_scores, key=lambda key: (-round_scores[key], key))
+        for place, key in enumerate(ranked, start=1):
+            out.setdefault(names.get(key, key[:8]), [None] * len(scores))[i] = place
+    return dict(sorted(out.items()))
 
 
 def plot(summary: dict[str, Any], out: Path) -> None:
@@ -245,4 +274,30 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "bytes.png", dpi=120)
+    plt.close(fig)
+
+    if summary["places_per_round"]:
+        leaderboard_plot(summary["places_per_round"], out / "leaderboard.png")
+
+
+def leaderboard_plot(places_per_round: Mapping[str, Sequence[int | None]], path: Path) -> None:
+    """The leaderboard over rounds: each miner's place among the aggregated (1 at the top); a gap
+    where it was not aggregated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    deepest = 1
+    for name, row in places_per_round.items():
+        ys = [float("nan") if p is None else p for p in row]  # NaN breaks the line: not aggregated
+        ax.plot(range(len(row)), ys, marker="o", label=name)
+        deepest = max([deepest, *(p for p in row if p is not None)])
+    ax.set_ylim(deepest + 0.5, 0.5)
+    ax.set_yticks(range(1, deepest + 1))
+    ax.set(xlabel="round", ylabel="place (by final score)", title="Leaderboard over rounds")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
     plt.close(fig)
