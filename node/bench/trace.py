@@ -36,6 +36,7 @@ from node.learn.model import GPT
 from node.learn.train import (
     BatchFn,
     InnerOptimConfig,
+    StepHook,
     bf16_state,
     corpus_batches,
     derive_seed,
