@@ -24,34 +24,20 @@ tensor's size, pieces (header, then every tensor's chunks in offset order) that 
 exactly. Digests use the state hash's chunk domain, so the header digest can never pass as a chunk.
 
 Trust: the index's own SHA-256 is in the validator's signed checkpoint announcement, so every digest
-in it is the validator's word. With the state hash of version 2 (a root over exactly these chunk
-digests) `check_root` also ties the index to the announced state itself.
+in it is the validator's word, and `check_root` ties the index to the announced state itself (the
+state hash is a root over exactly these chunk digests).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import struct
 from dataclasses import dataclass
 
-from protocol import statehash
 from protocol.errors import MalformedPayload, SizeLimitExceeded, StateHashMismatch
+from protocol.statehash import CHUNK_BYTES, StateDigests, TensorDigests, chunk_digest
 from protocol.wire import Reader, Writer
-
-# The state hash's chunking (`statehash.py` version 2), spelled here byte for byte the same until that
-# version is on this branch; then these two names are imported from there.
-CHUNK_BYTES = 1 << 20
-CHUNK_DOMAIN = b"pulse/state-chunk/v2\x00"
-
-
-def chunk_digest(data: bytes | memoryview) -> bytes:
-    """SHA-256 of one chunk under the state hash's chunk domain."""
-    h = hashlib.sha256(CHUNK_DOMAIN)
-    h.update(data)
-    return h.digest()
-
 
 MAGIC = b"PCKP"
 VERSION = 1
@@ -98,12 +84,9 @@ class PieceIndex:
         return [p for p in out if p[1] > 0]
 
     def check_root(self, state_hash: str) -> None:
-        """Raise `StateHashMismatch` unless the chunk digests commit to `state_hash` (state hash v2;
-        with an older state hash, which commits to no chunks, the signed index is all there is)."""
-        digests, tensor = getattr(statehash, "StateDigests", None), getattr(statehash, "TensorDigests", None)
-        if digests is None or tensor is None:
-            return
-        root = digests(tuple(tensor(t.name, t.dtype, t.shape, t.chunks) for t in self.tensors)).root()
+        """Raise `StateHashMismatch` unless the chunk digests commit to `state_hash` (the state hash
+        is a root over exactly these digests, `statehash.py`)."""
+        root = StateDigests(tuple(TensorDigests(t.name, t.dtype, t.shape, t.chunks) for t in self.tensors)).root()
         if root != state_hash:
             raise StateHashMismatch(f"piece index commits to {root[:12]}..., the checkpoint names {state_hash[:12]}...")
 
