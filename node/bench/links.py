@@ -10,7 +10,7 @@ all created here and removed on the way out; needs root, else it says why and st
 - deadlines: whole rounds of real roles (validator at 1 Gbit/s, 20% of the miners at 20 Mbit/s up,
   the rest at 100), once with fixed and once with adaptive deadlines: median round wall time,
   miners aggregated per round, deadline misses, the validator's held-out loss after the same rounds.
-- busy: miners at 50 Mbit/s training ahead (`overlap`): the share of wall time they train
+- busy: miners at 50 Mbit/s training ahead (`overlap`, fixed deadlines): the share of wall time they train
   (`miner_busy_fraction`). Meanwhile `pulse doctor` runs on a newcomer host (20 Mbit/s up, 100
   down); a miner then starts there, and its join and upload times are compared with the doctor's
   forecasts (`doctor_max_error`: the largest relative error).
@@ -48,6 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=6, help="rounds per deadline mode")
     parser.add_argument("--inner-steps", type=int, default=8, help="inner steps per round")
     parser.add_argument("--deadline", type=float, default=30.0, help="the manifest's round deadline (s)")
+    parser.add_argument("--busy-inner-steps", type=int, default=48, help="inner steps per round of the busy miners")
     parser.add_argument("--skip", nargs="*", default=[], choices=["joins", "deadlines", "busy"], help="parts to skip")
     parser.add_argument("--dir", type=Path, default=None, help="work folder, kept (default: a temp folder, removed)")
 
@@ -146,7 +147,8 @@ def busy_and_doctor(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     miners = {f"miner{i}": f"m{i}" for i in range(count)}
     hosts = {"validator": netns.Link.both(1000), "newcomer": NEWCOMER}
     hosts |= {f"m{i}": netns.Link(BUSY_MBIT, 1000) for i in range(count)}
-    manifest = links_manifest("adaptive", inner_steps=args.inner_steps, deadline=args.deadline, overlap=True)
+    # fixed deadlines: every submission the newcomer makes in time is taken, so its uploads can be timed
+    manifest = links_manifest("fixed", inner_steps=args.busy_inner_steps, deadline=args.deadline, overlap=True)
     report: dict[str, Any] = {}
 
     def doctor_then_newcomer(swarm: Swarm) -> None:
