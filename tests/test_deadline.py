@@ -100,7 +100,9 @@ SLOW_UPLINK = 4_000.0  # bytes/s: a whole payload of miner2 takes seconds
 
 
 class Rounds(Harness):
-    """`Harness` for `ROUNDS` rounds, with a miner whose uplink is `SLOW_UPLINK`."""
+    """`Harness` for `rounds` rounds, with a miner whose uplink is `SLOW_UPLINK`."""
+
+    rounds = ROUNDS
 
     def start_validator(self) -> None:
         me = key("validator")
@@ -108,7 +110,7 @@ class Rounds(Harness):
         service = validator_for(
             self.setup, self.task, me, self.root / "validator", peer, self.events("validator", "validator"), poll=POLL
         )
-        self.running.append(asyncio.ensure_future(service.run(ROUNDS)))
+        self.running.append(asyncio.ensure_future(service.run(self.rounds)))
 
     def start_miner(self, name: str, uplink: float | None = None) -> asyncio.Future[Held]:
         me = key(name)
@@ -116,7 +118,7 @@ class Rounds(Harness):
         if uplink is not None:
             self.network.uplink[peer.peer_id] = uplink
         miner = miner_for(self.setup, self.task, me, peer, self.events(name, "miner"), poll=POLL)
-        return self._start(miner.run(ROUNDS))
+        return self._start(miner.run(self.rounds))
 
 
 async def play(h: Rounds) -> None:

@@ -159,7 +159,7 @@ def busy_and_doctor(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     net = netns.ShapedNetwork(PREFIX, SUBNET, hosts)
     with net:
-        done = run_rounds(out, net, manifest, miners, args.rounds + 4, during=doctor_then_newcomer)
+        done = run_rounds(out, net, manifest, miners, args.rounds + 2, during=doctor_then_newcomer)
     log = done.log
     busy = [e.busy_fraction for name in miners for e in log.events(Final, name) if e.busy_fraction is not None]
     observed = _newcomer(log)
