@@ -50,18 +50,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline", type=float, default=30.0, help="the manifest's round deadline (s)")
     parser.add_argument("--busy-inner-steps", type=int, default=48, help="inner steps per round of the busy miners")
     parser.add_argument("--skip", nargs="*", default=[], choices=["joins", "deadlines", "busy"], help="parts to skip")
+    parser.add_argument("--prefix", default=PREFIX, help="namespace name prefix (%(default)s)")
+    parser.add_argument("--subnet", default=SUBNET, help="the hosts' /24, first three octets (%(default)s)")
     parser.add_argument("--dir", type=Path, default=None, help="work folder, kept (default: a temp folder, removed)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    why = netns.available(PREFIX)
+    why = netns.available(args.prefix)
     if why is not None:
         raise SystemExit(f"pulse bench links needs network namespaces: {why}")
     summary: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         root = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulse-bench-links-")))
         if "joins" not in args.skip:
-            summary.update(joins(root / "joins", int(args.state_mib * 2**20)))
+            summary.update(joins(root / "joins", int(args.state_mib * 2**20), args))
         if "deadlines" not in args.skip:
             summary["deadline_modes"] = {mode: deadline_mode(root / mode, mode, args) for mode in ("fixed", "adaptive")}
         if "busy" not in args.skip:
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 # -- joins ---------------------------------------------------------------------------------------------
 
 
-def joins(out: Path, state_bytes: int) -> dict[str, Any]:
+def joins(out: Path, state_bytes: int, args: argparse.Namespace) -> dict[str, Any]:
     run = frozenrun.make(out / "run", state_bytes, patches=3)
     size = run.facts["checkpoint"]["size"]
     hosts = {
@@ -84,7 +86,7 @@ def joins(out: Path, state_bytes: int) -> dict[str, Any]:
         "joiner": netns.Link(JOIN_MBIT, JOIN_MBIT),
     }
     limit = 600 + 8 * size / (HOLDER_MBIT * 1e6)
-    with LinkLab(out / "lab", PREFIX, SUBNET, hosts) as lab:
+    with LinkLab(out / "lab", args.prefix, args.subnet, hosts) as lab:
         lab.serve("validator", run, role="validator", holds="chain")
         seed = lab.serve("seed", run)
         fetched = lab.run_client("fetch", "joiner", run, timeout=limit, name="fetch")
@@ -131,7 +133,7 @@ def _miner_hosts(count: int, slow_share: float) -> tuple[dict[str, str], dict[st
 def deadline_mode(out: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     miners, links, slow = _miner_hosts(args.miners, 0.2)
     manifest = links_manifest(mode, inner_steps=args.inner_steps, deadline=args.deadline)
-    net = netns.ShapedNetwork(PREFIX, SUBNET, {"validator": netns.Link.both(1000), **links})
+    net = netns.ShapedNetwork(args.prefix, args.subnet, {"validator": netns.Link.both(1000), **links})
     with net:
         done = run_rounds(out, net, manifest, miners, args.rounds)
     figures = round_figures(done, slow)
@@ -157,7 +159,7 @@ def busy_and_doctor(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         write_key_file(Identity.generate(), key)  # a fresh key: anyone may mine
         swarm.start_role("newcomer", "miner", key, host="newcomer")
 
-    net = netns.ShapedNetwork(PREFIX, SUBNET, hosts)
+    net = netns.ShapedNetwork(args.prefix, args.subnet, hosts)
     with net:
         done = run_rounds(out, net, manifest, miners, args.rounds + 2, during=doctor_then_newcomer)
     log = done.log
