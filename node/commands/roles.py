@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
             "--device",
             choices=["cpu", "cuda"],
             default="cpu",
-            help="where miners train (%(default)s); cuda needs a CUDA torch",
+            help="where miners train and the validator evaluates (%(default)s); cuda needs a CUDA torch",
         )
         parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
         parser.add_argument("--rounds", type=int, help="stop after the run reaches this round (default: never)")
@@ -116,7 +116,9 @@ async def _main(
     device: str,
 ) -> int:
     if role == "validator":
-        service: ValidatorService | Node = await ValidatorService.create(setup, identity, folder, config, events)
+        service: ValidatorService | Node = await ValidatorService.create(
+            setup, identity, folder, config, events, device
+        )
     else:
         service = await Node.create(setup, identity, folder, config, events, mine=role == "miner", device=device)
     try:

@@ -46,27 +46,32 @@ POLL_SECONDS = 0.5
 
 
 class ValidatorService:
-    def __init__(self, setup: RunSetup, identity: Identity, folder: Path, events: Events) -> None:
+    def __init__(self, setup: RunSetup, identity: Identity, folder: Path, events: Events, device: str = "cpu") -> None:
         if identity.public_hex not in setup.manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
         self.setup, self.identity, self.folder, self.events = setup, identity, folder, events
-        self.probe = setup.new_model()  # the model the held-out loss (or an RL run's reward) is measured with
+        # the model the held-out loss (or an RL run's reward, on the CPU) is measured with; in an LM run
+        # also the Gauntlet's evaluator (used one after the other), so the weights are held on `device` once
+        lm = setup.manifest.task == "lm"
+        self.probe = setup.new_model(initial=False).to(device if lm else "cpu")
         self.rl = RLValidation(setup, events, self.probe) if setup.manifest.task == "rl" else None
         self.validator = self._open_state()
         self.peer: Peer | None = None
         self.received: dict[str, Submission] = {}  # by sender, this round
         self.previous_senders: set[str] = set()
         self.closed = True
-        self.held_out = setup.held_out() if self.rl is None else []
+        self.held_out = [(x.to(device), y.to(device)) for x, y in setup.held_out()] if lm else []
         self.dense_bytes = setup.dense_bytes()
         # refuse an oversize payload from its header, before its body is read or stored
         self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
 
     @classmethod
     async def create(
-        cls, setup: RunSetup, identity: Identity, folder: Path, config: NetConfig, events: Events
+        cls, setup: RunSetup, identity: Identity, folder: Path, config: NetConfig, events: Events, device: str = "cpu"
     ) -> ValidatorService:
-        service = await asyncio.get_running_loop().run_in_executor(None, lambda: cls(setup, identity, folder, events))
+        service = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: cls(setup, identity, folder, events, device)
+        )
         service.peer = await Peer.create(
             config,
             run_records(setup.manifest),
@@ -85,7 +90,7 @@ class ValidatorService:
 
     def _open_state(self) -> Validator:
         s = self.setup
-        evaluator: Evaluator = GPTEvaluator(s.new_model()) if self.rl is None else self.rl.evaluator()
+        evaluator: Evaluator = GPTEvaluator(self.probe) if self.rl is None else self.rl.evaluator()
         batch_fn: BatchFn = s.eval_batch if self.rl is None else self.rl.batches
         folder = self.folder / "validator"
         cfg, run_id = s.manifest.gauntlet(), s.run_id

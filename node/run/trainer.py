@@ -5,14 +5,16 @@
     header, payload = trainer.package(r, delta, weights, base_hash)
 
 It holds its model, its optimizer and one error-feedback buffer; nothing grows with the number of
-peers. RL runs use `node.roles.rl.miner.RLTrainer`, which trains GRPO on rollouts instead.
+peers. `train.memory` in the manifest sets what these cost (BF16 moments, activation checkpointing,
+a BF16 error buffer); the model lives on `device`, the error buffer and the codec's work on the
+host. RL runs use `node.roles.rl.miner.RLTrainer`, which trains GRPO on rollouts instead.
 """
 
 from __future__ import annotations
 
 import torch
 
-from node.learn.train import inner_train, load_bf16_state, make_optimizer, unique_state
+from node.learn.train import apply_memory, inner_train, load_bf16_state, make_optimizer, unique_state
 from node.run.manifest import codec_for
 from node.run.setup import RunSetup
 from protocol.assignment import Assignment
@@ -31,8 +33,9 @@ class Trainer:
         # BF16 autocast only where the manifest asks for it and the device has it (CUDA)
         self.autocast = m.model.precision == "bf16-autocast" and self.device.type == "cuda"
         self.codec = codec_for(m)
-        self.model = setup.new_model().to(self.device)
-        self.optimizer = make_optimizer(self.model, m.train.inner)
+        self.model = setup.new_model(initial=False).to(self.device)  # W_r is loaded before every round
+        apply_memory(self.model, m.train.memory)
+        self.optimizer = make_optimizer(self.model, m.train.inner, m.train.memory)
         self.error: State | None = None
         self.steps_done = 0
         self.last_loss = float("nan")
@@ -52,6 +55,7 @@ class Trainer:
             losses = inner_train(
                 self.model, m.train.inner, batch, m.train.inner_steps, optimizer=self.optimizer, first_step=first
             )
+        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the delta and the codec run
         self.steps_done += m.train.inner_steps
         self.last_loss = sum(losses) / len(losses)
         local = unique_state(self.model)
@@ -60,7 +64,10 @@ class Trainer:
     def package(self, round_: int, delta: State, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
         """Compress `delta` plus the error buffer against the BF16 `weights` of `round_`, and sign-ready header."""
         m = self.setup.manifest
-        payload, self.error, _ = self.codec.compress(delta, self.error, weights)
+        error = None if self.error is None else {n: e.float() for n, e in self.error.items()}
+        payload, new_error, _ = self.codec.compress(delta, error, weights)
+        del error
+        self.error = {n: e.to(m.train.memory.error_dtype) for n, e in new_error.items()}
         header = SubmissionHeader.for_payload(
             run_id=self.setup.run_id,
             round_=round_,
