@@ -89,10 +89,13 @@ class HFCausalLM(CausalLM):
         return total / t.numel()
 
     def set_checkpointing(self, enabled: bool) -> None:
+        # transformers 5 names it activation_checkpointing_*, 4.x gradient_checkpointing_*
+        kind = "activation" if hasattr(self.lm, "activation_checkpointing_enable") else "gradient"
         if enabled:
-            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif self.lm.is_gradient_checkpointing:
-            self.lm.gradient_checkpointing_disable()
+            options = {f"{kind}_checkpointing_kwargs": {"use_reentrant": False}}
+            getattr(self.lm, f"{kind}_checkpointing_enable")(**options)
+        else:
+            getattr(self.lm, f"{kind}_checkpointing_disable")()
 
     def _check_length(self, idx: torch.Tensor) -> None:
         if self.block_size and idx.shape[1] > self.block_size:
