@@ -162,6 +162,13 @@ def apply_memory(model: CausalLM, memory: MemoryConfig) -> None:
         model.set_checkpointing(True)
 
 
+def autocast(device: torch.device, enabled: bool, memory: MemoryConfig) -> torch.autocast:
+    """BF16 autocast for the inner steps. With checkpointing its weight cache is off: the cache would
+    keep a BF16 copy of every weight (2 bytes per parameter) through the whole step, where without it
+    only the block being (re)computed holds its copies."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=not memory.checkpointing)
+
+
 def inner_train(
     model: CausalLM,
     cfg: InnerOptimConfig,

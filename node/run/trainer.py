@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from node.learn.train import apply_memory, inner_train, load_bf16_state, make_optimizer, unique_state
+from node.learn.train import apply_memory, autocast, inner_train, load_bf16_state, make_optimizer, unique_state
 from node.run.manifest import codec_for
 from node.run.setup import RunSetup
 from protocol.assignment import Assignment
@@ -51,7 +51,7 @@ class Trainer:
             x, y = self.setup.batch(assignment.step_seed(step - first))
             return x.to(self.device), y.to(self.device)
 
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        with autocast(self.device, self.autocast, m.train.memory):
             losses = inner_train(
                 self.model, m.train.inner, batch, m.train.inner_steps, optimizer=self.optimizer, first_step=first
             )
