@@ -30,6 +30,7 @@ preset's settings and reads the allocator's peak.
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import tempfile
 import time
@@ -60,6 +61,7 @@ from validator.core import RoundReport, Validator
 from validator.gauntlet import RoundPipeline
 from validator.intake import Submission
 
+log = logging.getLogger(__name__)
 HOME_PRESET = "qwen2.5-0.5b-home-gpu"
 CPU_DEFAULTS = {"steps": 2, "batch_size": 1, "seq_len": 32, "eval_batch_size": 1, "submissions": "4,16"}
 PROBE_TOKENS = 512  # the second calibration point: one sequence of 512 tokens
@@ -215,6 +217,7 @@ class Bench:
         return GPTEvaluator(self.setup.new_model(initial=False).to(self.s.device))
 
     def create_w0(self) -> None:
+        log.info("building W_0 (%s) and the validator's state", self.s.run.model.architecture or self.s.run.model.path)
         with self.rec.phase("validator.create"):
             master = self.setup.initial_master()
             v = Validator.create(
@@ -229,6 +232,12 @@ class Bench:
         for i in range(self.s.miners):
             self.miners.append(self.train_one(i, calibrate=i == 0))
             release_memory()
+            stats = self.rec.stats
+            log.info(
+                "miner %d: trained %.1f s, compressed %.1f s to %d bytes; peak %.0f MB",
+                i, stats["miner.train"].seconds / (i + 1), stats["miner.compress"].seconds / (i + 1),
+                self.miners[-1].payload_bytes, stats["miner"].host_peak_mb,
+            )  # fmt: skip
 
     def train_one(self, i: int, calibrate: bool) -> MinerRecord:
         ident = identity_for(f"scale/miner/{i}")
@@ -314,6 +323,7 @@ class Bench:
         del v, evaluator, subs
         shutil.rmtree(folder)
         release_memory()
+        log.info("validator round of %d: %.1f s, peak %.0f MB", size, record.seconds, record.peak_mb)
         return record
 
     def validator_steps(self, evaluator: GPTEvaluator, prefix: str) -> list[tuple[Any, str, str]]:
