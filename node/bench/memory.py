@@ -18,6 +18,7 @@ pass per token, the error buffer per parameter (host), and what the first would 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -149,7 +150,7 @@ def run_variant(m: Manifest, data_run_id: str, init: State, args: argparse.Names
             seconds += time.perf_counter() - start
             payloads.append(payload)
         payload_bytes += sum(len(p) for p in payloads)
-        outer.step(aggregate(payloads, lambda p, w=weights: codec.decompress(p, w)).update)
+        outer.step(aggregate(payloads, functools.partial(codec.decompress, weights=weights)).update)
     model = setup.new_model()
     load_bf16_state(model, outer.bf16_weights())
     state = miner_state(miners[0])

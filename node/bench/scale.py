@@ -63,7 +63,7 @@ from validator.intake import Submission
 
 log = logging.getLogger(__name__)
 HOME_PRESET = "qwen2.5-0.5b-home-gpu"
-CPU_DEFAULTS = {"steps": 2, "batch_size": 1, "seq_len": 32, "eval_batch_size": 1, "submissions": "4,16"}
+CPU_DEFAULTS = {"steps": 2, "batch_size": 1, "seq_len": 32, "eval_batch_size": 1}  # a CPU run; scaled to the preset
 PROBE_TOKENS = 512  # the second calibration point: one sequence of 512 tokens
 
 
@@ -120,12 +120,15 @@ def settings(args: argparse.Namespace) -> Settings:
         raise SystemExit("pulse bench scale: --device cuda, but this torch build sees no CUDA device")
     home = load_manifest(args.config or preset(HOME_PRESET))
     cpu = device.type == "cpu"
-    pick = lambda value, key, preset_value: value if value is not None else (CPU_DEFAULTS[key] if cpu else preset_value)  # noqa: E731
+
+    def pick(value: int | None, key: str, preset_value: int) -> int:
+        return value if value is not None else (int(CPU_DEFAULTS[key]) if cpu else preset_value)
+
     steps = pick(args.steps, "steps", home.train.inner_steps)
     batch = pick(args.batch_size, "batch_size", home.data.batch_size)
     seq = pick(args.seq_len, "seq_len", home.data.seq_len)
     evb = pick(args.eval_batch_size, "eval_batch_size", home.selection.eval_batch_size)
-    sizes = tuple(int(s) for s in pick(args.submissions, "submissions", "4,8,16").split(","))
+    sizes = tuple(int(n) for n in (args.submissions or ("4,16" if cpu else "4,8,16")).split(","))
     if min(steps, batch, seq, evb, args.miners, *sizes) < 1 or evb > batch:
         raise SystemExit("pulse bench scale: sizes must be >= 1 and --eval-batch-size <= --batch-size")
     model = {"path": str(args.model_dir)} if args.model_dir else {"architecture": args.architecture}

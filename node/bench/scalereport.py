@@ -38,16 +38,20 @@ def miner_round_seconds(b: Bench) -> float:
     return fixed + p.train.inner_steps * step_preset + compress
 
 
+def forward_rescale(b: Bench, rnd: RoundRecord) -> float:
+    """Seconds to add to a round so that its forward passes take what they take at the preset's batch."""
+    if not b.s.scaled or b.calibration is None:
+        return 0.0
+    tokens = b.s.preset.selection.eval_batch_size * b.s.preset.data.seq_len
+    return rnd.step_calls("forward") * b.calibration.eval_seconds(tokens) - rnd.step_seconds("forward")
+
+
 def validator_round_seconds(b: Bench, rnd: RoundRecord) -> float:
     """The round at the preset's evaluation batch, as if every submission had been an honest miner's."""
-    seconds = rnd.seconds
-    if b.s.scaled and b.calibration is not None:
-        tokens = b.s.preset.selection.eval_batch_size * b.s.preset.data.seq_len
-        seconds += rnd.step_calls("forward") * b.calibration.eval_seconds(tokens) - rnd.step_seconds("forward")
     decode = rnd.step_seconds("decode") / max(rnd.step_calls("decode"), 1)
     aggregated = len(rnd.report.selected())
     missing = rnd.copies + min(rnd.copies, max(min(rnd.size, b.s.run.selection.top_g) - aggregated, 0))
-    return seconds + missing * decode
+    return rnd.seconds + forward_rescale(b, rnd) + missing * decode
 
 
 def validator_seconds_8(b: Bench) -> tuple[float, str]:
@@ -56,11 +60,9 @@ def validator_seconds_8(b: Bench) -> tuple[float, str]:
     if 8 in by_size:
         return validator_round_seconds(b, by_size[8]), "measured round of 8"
     base = by_size[min(by_size)]
-    per_sub = sum(base.step_seconds(k) for k in ("inspect", "evaluate", "aggregate")) / base.size
-    if b.s.scaled and b.calibration is not None:  # the evaluate step's forwards, re-timed
-        tokens = b.s.preset.selection.eval_batch_size * b.s.preset.data.seq_len
-        per_sub += (base.step_calls("forward") * b.calibration.eval_seconds(tokens) - base.step_seconds("forward")) / base.size
-    return validator_round_seconds(b, base) + (8 - base.size) * per_sub, f"round of {base.size} + per-submission steps"
+    steps = sum(base.step_seconds(k) for k in ("inspect", "evaluate", "aggregate")) + forward_rescale(b, base)
+    extra = (8 - base.size) * steps / base.size  # the per-submission steps, at the base round's rate
+    return validator_round_seconds(b, base) + extra, f"round of {base.size} + per-submission steps"
 
 
 def own_peak_mb(rnd: RoundRecord) -> float:

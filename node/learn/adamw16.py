@@ -42,6 +42,7 @@ class AdamWBF16(torch.optim.Optimizer):
         return loss
 
     def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        assert p.grad is not None
         state = self.state[p]
         if not state:
             state["step"] = 0
