@@ -1,5 +1,5 @@
 """Shared fixtures. Fast in-process tests by default; `swarm`-marked tests start real peers.
 
 Bounded waiting (`poll`, `apoll`, `wait_for`, `wait_exits`) and reading a swarm's event logs
-(`events`, `has_event`) live in `tests/helpers.py`, imported by the tests that wait.
+(`events`, typed: `node.events.EventLog`) live in `tests/helpers.py`, imported by the tests that wait.
 """

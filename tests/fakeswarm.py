@@ -17,7 +17,8 @@ from node.learn.data import Corpus, stdlib_root
 from node.learn.gpteval import GPTEvaluator, batch_source
 from node.learn.model import GPTConfig, build_gpt
 from node.learn.train import Batch, InnerOptimConfig, evaluate, load_bf16_state, unique_state
-from node.swarm.fakeminers import KINDS, Miner, RunSetup, identity_for, make_adversary
+from node.run.trainer import MinerSpec
+from node.swarm.fakeminers import KINDS, FakeRun, Miner, identity_for, make_adversary
 from validator.config import GauntletConfig
 from validator.core import Validator
 from validator.state import CrashHook
@@ -38,7 +39,7 @@ def small_corpus() -> Corpus:
 
 @dataclass(frozen=True)
 class Swarm:
-    setup: RunSetup
+    setup: FakeRun
     cfg: GauntletConfig
     init: dict[str, torch.Tensor]
     held: list[Batch]
@@ -73,15 +74,14 @@ class Swarm:
 def make_swarm(**cfg: object) -> Swarm:
     torch.set_num_threads(1)
     corpus = small_corpus()
-    setup = RunSetup(
+    spec = MinerSpec(
         run_id=RUN_ID,
-        gpt=TINY,
         codec="sparseloco",
         inner=InnerOptimConfig(lr=3e-3, warmup_steps=5),
         steps=6,
         assignment_batches=1,
-        batch=batch_source(corpus, 8, TINY.block_size),
     )
+    setup = FakeRun(spec, TINY, batch_source(corpus, 8, TINY.block_size))
     init = {n: t.detach().clone() for n, t in unique_state(build_gpt(TINY, seed=0)).items()}
     held = [corpus.batch(10_000 + i, 16, TINY.block_size, "held_out") for i in range(4)]
     return Swarm(setup, GauntletConfig(assignment_batches=1, **cfg), init, held)  # type: ignore[arg-type]

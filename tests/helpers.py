@@ -2,7 +2,7 @@
 
     found = poll(lambda: reader.get(SubmissionHeader, 1), timeout=10)     # truthy, or the last value
     await apoll(lambda: service.active == 0, timeout=10)                  # the same from async code
-    wait_for(lambda: has_event(events(out), "miner0", "submitted"), 150, "miner0's submission")
+    wait_for(lambda: events(out).has(Submitted, "miner0"), 150, "miner0's submission")
 
 Every wait has a timeout; `wait_for` raises with what it waited for (and the logs it was given),
 `poll`/`apoll` return the last value so the caller's assert says what was wrong.
@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from node.events import EventLog, read_events
+
 T = TypeVar("T")
-Record = dict[str, Any]
 
 
 def poll(check: Callable[[], T], timeout: float, interval: float = 0.1) -> T:
@@ -57,15 +58,7 @@ def wait_exits(popens: Sequence[subprocess.Popen[Any]], timeout: float) -> None:
         popen.wait(max(deadline - time.monotonic(), 0.1))
 
 
-def events(out: Path) -> list[Record]:
-    """Every event the swarm in `out` has written so far (`out/events/*.jsonl`)."""
-    from node.swarm.demo import read_events  # here, not at the top: it imports torch, polling needs none
-
+def events(out: Path) -> EventLog:
+    """Every event the swarm in `out` has written so far (`out/events/*.jsonl`), typed; query it with
+    `EventLog.has(kind, name, round_)`, `.events(kind, name)`."""
     return read_events(out / "events")
-
-
-def has_event(records: Iterable[Record], name: str, event: str, round_: int | None = None) -> bool:
-    """Whether node `name` emitted `event` (in round `round_`, if given)."""
-    return any(
-        r["name"] == name and r["event"] == event and (round_ is None or r.get("round") == round_) for r in records
-    )

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from node.commands.roles import DEFAULT_CONFIG
-from node.learn.gpteval import GPTEvaluator
 from node.run.manifest import parse_manifest
 from node.run.setup import RunSetup
+from node.run.task import task_for
 from node.swarm.campaign import crafting
 from node.swarm.campaign.crafting import Forge
 from protocol.identity import Identity
@@ -50,14 +50,15 @@ def validator(tmp_path_factory: pytest.TempPathFactory) -> tuple[Validator, RunS
     data["validators"] = [_key("validator").public_hex]
     setup = RunSetup.from_manifest(parse_manifest(data))
     folder: Path = tmp_path_factory.mktemp("validator")
+    task = task_for(setup)
     v = Validator.create(
         folder,
         setup.manifest.gauntlet(),
         setup.run_id,
         _key("validator"),
-        setup.initial_master(),
-        GPTEvaluator(setup.new_model()),
-        setup.eval_batch,
+        task.initial_master(),
+        task.evaluator(),
+        task.batch_fn(),
     )
     return v, setup
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import apoll, has_event, poll, wait_exits, wait_for
+from node.events import Events
+from node.events.models import Training
+from tests.helpers import apoll, events, poll, wait_exits, wait_for
 
 
 def test_poll_returns_the_first_truthy_value_or_the_last_at_the_timeout() -> None:
@@ -48,7 +50,8 @@ def test_wait_exits_shares_one_deadline() -> None:
         slow.wait()
 
 
-def test_has_event_matches_name_event_and_round() -> None:
-    records = [{"name": "validator", "event": "round", "round": 1}, {"name": "miner0", "event": "start"}]
-    assert has_event(records, "validator", "round") and has_event(records, "validator", "round", 1)
-    assert not has_event(records, "validator", "round", 2) and not has_event(records, "miner0", "round")
+def test_events_reads_a_swarms_logs_typed(tmp_path: Path) -> None:
+    Events("miner", tmp_path / "events" / "miner0.jsonl").emit(Training(round=1, ahead=False), "training")
+    log = events(tmp_path)
+    assert log.has(Training, "miner0") and log.has(Training, "miner0", 1)
+    assert not log.has(Training, "miner0", 2) and not log.has(Training, "validator")

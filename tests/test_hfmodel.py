@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.learn.gpteval import GPTEvaluator
 from node.learn.train import InnerOptimConfig, bf16_state, inner_train, load_bf16_state
 from node.run.manifest import Manifest, parse_manifest
 from node.run.setup import RunSetup
+from node.run.task import task_for
 from protocol import pulsesync
 from protocol.errors import ConfigError
 from protocol.statehash import state_hash
@@ -87,9 +87,10 @@ def test_hf_model_trains_and_ships_bf16_state(tmp_path: Path) -> None:
     load_bf16_state(fresh, w1)
     assert state_hash(bf16_state(fresh)) == state_hash(w1)
 
-    evaluator = GPTEvaluator(setup.new_model())
-    evaluator.load(setup.initial_master())
-    assert math.isfinite(evaluator.loss(setup.eval_batch(5)))
+    task = task_for(setup)
+    evaluator = task.evaluator()
+    evaluator.load(task.initial_master())
+    assert math.isfinite(evaluator.loss(task.batch_fn()(5)))
 
 
 def test_missing_directory_fails_at_setup(tmp_path: Path) -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from node.events import Events, read_events
+from node.events.models import Baseline, Done, Exited, Final, RoundClosed
 from node.learn.train import bf16_state
 from node.roles.catchup import checkpoint_bytes, load_checkpoint
 from node.run.manifest import Manifest, codec_for
 from node.run.setup import RunSetup
-from node.run.trainer import Trainer
+from node.run.task import task_for
 from node.swarm.demo import summarize
 from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
 from protocol.identity import Identity
@@ -43,17 +47,19 @@ def test_setup_from_the_tiny_manifest() -> None:
         RunSetup.from_manifest(Manifest.model_validate({"name": "t", "model": {"kind": "hf", "path": "/x"}}))
 
 
-def test_summary_of_events() -> None:
+def test_summary_of_events(tmp_path: Path) -> None:
     h = "ab" * 32
-    records = [
-        {"t": 0, "name": "validator", "role": "validator", "event": "baseline", "loss": 5.0},
-        {"t": 1, "name": "validator", "role": "validator", "event": "round", "round": 0, "loss": 4.0,
-         "bytes": 10, "dense_bytes": 1000, "patch_bytes": 20},
-        {"t": 2, "name": "validator", "role": "validator", "event": "done", "state_hash": h},
-        {"t": 3, "name": "miner0", "role": "miner", "event": "final", "state_hash": h, "busy_fraction": 0.5},
-        {"t": 4, "name": "miner0", "role": "miner", "event": "exit", "peak_rss_mb": 300.0},
-    ]  # fmt: skip
-    s = summarize(records, 1)
+    closed = RoundClosed(
+        round=0, submissions=1, selected=1, bytes=10, dense_bytes=1000, patch_bytes=20, state_bytes=500, loss=4.0,
+        changed_fraction=0.01, scores={"cd" * 32: 0.1}, rejections={}, state_hash=h, seconds=0.2,
+    )  # fmt: skip
+    validator, miner = Events("validator", tmp_path / "validator.jsonl"), Events("miner", tmp_path / "miner0.jsonl")
+    validator.emit(Baseline(loss=5.0), "baseline")
+    validator.emit(closed, "round 0")
+    validator.emit(Done(round=1, state_hash=h), "done")
+    miner.emit(Final(round=1, state_hash=h, busy_fraction=0.5), "final")
+    miner.emit(Exited(peak_rss_mb=300.0), "exit")
+    s = summarize(read_events(tmp_path), 1)
     assert s["rounds"] == 1 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
     assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 4.0, 0.5)
     assert s["peak_rss_mb"] == {"miner": 300.0}
@@ -62,7 +68,7 @@ def test_summary_of_events() -> None:
 def test_trainer_submission_decodes() -> None:
     manifest = Manifest.model_validate({"name": "t", "train": {"inner_steps": 2}})
     setup = RunSetup.from_manifest(manifest)
-    trainer = Trainer(setup, Identity.generate())
+    trainer = task_for(setup).trainer(Identity.generate())
     weights = bf16_state(setup.new_model())
     delta = trainer.train(0, weights)
     header, payload = trainer.package(0, delta, weights, state_hash(weights))

@@ -10,10 +10,11 @@ import pytest
 
 from node.commands.roles import DEFAULT_CONFIG
 from node.net import peer as peer_mod
-from node.net.peer import Peer
+from node.net.p2ppeer import P2PPeer
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from protocol.errors import NetworkError
+from protocol.identity import Identity
 from protocol.messages import Heartbeat
 
 
@@ -23,10 +24,9 @@ class FlakyDHT:
     def __init__(self, failures: int) -> None:
         self.failures, self.calls = failures, 0
 
-    def publish(self, message: Any, *, ttl: float) -> None:
+    def store_signed(self, signed: Any, *, expiration_time: float) -> bool:
         self.calls += 1
-        if self.calls <= self.failures:
-            raise NetworkError(f"no peer stored {message.KIND} for round {message.round}")
+        return self.calls > self.failures
 
 
 def _beat(run_id: str) -> Heartbeat:
@@ -38,7 +38,7 @@ def test_publish_retries_twice(monkeypatch: pytest.MonkeyPatch, failures: int, s
     monkeypatch.setattr(peer_mod, "PUBLISH_RETRY_SECONDS", (0.01, 0.01))
     manifest = load_manifest(DEFAULT_CONFIG)
     dht = FlakyDHT(failures)
-    peer = Peer(dht, None, None, None, run_records(manifest), "validator")  # type: ignore[arg-type]
+    peer = P2PPeer(dht, None, None, None, run_records(manifest), Identity.generate(), "validator")  # type: ignore[arg-type]
     beat = _beat(manifest.run_id)
     if stored:
         asyncio.run(peer.publish(beat))

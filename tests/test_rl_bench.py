@@ -20,10 +20,13 @@ from node.bench.rlsim import (
     publish_batch,
 )
 from node.learn.model import build_gpt
+from node.learn.rl.checks import announce
 from node.learn.rl.warmstart import warm_start
 from node.learn.train import bf16_state
 from node.run.manifest import Manifest
 from protocol import rollouts
+from protocol.messages import RolloutAnnouncement
+from protocol.rollouts import RolloutBatch
 from protocol.statehash import state_hash
 
 KEYS = ("reward_start", "reward_final", "reward_final_centralized", "mean_patch_density", "sync_ratio_vs_dense")
@@ -77,12 +80,17 @@ def test_pool_refuses_lying_workers(cache: Path) -> None:
     weights = {n: t.to(torch.bfloat16) for n, t in w0.items()}
     h = state_hash(weights)
     honest, liar, stale = (_Holder(identity_for(f"t/{i}"), weights, h) for i in range(3))
-    blobs = [publish_batch(manifest, model, w, 0) for w in (honest, liar, stale)]
-    lie = rollouts.decode(blobs[1])
+    published = [(w.key, *publish_batch(manifest, model, w, 0)) for w in (honest, liar, stale)]
+
+    def told(worker: str, batch: RolloutBatch) -> tuple[str, RolloutAnnouncement, bytes]:
+        data = rollouts.encode(batch)  # announced truthfully: the lie is inside the batch
+        return worker, announce(batch, data), data
+
+    lie = rollouts.decode(published[1][2])
     g = lie.groups[0]
     flipped = tuple(1.0 - r if r in (0.0, 1.0) else 0.0 for r in g.rewards)
-    blobs[1] = rollouts.encode(replace(lie, groups=(replace(g, rewards=flipped), *lie.groups[1:])))
-    blobs[2] = rollouts.encode(replace(rollouts.decode(blobs[2]), state_hash="00" * 32))
-    good, rejected = checked_pool(manifest, blobs, 0, h)
+    published[1] = told(liar.key, replace(lie, groups=(replace(g, rewards=flipped), *lie.groups[1:])))
+    published[2] = told(stale.key, replace(rollouts.decode(published[2][2]), state_hash="00" * 32))
+    good, rejected = checked_pool(manifest, published, 0, h)
     assert rejected == 2 and [b.worker for b in good] == [honest.key]
     assert state_hash(bf16_state(model)) == h  # the worker's model held W_0's BF16 weights

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from node.events import Events
+from node.learn.rl.checks import announce, check_batch
 from node.learn.rl.config import RLConfig
 from node.learn.rl.task import answer, problems_for, reward
-from node.net.blobstore import BlobStore
-from node.roles.rl.pool import PENALTY_ROUNDS, PoolKeeper, check_batch
+from node.net.memory import MemoryNetwork, MemoryPeer
+from node.net.peer import RunRecords
+from node.roles.rl.pool import PENALTY_ROUNDS, PoolKeeper
 from protocol import rollouts
-from protocol.errors import TransferError
 from protocol.identity import Identity
-from protocol.messages import RolloutAnnouncement, RolloutPool, WireModel
+from protocol.messages import RolloutAnnouncement
 from protocol.rollouts import RolloutBatch, RolloutGroup
-from protocol.signing import Verified, open_signed, sign
 
 RUN = hashlib.sha256(b"rl-run").hexdigest()
+VALIDATOR = Identity.generate()
 CFG = RLConfig(group_size=4, prompts_per_batch=3, max_staleness=1, pool_wait_seconds=0.2)
 STATES = {2: hashlib.sha256(b"w2").hexdigest(), 3: hashlib.sha256(b"w3").hexdigest()}
 
@@ -34,18 +35,8 @@ def honest_batch(worker: Identity, round_: int = 3) -> RolloutBatch:
     return RolloutBatch(RUN, round_, worker.public_hex, STATES[round_], tuple(groups))
 
 
-def announce(worker: Identity, batch: RolloutBatch) -> tuple[RolloutAnnouncement, bytes]:
-    data = rollouts.encode(batch)
-    a = RolloutAnnouncement(
-        run_id=RUN,
-        round=batch.round,
-        state_hash=batch.state_hash,
-        blob_sha256=hashlib.sha256(data).hexdigest(),
-        blob_size=len(data),
-        groups=len(batch.groups),
-        mean_reward=batch.mean_reward,
-    )
-    return a, data
+def announced(batch: RolloutBatch) -> RolloutAnnouncement:
+    return announce(batch, rollouts.encode(batch))
 
 
 def lie_about_reward(batch: RolloutBatch) -> RolloutBatch:
@@ -57,7 +48,7 @@ def lie_about_reward(batch: RolloutBatch) -> RolloutBatch:
 def test_an_honest_batch_passes_every_check() -> None:
     worker = Identity.generate()
     batch = honest_batch(worker)
-    a, _ = announce(worker, batch)
+    a = announced(batch)
     assert check_batch(batch, a, worker.public_hex, RUN, STATES, CFG) is None
 
 
@@ -75,7 +66,7 @@ def test_an_honest_batch_passes_every_check() -> None:
 def test_a_lying_batch_is_refused_with_its_reason(lie: object, reason: str) -> None:
     worker = Identity.generate()
     honest = honest_batch(worker)
-    a, _ = announce(worker, honest)
+    a = announced(honest)
     assert callable(lie)
     bad = lie(honest)
     if bad.state_hash != honest.state_hash:  # a consistent lie: the announcement names the same state
@@ -87,65 +78,59 @@ def test_a_lying_batch_is_refused_with_its_reason(lie: object, reason: str) -> N
 def test_a_batch_from_a_state_the_validator_never_had_is_refused() -> None:
     worker = Identity.generate()
     batch = honest_batch(worker, round_=2)
-    a, _ = announce(worker, batch)
+    a = announced(batch)
     assert "keeps no state" in (check_batch(batch, a, worker.public_hex, RUN, {3: STATES[3]}, CFG) or "")
     wrong = {2: STATES[3]}  # the validator's round-2 state is another one
     assert "state other than" in (check_batch(batch, a, worker.public_hex, RUN, wrong, CFG) or "")
 
 
-@dataclass
-class FakePeer:
-    """What `PoolKeeper` needs of a `Peer`: DHT reads, blob fetches, and a store."""
+class Workers:
+    """The validator's peer and the workers' peers on one in-memory network (records signature-checked)."""
 
-    store: BlobStore
-    records: dict[int, list[Verified[RolloutAnnouncement]]] = field(default_factory=dict)
-    blobs: dict[str, bytes] = field(default_factory=dict)
-    held: list[str] = field(default_factory=list)
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.network = MemoryNetwork(RunRecords(RUN, frozenset({VALIDATOR.public_hex}), 3600.0, 5))
+        self.validator = self.network.join(VALIDATOR, root / "validator", role="validator")
+        self.peers: dict[str, MemoryPeer] = {}
 
-    async def get(self, kind: type[WireModel], round_: int) -> list[Verified[RolloutAnnouncement]]:
-        assert kind is RolloutAnnouncement
-        return self.records.get(round_, [])
-
-    async def from_validator(self, kind: type[WireModel], round_: int) -> RolloutPool | None:
-        return None
-
-    async def fetch(self, sha256: str, size: int, round_: int) -> Path:
-        if sha256 not in self.blobs:
-            raise TransferError("no holder")
-        return self.store.path(self.store.put(self.blobs[sha256]))
-
-    def hold(self, sha256: str) -> None:
-        self.held.append(sha256)
-
-    def publish(self, worker: Identity, batch: RolloutBatch, data: bytes | None = None) -> None:
-        a, encoded = announce(worker, batch)
-        self.blobs[a.blob_sha256] = encoded if data is None else data
-        verified = open_signed(sign(worker, a).to_bytes(), run_id=RUN, expect=RolloutAnnouncement)
-        self.records.setdefault(batch.round, []).append(verified)
+    async def publish(self, worker: Identity, batch: RolloutBatch, data: bytes | None = None) -> None:
+        """What a worker does: hold the bytes, list them in a heartbeat, announce them (signed)."""
+        peer = self.peers.get(worker.public_hex)
+        if peer is None:
+            peer = self.peers[worker.public_hex] = self.network.join(
+                worker, self.root / worker.public_hex[:8], role="follower"
+            )
+        data = rollouts.encode(batch) if data is None else data
+        peer.hold(peer.store.put(data))
+        await peer.heartbeat(batch.round, batch.state_hash)
+        await peer.publish(announce(batch, data))
 
 
 def test_the_pool_takes_honest_batches_and_penalizes_liars(tmp_path: Path) -> None:
-    peer = FakePeer(BlobStore(tmp_path / "blobs"))
     honest, liar, garbler = Identity.generate(), Identity.generate(), Identity.generate()
-    peer.publish(honest, honest_batch(honest))
-    peer.publish(honest, honest_batch(honest, round_=2))
-    peer.publish(liar, lie_about_reward(honest_batch(liar)))
-    g = honest_batch(garbler)
-    peer.publish(garbler, g, data=rollouts.encode(g) + b"\x00")  # announced hash matches, bytes are bad
-    keeper = PoolKeeper(peer, CFG, RUN, Events("validator"))  # type: ignore[arg-type]
+    net = Workers(tmp_path)
+    keeper = PoolKeeper(net.validator, CFG, RUN, Events("validator"))
 
-    pool, groups = asyncio.run(keeper.build(3, STATES))
+    async def main() -> None:
+        await net.publish(honest, honest_batch(honest))
+        await net.publish(honest, honest_batch(honest, round_=2))
+        await net.publish(liar, lie_about_reward(honest_batch(liar)))
+        g = honest_batch(garbler)
+        await net.publish(garbler, g, data=rollouts.encode(g) + b"\x00")  # announced truthfully, bytes are bad
 
-    assert [(e.worker, e.round) for e in pool.entries] == [(honest.public_hex, 3), (honest.public_hex, 2)]
-    assert [len(g) for g in groups] == [CFG.prompts_per_batch] * 2
-    refused = {r.worker: r.reason for r in pool.rejections}
-    assert set(refused) == {liar.public_hex, garbler.public_hex}
-    assert "claimed reward" in refused[liar.public_hex]
-    assert "malformed" in refused[garbler.public_hex]
-    assert keeper.penalized[liar.public_hex] == 3 + PENALTY_ROUNDS
-    assert set(peer.held) == {e.blob_sha256 for e in pool.entries}
+        pool, groups = await keeper.build(3, STATES)
+        assert [(e.worker, e.round) for e in pool.entries] == [(honest.public_hex, 3), (honest.public_hex, 2)]
+        assert [len(g) for g in groups] == [CFG.prompts_per_batch] * 2
+        refused = {r.worker: r.reason for r in pool.rejections}
+        assert set(refused) == {liar.public_hex, garbler.public_hex}
+        assert "claimed reward" in refused[liar.public_hex]
+        assert "malformed" in refused[garbler.public_hex]
+        assert keeper.penalized[liar.public_hex] == 3 + PENALTY_ROUNDS
+        assert set(net.validator.held) == {e.blob_sha256 for e in pool.entries}
 
-    # next round the liar's honest batch is still left out: it is serving its penalty
-    peer.publish(liar, honest_batch(liar))
-    pool4, _ = asyncio.run(keeper.build(3, STATES))
-    assert liar.public_hex not in {e.worker for e in pool4.entries}
+        # next round the liar's honest batch is still left out: it is serving its penalty
+        await net.publish(liar, honest_batch(liar))
+        pool4, _ = await keeper.build(3, STATES)
+        assert liar.public_hex not in {e.worker for e in pool4.entries}
+
+    asyncio.run(main())

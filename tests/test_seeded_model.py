@@ -16,7 +16,7 @@ from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config, count_hf_para
 from node.learn.train import bf16_state, unique_state
 from node.run.manifest import parse_manifest
 from node.run.setup import RunSetup
-from node.run.trainer import Trainer
+from node.run.task import task_for
 from protocol.errors import ConfigError
 from protocol.identity import Identity
 from protocol.statehash import state_hash
@@ -116,7 +116,7 @@ def test_a_miner_trains_the_seeded_model_with_the_memory_options(tmp_path: Path)
     memory = {"moments": "bf16", "checkpointing": True, "error_feedback": "bf16"}
     setup = RunSetup.from_manifest(_manifest({"path": str(_config_dir(tmp_path / "m"))}, memory=memory))
     weights = bf16_state(setup.new_model())
-    trainer = Trainer(setup, Identity.generate())
+    trainer = task_for(setup).trainer(Identity.generate())
     delta = trainer.train(0, weights)
     assert math.isfinite(trainer.last_loss) and any(float(d.abs().max()) > 0 for d in delta.values())
     assert all(p.grad is None for p in trainer.model.parameters())  # freed before the codec runs

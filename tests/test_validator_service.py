@@ -6,9 +6,12 @@ import hashlib
 from pathlib import Path
 
 from node.events import Events
-from node.roles.validator_service import ValidatorService
+from node.net.memory import MemoryNetwork
+from node.roles.records import run_records
+from node.roles.tasks import validator_for
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
+from node.run.task import task_for
 from protocol.codec import default_max_bytes
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
@@ -31,7 +34,8 @@ def _header(setup: RunSetup, size: int, sender: str) -> SubmissionHeader:
 def test_an_oversize_payload_is_refused_from_its_header(tmp_path: Path) -> None:
     me = Identity.generate()
     setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "validators": [me.public_hex]}))
-    service = ValidatorService(setup, me, tmp_path, Events("validator"))
+    peer = MemoryNetwork(run_records(setup.manifest)).join(me, tmp_path, role="validator")
+    service = validator_for(setup, task_for(setup), me, tmp_path, peer, Events("validator"))
     service.closed = False
     cap = default_max_bytes(service.validator.weights)
     miner = Identity.generate().public_hex

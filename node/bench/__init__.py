@@ -8,6 +8,7 @@
 - `loco.py`        DDP, dense DiLoCo, SparseLoCo and PULSELoCo: loss and bytes
 - `arena.py`       an in-process run of fake miners and a `Validator`
 - `gauntlet.py`    the validator against fake miners: selection, loss, time and memory
-- `rlsim.py`, `rl.py` decentralized GRPO with the real pieces against single-process GRPO
+- `rlsim.py`, `rl.py` decentralized GRPO with the real pieces (the miner's `RLTrainer`, the validator's
+                   rollout checks) against single-process GRPO
 - `attacks.py`     the attack and fault campaign (`node/swarm/campaign/`) against real loopback swarms
 """

@@ -38,7 +38,8 @@ from node.learn.data import stdlib_corpus
 from node.learn.gpteval import GPTEvaluator, batch_source
 from node.learn.model import GPTConfig, build_gpt
 from node.learn.train import InnerOptimConfig, evaluate, load_bf16_state, unique_state
-from node.swarm.fakeminers import KINDS, Miner, RoundView, RunSetup, Shapeshifter, identity_for
+from node.run.trainer import MinerSpec
+from node.swarm.fakeminers import KINDS, FakeRun, Miner, RoundView, Shapeshifter, identity_for
 from validator.config import GauntletConfig
 from validator.core import Validator
 from validator.intake import Submission
@@ -103,15 +104,14 @@ class Bench:
         self.corpus = stdlib_corpus()
         self.run_id = hashlib.sha256(f"pulse-bench-gauntlet/{args.seed}".encode()).hexdigest()
         self.batch = batch_source(self.corpus, args.batch_size, self.gpt.block_size)
-        self.setup = RunSetup(
+        spec = MinerSpec(
             run_id=self.run_id,
-            gpt=self.gpt,
             codec=args.codec,
             inner=InnerOptimConfig(lr=args.lr, warmup_steps=20),
             steps=args.inner_steps,
             assignment_batches=args.assignment_batches,
-            batch=self.batch,
         )
+        self.setup = FakeRun(spec, self.gpt, self.batch)
         self.cfg = GauntletConfig(
             codec=args.codec,
             assignment_batches=args.assignment_batches,
@@ -164,7 +164,7 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="pulse-gauntlet-rss-") as tmp:
             folder = Path(tmp)
             v = self.validator(folder / "state")
-            setup = replace(self.setup, steps=RSS_INNER_STEPS)
+            setup = replace(self.setup, spec=replace(self.setup.spec, steps=RSS_INNER_STEPS))
             view = RoundView(v.round, v.weights, v.state_hash, None)
             subs = [Miner(setup, identity_for(f"rss/{self.args.seed}/{i}")).submit(view) for i in range(miners)]
             write_submissions(folder / "submissions.bin", [s for s in subs if s is not None])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ from node.learn.train import MemoryConfig, bf16_state, derive_seed, evaluate, lo
 from node.run.manifest import Manifest, codec_for, load_manifest, parse_manifest
 from node.run.presets import configs_dir
 from node.run.setup import RunSetup
-from node.run.trainer import Trainer
+from node.run.trainer import LMTrainer, MinerSpec
 from node.swarm.fakeminers import identity_for
 from protocol.state import State
 from validator.aggregate import aggregate
@@ -65,18 +65,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-layer", type=int, default=4, help="GPT blocks (loco's size: the cached base is shared)")
     parser.add_argument("--n-embd", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-
-
-@dataclass(frozen=True)
-class SameData(RunSetup):
-    """A variant's setup that draws the assignments of one shared run id: each variant's manifest (so
-    its run id) differs, but every variant must train on the same data."""
-
-    data_run_id: str = ""
-
-    @property
-    def run_id(self) -> str:
-        return self.data_run_id
 
 
 @dataclass
@@ -135,11 +123,17 @@ def manifest(
 
 
 def run_variant(m: Manifest, data_run_id: str, init: State, args: argparse.Namespace, held: list[Any]) -> Outcome:
-    setup = SameData(m, data_run_id)
+    """The variant's miners draw the assignments of `data_run_id`: every variant's manifest (so its run
+    id) differs, but all of them must train on the same data."""
+    setup = RunSetup.from_manifest(m)
+    spec = replace(MinerSpec.from_manifest(m), run_id=data_run_id)
     replicas, rounds = args.replicas, args.rounds
     codec = codec_for(m)
     outer = OuterOptimizer(m.train.outer, init)
-    miners = [Trainer(setup, identity_for(f"memory/{i}")) for i in range(replicas)]
+    miners = [
+        LMTrainer(spec, setup.new_model(initial=False), identity_for(f"memory/{i}"), setup.batch)
+        for i in range(replicas)
+    ]
     payload_bytes, seconds = 0, 0.0
     for r in range(rounds):
         weights = outer.bf16_weights()

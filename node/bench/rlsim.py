@@ -4,10 +4,12 @@ Decentralized (`decentralized`), every round r:
 
     workers    hold BF16 W_r (PULSESync), sample G completions for their prompts of
                (run id, r, worker key), score them, publish `protocol.rollouts` bytes
-    validator  decodes each batch, checks its state hash, prompts and claimed rewards
-               (`task.verify_groups`), orders the pool by worker key: the round's `PoolSource`
-    miners     hold BF16 W_r, train H GRPO steps on the pool samples their assignment seeds name,
-               compress W_r - W_local with the run's PULSELoCo codec and error feedback, sign
+    validator  vets each batch with the real validator's rule (`node/learn/rl/checks.py`: bounded
+               decode, state hash, prompts, claimed rewards), orders the pool by worker key: the
+               round's `PoolSource`
+    miners     hold BF16 W_r and run the real miner's step (`node/run/trainer.py` `RLTrainer`): H GRPO
+               steps on the pool samples their assignment seeds name, W_r - W_local compressed with
+               the run's PULSELoCo codec and error feedback; then sign
     validator  `validator.core.Validator.run_round`: Gauntlet scoring with `GRPOEvaluator` on the
                pool, selection, aggregation, outer step, PULSESync patch W_r -> W_{r+1}
     everyone   applies the patch (`pulsesync.apply`) and checks the state hash it announced
@@ -30,17 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.learn.model import GPT, build_gpt
+from node.learn.rl.checks import announce, vet
 from node.learn.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
 from node.learn.rl.generate import rollout_groups, rollout_seed
 from node.learn.rl.grpo import GRPOTrainer
-from node.learn.rl.task import held_out_prompts, problems_for, verify_groups
+from node.learn.rl.task import held_out_prompts, problems_for
 from node.learn.rl.warmstart import warm_start
 from node.learn.train import bf16_state, changed_fraction, load_bf16_state, load_state
-from node.run.manifest import Manifest, codec_for
+from node.run.manifest import Manifest
+from node.run.trainer import MinerSpec, RLTrainer
 from protocol import pulsesync, rollouts
-from protocol.assignment import Assignment
 from protocol.identity import Identity
-from protocol.messages import SubmissionHeader
+from protocol.messages import RolloutAnnouncement
 from protocol.rollouts import RolloutBatch, RolloutGroup
 from protocol.signing import sign
 from protocol.state import State
@@ -96,8 +99,7 @@ class _Holder:
     identity: Identity
     weights: State
     state_hash: str
-    trainer: GRPOTrainer | None = None
-    error: State | None = None
+    trainer: RLTrainer | None = None
 
     @property
     def key(self) -> str:
@@ -115,56 +117,49 @@ def _note(progress: Progress | None, text: str) -> None:
         progress(text)
 
 
-def publish_batch(manifest: Manifest, model: GPT, worker: _Holder, round_: int) -> bytes:
-    """A worker's rollout batch for `round_`, as the bytes it publishes."""
+def publish_batch(manifest: Manifest, model: GPT, worker: _Holder, round_: int) -> tuple[RolloutAnnouncement, bytes]:
+    """A worker's rollout batch for `round_`: what it announces, and the bytes it publishes."""
     cfg = manifest.rl
     load_bf16_state(model, worker.weights)
     prompts = problems_for(manifest.run_id, round_, worker.key, cfg.prompts_per_batch, cfg)
     groups = rollout_groups(model, prompts, cfg, rollout_seed(manifest.run_id, round_, worker.key))
-    return rollouts.encode(RolloutBatch(manifest.run_id, round_, worker.key, worker.state_hash, tuple(groups)))
+    batch = RolloutBatch(manifest.run_id, round_, worker.key, worker.state_hash, tuple(groups))
+    data = rollouts.encode(batch)
+    return announce(batch, data), data
 
 
-def checked_pool(manifest: Manifest, blobs: list[bytes], round_: int, state: str) -> tuple[list[RolloutBatch], int]:
-    """Decode and check the round's batches; (usable batches ordered by worker key, rejected count)."""
+def checked_pool(
+    manifest: Manifest, published: list[tuple[str, RolloutAnnouncement, bytes]], round_: int, state: str
+) -> tuple[list[RolloutBatch], int]:
+    """Vet each (worker key, announcement, bytes) as the validator does: (usable batches by worker key, refused)."""
     good, rejected = [], 0
-    for blob in blobs:
-        batch = rollouts.decode(blob)
-        prompts = problems_for(manifest.run_id, round_, batch.worker, manifest.rl.prompts_per_batch, manifest.rl)
-        problem = verify_groups(batch.groups, prompts, manifest.rl)
-        if batch.state_hash != state:
-            problem = "generated from another state"
-        if problem is not None or batch.round != round_ or batch.run_id != manifest.run_id:
-            log.warning("round %d: rollout batch of %s rejected: %s", round_, batch.worker[:12], problem)
+    for worker, announced, data in published:
+        found = vet(data, announced, worker, manifest.run_id, {round_: state}, manifest.rl)
+        if isinstance(found, str):
+            log.warning("round %d: rollout batch of %s refused: %s", round_, worker[:12], found)
             rejected += 1
             continue
-        good.append(batch)
+        good.append(found)
     return sorted(good, key=lambda b: b.worker), rejected
 
 
-def _submit(manifest: Manifest, miner: _Holder, pool: PoolSource, round_: int) -> tuple[Submission, float]:
-    """Train, compress and sign one miner's submission; (submission, fraction of entries sent)."""
-    assert miner.trainer is not None
-    assignment = Assignment(manifest.run_id, round_, miner.key, manifest.selection.assignment_batches)
-    delta = miner.trainer.train(miner.weights, pool.groups(assignment.seeds), manifest.train.inner_steps)
-    payload, miner.error, stats = codec_for(manifest).compress(delta, miner.error, miner.weights)
-    header = SubmissionHeader.for_payload(
-        run_id=manifest.run_id,
-        round_=round_,
-        base_hash=miner.state_hash,
-        payload=payload,
-        codec=manifest.train.codec,
-        data_digest=assignment.digest,
-        sender=miner.key,
-    )
-    return Submission(sign(miner.identity, header).to_bytes(), payload), stats.density
+def _submit(manifest: Manifest, miner: _Holder, batches: list[RolloutBatch], round_: int) -> tuple[Submission, float]:
+    """The real miner's step on the round's pool, signed; (submission, fraction of entries sent)."""
+    trainer = miner.trainer
+    assert trainer is not None
+    trainer.use_pool(round_, [b.groups for b in batches])
+    delta = trainer.train(round_, miner.weights)
+    header, payload = trainer.package(round_, delta, miner.weights, miner.state_hash)
+    assert trainer.last_stats is not None
+    return Submission(sign(miner.identity, header).to_bytes(), payload), trainer.last_stats.density
 
 
 def _miner(manifest: Manifest, i: int, weights: State, state: str, reference: State | None) -> _Holder:
-    """Miner i: BF16 weights, and a GRPO trainer whose AdamW state persists across rounds."""
-    model = build_gpt(manifest.model.gpt)
-    rl = manifest.rl
-    trainer = GRPOTrainer(model, manifest.train.inner, rl, reference=reference, minibatch_groups=rl.groups_per_batch)
-    return _Holder(identity_for(f"miner/{i}"), weights, state, trainer)
+    """Miner i: BF16 weights, and the miner's trainer, whose AdamW state persists across rounds."""
+    identity = identity_for(f"miner/{i}")
+    spec = MinerSpec.from_manifest(manifest)
+    trainer = RLTrainer(spec, build_gpt(manifest.model.gpt), identity, manifest.rl, reference)
+    return _Holder(identity, weights, state, trainer)
 
 
 def _sync(holders: list[_Holder], patch: bytes, announced: str) -> bool:
@@ -199,13 +194,13 @@ def decentralized(
         miners = [_miner(manifest, i, v.weights, v.state_hash, reference) for i in range(shape.miners)]
         worker_model = build_gpt(gpt)
         for r in range(shape.rounds):
-            blobs = [publish_batch(manifest, worker_model, w, r) for w in workers]
-            batches, rejected = checked_pool(manifest, blobs, r, v.state_hash)
+            published = [(w.key, *publish_batch(manifest, worker_model, w, r)) for w in workers]
+            batches, rejected = checked_pool(manifest, published, r, v.state_hash)
             record.rejected_batches += rejected
             made: list[tuple[Submission, float]] = []
             if batches:  # no usable rollouts: the round closes with no submissions and an empty patch
                 pool.set([b.groups for b in batches])
-                made = [_submit(manifest, m, pool, r) for m in miners]
+                made = [_submit(manifest, m, batches, r) for m in miners]
             old = v.weights  # W_r: run_round replaces, never mutates, the validator's weights
             report = v.run_round([s for s, _ in made])
             record.validator_seconds += report.seconds

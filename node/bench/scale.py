@@ -50,16 +50,18 @@ from node.learn.train import Batch, autocast, bf16_state
 from node.run.manifest import Manifest, load_manifest, parse_manifest
 from node.run.presets import preset
 from node.run.setup import RunSetup
-from node.run.trainer import Trainer
+from node.run.task import LMTask
+from node.run.trainer import LMTrainer
 from node.swarm.fakeminers import identity_for
 from protocol import pulsesync
 from protocol.assignment import Assignment
 from protocol.messages import SubmissionHeader
-from protocol.signing import sign
+from protocol.signing import SignedMessage, sign
 from protocol.statehash import state_hash
 from validator.core import RoundReport, Validator
-from validator.gauntlet import RoundPipeline
+from validator.gauntlet import RoundPipeline, Standing
 from validator.intake import Submission
+from validator.ratings import RatingRecord, Ratings
 
 log = logging.getLogger(__name__)
 HOME_PRESET = "qwen2.5-0.5b-home-gpu"
@@ -152,6 +154,21 @@ def run_manifest(home: Manifest, model: dict[str, str], steps: int, batch: int, 
     return parse_manifest(data, "pulse bench scale")
 
 
+class SteadyValidator(Validator):
+    """The `Validator`, with one thing set for the benchmark: its round starts from a steady state in
+    which every key of `veterans` has an indicator average of 1 and a settled rating (OpenSkill mu 30,
+    sigma 1), as established miners have after some honest rounds. A first round would aggregate
+    nothing (indicator averages start at 0), and what a round costs depends on what it aggregates."""
+
+    veterans: tuple[str, ...] = ()
+
+    def standing(self) -> Standing:
+        cfg = self.cfg
+        settled = {k: RatingRecord(mu=30.0, sigma=1.0, last_round=self.round) for k in self.veterans}
+        ratings = Ratings(cfg.openskill_beta, cfg.openskill_tau, cfg.missing_rounds, settled)
+        return Standing(ratings, dict.fromkeys(self.veterans, 1.0))
+
+
 @dataclass
 class MinerRecord:
     submission: Submission
@@ -214,15 +231,16 @@ class Bench:
 
     def __post_init__(self) -> None:
         self.setup = RunSetup.from_manifest(self.s.run)
+        self.task = LMTask(self.setup)
         self.identity = identity_for("scale/validator")
 
     def evaluator(self) -> GPTEvaluator:
-        return GPTEvaluator(self.setup.new_model(initial=False).to(self.s.device))
+        return self.task.evaluator(str(self.s.device))
 
     def create_w0(self) -> None:
         log.info("building W_0 (%s) and the validator's state", self.s.run.model.architecture or self.s.run.model.path)
         with self.rec.phase("validator.create"):
-            master = self.setup.initial_master()
+            master = self.task.initial_master()
             v = Validator.create(
                 self.folder / "state", self.s.run.gauntlet(), self.setup.run_id, self.identity, master,
                 self.evaluator(), self.setup.eval_batch,
@@ -246,7 +264,7 @@ class Bench:
         ident = identity_for(f"scale/miner/{i}")
         with self.rec.phase("miner"):
             with self.rec.phase("miner.build"):
-                trainer = Trainer(self.setup, ident, str(self.s.device))
+                trainer = self.task.trainer(ident, str(self.s.device))
             with self.rec.phase("miner.train"):
                 delta = trainer.train(0, self.weights)
             with self.rec.phase("miner.compress"):
@@ -260,7 +278,7 @@ class Bench:
             self.calibration = self.calibrate(trainer)
         return record
 
-    def calibrate(self, trainer: Trainer) -> Calibration:
+    def calibrate(self, trainer: LMTrainer) -> Calibration:
         """Probes on a miner that has finished its round (its weights may change: it trains no more)."""
         memory = self.s.run.train.memory
         ctx = lambda: autocast(trainer.device, trainer.autocast, memory)  # noqa: E731
@@ -311,9 +329,10 @@ class Bench:
         prefix = f"validator[{size}]"
         with self.rec.phase(f"{prefix}.open"):
             evaluator = self.evaluator()
-            v = Validator.open(
+            v = SteadyValidator.open(
                 folder, self.s.run.gauntlet(), self.setup.run_id, self.identity, evaluator, self.setup.eval_batch
             )
+            v.veterans = tuple(_sender(sub) for sub in subs)
         with timed_methods(self.rec, self.validator_steps(evaluator, prefix)), self.rec.phase(f"{prefix}.round"):
             report = v.run_round(subs)
         stats = self.rec.stats
@@ -359,7 +378,7 @@ class Bench:
         setup = RunSetup.from_manifest(run_manifest(p, model, 3, p.data.batch_size, p.data.seq_len, 1))
         with self.rec.phase("miner_1_5b.build"):
             weights = bf16_state(setup.new_model())
-            trainer = Trainer(setup, identity_for("scale/miner-1.5b"), "cuda")
+            trainer = LMTask(setup).trainer(identity_for("scale/miner-1.5b"), "cuda")
         release_memory()
         torch.cuda.reset_peak_memory_stats()
         with self.rec.phase("miner_1_5b.train"):
@@ -372,6 +391,10 @@ class Bench:
         }
         del trainer, weights
         release_memory()
+
+
+def _sender(sub: Submission) -> str:
+    return SignedMessage.from_bytes(sub.envelope).sender_hex
 
 
 def run(args: argparse.Namespace) -> BenchResult:

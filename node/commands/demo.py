@@ -21,8 +21,10 @@ from rich.live import Live
 from rich.table import Table
 
 from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG
+from node.events import EventLog, read_events
+from node.events.models import Baseline, RoundClosed
 from node.run.manifest import load_manifest
-from node.swarm.demo import Swarm, plot, prepare, read_events, summarize
+from node.swarm.demo import Swarm, plot, prepare, summarize
 from protocol.errors import ConfigError
 
 
@@ -70,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
         workers = [swarm.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
         workers += [swarm.start_role(f"follower{i}" if i else "follower", "follow", None) for i in range(followers)]
         deadline = time.monotonic() + args.timeout
-        with Live(_table([], args.rounds), console=console, refresh_per_second=2, transient=args.json) as live:
+        with Live(
+            _table(EventLog([]), args.rounds), console=console, refresh_per_second=2, transient=args.json
+        ) as live:
             while time.monotonic() < deadline:
                 live.update(_table(read_events(out / "events"), args.rounds))
                 if all(w.popen.poll() is not None for w in workers) or validator.popen.poll() is not None:
@@ -107,28 +111,26 @@ def run(args: argparse.Namespace) -> int:
     return 0 if good else 1
 
 
-def _table(records: list[dict[str, Any]], rounds: int) -> Table:
+def _table(log: EventLog, rounds: int) -> Table:
     table = Table(title=f"pulse demo: {rounds} rounds on loopback")
-    rl = any(r.get("reward") is not None for r in records if r["event"] in ("round", "baseline"))
-    key = "reward" if rl else "loss"
-    metric = f"held-out {key}"
+    rl = any(e.reward is not None for e in log.events(RoundClosed)) or any(
+        e.reward is not None for e in log.events(Baseline)
+    )
+    metric = f"held-out {'reward' if rl else 'loss'}"
     for col in ("round", metric, "submissions", "selected", "sent", "vs dense", "patch", "scores"):
         table.add_column(col, justify="right" if col != "scores" else "left")
-    names = {r["sender"]: r["name"] for r in records if r["event"] == "start" and "sender" in r}
-    for r in records:
-        if r["event"] != "round":
-            continue
-        scores = ", ".join(
-            f"{names.get(k, k[:8])} {v:.3g}" for k, v in sorted(r["scores"].items(), key=lambda kv: -kv[1])
-        )
+    names = {key: name for name, key in log.keys().items()}
+    for e in log.events(RoundClosed):
+        scores = ", ".join(f"{names.get(k, k[:8])} {v:.3g}" for k, v in sorted(e.scores.items(), key=lambda kv: -kv[1]))
+        value = e.reward if rl else e.loss
         table.add_row(
-            str(r["round"]),
-            "-" if r.get(key) is None else f"{r[key]:.4f}",
-            str(r["submissions"]),
-            str(r["selected"]),
-            f"{r['bytes'] / 1e3:.1f} kB",
-            f"{r['dense_bytes'] / max(r['bytes'], 1):.0f}x smaller",
-            f"{r['patch_bytes'] / 1e3:.1f} kB",
+            str(e.round),
+            "-" if value is None else f"{value:.4f}",
+            str(e.submissions),
+            str(e.selected),
+            f"{e.bytes / 1e3:.1f} kB",
+            f"{e.dense_bytes / max(e.bytes, 1):.0f}x smaller",
+            f"{e.patch_bytes / 1e3:.1f} kB",
             scores or "-",
         )
     return table

@@ -1,8 +1,8 @@
 """`pulse validator`, `pulse miner`, `pulse follow`: the long-running roles of a run.
 
-Each parses its flags, loads the manifest and the key, and runs the role's service
-(`validator_service.py`, `miner.py`) until Ctrl+C (or `--rounds`); shutting down stops the
-libp2p daemon and the DHT process, so nothing is left behind.
+Each parses its flags, loads the manifest and the key, starts the libp2p peer (`P2PPeer`) and runs
+the role the run's task calls for (`node/roles/tasks.py`) on it until Ctrl+C (or `--rounds`);
+shutting down stops the libp2p daemon and the DHT process, so nothing is left behind.
 """
 
 from __future__ import annotations
@@ -22,17 +22,24 @@ import torch
 from node.commands.keygen import DEFAULT_KEY_PATH
 from node.events import Events
 from node.net.keyfile import load_key_file
-from node.net.netconfig import add_net_arguments, net_config_from_args
-from node.roles.miner import Node
+from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
+from node.net.p2ppeer import P2PPeer
+from node.net.peer import Role
+from node.roles.follower import Follower
+from node.roles.miner import Miner
+from node.roles.records import run_records
+from node.roles.tasks import follower_for, miner_for, validator_for
 from node.roles.validator_service import ValidatorService
 from node.run.manifest import load_manifest
 from node.run.presets import preset
 from node.run.setup import RunSetup
+from node.run.task import task_for
 from protocol.errors import ConfigError, KeyFileError, NetworkError
 from protocol.identity import Identity
 
 DEFAULT_CONFIG = preset("tiny")
 RL_CONFIG = preset("rl")  # the `task = "rl"` preset
+PEER_ROLES: dict[str, Role] = {"validator": "validator", "miner": "miner", "follow": "follower"}
 
 
 def register(subparsers: Any) -> None:
@@ -110,21 +117,27 @@ async def _main(
     setup: RunSetup,
     identity: Identity,
     folder: Path,
-    config: Any,
+    config: NetConfig,
     events: Events,
     rounds: int | None,
     device: str,
 ) -> int:
-    if role == "validator":
-        service: ValidatorService | Node = await ValidatorService.create(
-            setup, identity, folder, config, events, device
-        )
-    else:
-        service = await Node.create(setup, identity, folder, config, events, mine=role == "miner", device=device)
+    task = task_for(setup)
+    peer = await P2PPeer.create(config, run_records(setup.manifest), identity, folder, role=PEER_ROLES[role])
     try:
+        service: ValidatorService | Miner | Follower
+        if role == "validator":  # opening or creating its state takes a while: off the event loop
+            loop = asyncio.get_running_loop()
+            service = await loop.run_in_executor(
+                None, lambda: validator_for(setup, task, identity, folder, peer, events, device=device)
+            )
+        elif role == "miner":
+            service = miner_for(setup, task, identity, peer, events, device=device)
+        else:
+            service = follower_for(setup, task, identity, peer, events, device=device)
         await _until_signal(service.run(rounds))
     finally:
-        await service.shutdown()
+        await peer.shutdown()
         events.finish()
     return 0
 

@@ -8,7 +8,7 @@ Files (in import order):
 - `train.py`      training primitives: BF16 state copy/load, H AdamW inner steps, evaluation
 - `basecache.py`  the briefly pre-trained base model, cached as safetensors keyed by its recipe
 - `gpteval.py`    the model as the validator's `Evaluator`, and the seed -> batch source miners share
-- `rl/`           the pure pieces of RL post-training: task, sampling, GRPO, evaluator, warm start
+- `rl/`           the pure pieces of RL post-training: task, rollout checks, sampling, GRPO, evaluator, warm start
 
 `learn` imports `protocol`, `validator` and `node.events` only.
 """

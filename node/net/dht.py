@@ -211,13 +211,7 @@ class PulseDHT:
         self.dht.shutdown()
 
     def _reverify(self, kind: type[M], round_: int, subkey: object, value: object, exp: float) -> Verified[M]:
-        if not isinstance(subkey, bytes) or not isinstance(value, bytes):
-            raise MalformedPayload("record subkey or value is not bytes")
-        record = DHTRecord(dht_key_id(self.run_id, kind.KIND, round_), _pack_bin(subkey), _pack_bin(value), exp)
-        verified = self._validator.check(record)
-        if not isinstance(verified.message, kind):
-            raise MalformedPayload(f"expected {kind.KIND}, found {verified.signed.kind}")
-        return Verified(verified.signed, verified.message)
+        return verify_record(self._validator, kind, round_, subkey, value, exp)
 
     def _result(self, future: MPFuture, what: str) -> Any:
         try:
@@ -225,6 +219,26 @@ class PulseDHT:
         except TimeoutError as exc:
             future.cancel()
             raise NetworkError(f"DHT {what} did not finish within {self.timeout:.0f}s") from exc
+
+
+def verify_record(
+    validator: PulseRecordValidator, kind: type[M], round_: int, subkey: object, value: object, expiration: float
+) -> Verified[M]:
+    """The `kind` message of a record stored at (kind, round_) with this owner subkey and envelope,
+    checked as every DHT peer checks it (`PulseRecordValidator`); a `ProtocolError` says why not."""
+    if not isinstance(subkey, bytes) or not isinstance(value, bytes):
+        raise MalformedPayload("record subkey or value is not bytes")
+    key = dht_key_id(validator.run_id, kind.KIND, round_)
+    verified = validator.check(DHTRecord(key, _pack_bin(subkey), _pack_bin(value), expiration))
+    if not isinstance(verified.message, kind):
+        raise MalformedPayload(f"expected {kind.KIND}, found {verified.signed.kind}")
+    return Verified(verified.signed, verified.message)
+
+
+def check_store(validator: PulseRecordValidator, signed: SignedMessage, expiration: float) -> Verified[WireModel]:
+    """What a DHT peer checks when asked to store `signed` the way `PulseDHT.store_signed` stores it."""
+    key = dht_key_id(signed.run_id, signed.kind, signed.round)
+    return validator.check(DHTRecord(key, _pack_bin(signed.sender), _pack_bin(signed.to_bytes()), expiration))
 
 
 def _pack_bin(data: bytes) -> bytes:

@@ -1,14 +1,21 @@
-"""One running node on the network: DHT records, blob serving and fetching, all awaitable.
+"""What a role needs of the network: one interface, two implementations.
 
-    peer = await Peer.create(net_config, run, identity, folder, role="miner")   # run: a `RunRecords`
     result = await peer.round_result(r)        # the validator's signed verdict for round r, or None
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"
-    await peer.shutdown()
+    await peer.submit(signed, payload_path)    # push a submission to the run's validator
+    peer.take_submissions(accept, on_submission)   # the validator: take pushed submissions
 
-hivemind's DHT API blocks (a pipe to its process), so every DHT call runs in a thread with the
-DHT's own timeout; blob transfers are bounded by `TransferLimits`. Only records signed by one of
-the run's validator keys count as round results and checkpoints.
+- `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
+  latest result). `pulse status` needs nothing more.
+- `Peer` is a node on the network: a `RunView` that also publishes records, holds and fetches
+  blobs, and pushes (or takes) submissions.
+
+Everything here is written once on top of a few transport primitives (`_get`, `_store`,
+`_fetch_from`, `submit`, ...): `p2ppeer.P2PPeer` implements them with hivemind's DHT and libp2p
+streams, `memory.MemoryPeer` with an in-process network for the fast test tier. Both check every
+record's signature with `dht.PulseRecordValidator` and every blob against its SHA-256. Only records
+signed by one of the run's validator keys count as round results and checkpoints.
 """
 
 from __future__ import annotations
@@ -16,26 +23,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from hivemind.p2p import P2P, PeerID
-
 from node.net.blobstore import BlobStore
-from node.net.dht import PulseDHT
-from node.net.netconfig import NetConfig
-from node.net.transfer import Accept, OnSubmission, TransferService, fetch_from_any
-from protocol.errors import NetworkError, ProtocolError, TransferError
+from node.net.transfer import Accept, OnSubmission
+from protocol.errors import NetworkError, TransferError
 from protocol.identity import Identity
 from protocol.messages import MAX_HELD_BLOBS, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
-from protocol.signing import SignedMessage, Verified
+from protocol.signing import SignedMessage, Verified, sign
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=WireModel)
-T = TypeVar("T")
 Role = Literal["bootstrap", "miner", "validator", "follower"]
 PUBLISH_RETRY_SECONDS = (1.0, 2.0)
 
@@ -50,103 +53,132 @@ class RunRecords:
     checkpoint_every: int  # how far back the newest checkpoint can be
 
 
-class Peer:
-    def __init__(
-        self, dht: PulseDHT, p2p: P2P, store: BlobStore, service: TransferService, run: RunRecords, role: Role
-    ) -> None:
-        self.dht, self.p2p, self.store, self.service = dht, p2p, store, service
-        self.run, self.role = run, role
-        self.run_id = run.run_id
-        self.validators = run.validators
-        self.held: list[str] = []  # blobs announced in heartbeats, newest last
-        self.validator_peer: PeerID | None = None
+class RunView(ABC):
+    """The run's signed records, as this node reads them."""
 
-    @classmethod
-    async def create(
-        cls,
-        config: NetConfig,
-        run: RunRecords,
-        identity: Identity,
-        folder: Path,
-        *,
-        role: Role,
-        accept: Accept | None = None,
-        on_submission: OnSubmission | None = None,
-    ) -> Peer:
-        loop = asyncio.get_running_loop()
-        dht = await loop.run_in_executor(None, lambda: PulseDHT.start(config, run_id=run.run_id, identity=identity))
-        try:
-            p2p = await asyncio.wait_for(dht.replicate_p2p(), config.startup_timeout)
-            store = BlobStore(folder / "blobs")
-            store.clear_partials()
-            service = await TransferService.create(
-                p2p, store, run_id=run.run_id, accept=accept, on_submission=on_submission
-            )
-        except BaseException:
-            dht.shutdown()
-            raise
-        return cls(dht, p2p, store, service, run, role)
+    def __init__(self, run: RunRecords) -> None:
+        self.run = run
 
     @property
-    def peer_id(self) -> PeerID:
-        return self.dht.peer_id
+    def run_id(self) -> str:
+        return self.run.run_id
 
-    async def shutdown(self) -> None:
-        try:
-            await asyncio.wait_for(self.service.shutdown(), 10.0)
-        except (TimeoutError, Exception) as exc:  # the daemon may already be gone on Ctrl+C
-            log.debug("transfer service shutdown: %s", exc)
-        await asyncio.get_running_loop().run_in_executor(None, self.dht.shutdown)
-
-    # -- DHT -------------------------------------------------------------------------------------
-
-    async def call(self, fn: Callable[[], T]) -> T:
-        """Run a blocking DHT call in a thread (it is bounded by the DHT's own timeout)."""
-        return await asyncio.get_running_loop().run_in_executor(None, fn)
+    @abstractmethod
+    async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        """Every valid `kind` record of `round_`, signature-checked, sorted by sender; `NetworkError` if unreachable."""
 
     async def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        """Every valid `kind` record of `round_` (none when the network does not answer)."""
         try:
-            return await self.call(lambda: self.dht.get(kind, round_))
+            return await self._get(kind, round_)
         except NetworkError as exc:
-            log.debug("DHT get %s/%d failed: %s", kind.KIND, round_, exc)
+            log.debug("get %s/%d failed: %s", kind.KIND, round_, exc)
             return []
 
     async def from_validator(self, kind: type[M], round_: int) -> M | None:
         for verified in await self.get(kind, round_):
-            if verified.sender_hex in self.validators:
+            if verified.sender_hex in self.run.validators:
                 return verified.message
         return None
 
     async def round_result(self, round_: int) -> RoundResult | None:
         return await self.from_validator(RoundResult, round_)
 
+    async def latest_result(self, start: int = 0) -> tuple[int, RoundResult | None]:
+        """(the last round with a round result, searched from `start`, that result); (start - 1, None) if none.
+
+        Exponential then binary search: O(log rounds) reads, each one round's records.
+        """
+        found = await self.round_result(start)
+        if found is None:
+            return start - 1, None
+        lo, step = start, 1
+        while (ahead := await self.round_result(lo + step)) is not None:
+            lo, step, found = lo + step, step * 2, ahead
+        hi = lo + step  # invariant: lo has a result (`found`), hi has none
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            middle = await self.round_result(mid)
+            lo, hi, found = (mid, hi, middle) if middle is not None else (lo, mid, found)
+        return lo, found
+
+    async def latest_result_round(self, start: int = 0) -> int:
+        """The last round with a round result, searched from `start`; start - 1 if none."""
+        return (await self.latest_result(start))[0]
+
+    async def latest_checkpoint(self, round_: int) -> CheckpointAnnouncement | None:
+        """The newest validator checkpoint at or below `round_`, looking back one checkpoint period."""
+        for r in range(round_, max(-1, round_ - self.run.checkpoint_every - 2), -1):
+            found = await self.from_validator(CheckpointAnnouncement, r)
+            if found is not None:
+                return found
+        return None
+
+
+class Peer(RunView):
+    """One node on the network: the run's records, blobs held and fetched, submissions pushed or taken."""
+
+    def __init__(self, run: RunRecords, identity: Identity, store: BlobStore, role: Role) -> None:
+        super().__init__(run)
+        self.identity, self.store, self.role = identity, store, role
+        self.held: list[str] = []  # blobs announced in heartbeats, newest last
+        self.validator_peer: str | None = None  # the active validator's peer id, from its heartbeat
+
+    # -- what an implementation provides -----------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def peer_id(self) -> str:
+        """This node's transport address (a libp2p peer id in base58), as heartbeats name it."""
+
+    @abstractmethod
+    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
+        """Store a signed record under its signer's subkey; False if no peer took it."""
+
+    @abstractmethod
+    async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
+        """Blob `sha256` (at most `size` bytes, hash-checked) from one of `holders` into `store`."""
+
+    @abstractmethod
+    async def submit(self, signed: SignedMessage, payload: Path) -> None:
+        """Push a signed submission header and its payload to the validator; `TransferError` if not taken."""
+
+    @abstractmethod
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
+        """Take pushed submissions (the validator): `accept` decides on each header, `on_submission`
+        gets each stored one. Until a role calls this, a peer refuses every push."""
+
+    @abstractmethod
+    async def shutdown(self) -> None: ...
+
+    # -- records ---------------------------------------------------------------------------------
+
     async def validator_heartbeat(self, round_: int) -> Heartbeat | None:
         beat = await self.from_validator(Heartbeat, round_)
         if beat is not None and beat.role == "validator":
-            self.validator_peer = PeerID.from_base58(beat.peer_id)
+            self.validator_peer = beat.peer_id
             return beat
         return None
 
     async def publish(self, message: WireModel) -> None:
-        ttl = self.run.record_ttl_seconds
-        await self._retry(message.KIND, message.round, lambda: self.dht.publish(message, ttl=ttl))
+        """Sign and store `message`; `NetworkError` if no peer took it after two retries."""
+        await self.publish_signed(sign(self.identity, message).to_bytes())
 
     async def publish_signed(self, envelope: bytes) -> None:
         signed = SignedMessage.from_bytes(envelope)
 
-        def store() -> None:
-            expiration = time.time() + self.run.record_ttl_seconds
-            if not self.dht.store_signed(signed, expiration_time=expiration):
+        async def store() -> None:
+            if not await self._store(signed, time.time() + self.run.record_ttl_seconds):
                 raise NetworkError(f"no peer stored {signed.kind} for round {signed.round}")
 
         await self._retry(signed.kind, signed.round, store)
 
-    async def _retry(self, kind: str, round_: int, store: Callable[[], object]) -> None:
+    async def _retry(self, kind: str, round_: int, store: Callable[[], Awaitable[None]]) -> None:
         """A store that no peer took is tried again after 1 s and 2 s: right after start-up (a
         restarted validator) the DHT node may not know its neighbours yet."""
         for pause in (*PUBLISH_RETRY_SECONDS, None):
             try:
-                await self.call(store)
+                await store()
                 return
             except NetworkError as exc:
                 if pause is None:
@@ -166,7 +198,7 @@ class Peer:
             run_id=self.run_id,
             round=round_,
             role=self.role,
-            peer_id=self.peer_id.to_base58(),
+            peer_id=self.peer_id,
             state_hash=state_hash,
             blobs=tuple(self.held[-MAX_HELD_BLOBS:]),
             sent_at=int(time.time()),
@@ -175,27 +207,6 @@ class Peer:
             await self.publish(beat)
         except NetworkError as exc:
             log.warning("could not publish a heartbeat for round %d: %s", round_, exc)
-
-    async def latest_result_round(self, start: int = 0) -> int:
-        """The last round with a round result, searched from `start` (exponential, then binary); -1 if none."""
-        if await self.round_result(start) is None:
-            return start - 1
-        lo, step = start, 1
-        while await self.round_result(lo + step) is not None:
-            lo, step = lo + step, step * 2
-        hi = lo + step  # invariant: lo has a result, hi has none
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if await self.round_result(mid) is not None else (lo, mid)
-        return lo
-
-    async def latest_checkpoint(self, round_: int) -> CheckpointAnnouncement | None:
-        """The newest validator checkpoint at or below `round_`, looking back one checkpoint period."""
-        for r in range(round_, max(-1, round_ - self.run.checkpoint_every - 2), -1):
-            found = await self.from_validator(CheckpointAnnouncement, r)
-            if found is not None:
-                return found
-        return None
 
     # -- blobs -----------------------------------------------------------------------------------
 
@@ -210,19 +221,15 @@ class Peer:
         """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder."""
         if self.store.has(sha256):
             return self.store.path(sha256)
-        holders: list[PeerID] = []
+        holders: list[str] = []
         for r in (round_, round_ + 1):
             for verified in await self.get(Heartbeat, r):
                 beat = verified.message
-                if sha256 in beat.blobs or verified.sender_hex in self.validators:
-                    holders.append(PeerID.from_base58(beat.peer_id))
+                if sha256 in beat.blobs or verified.sender_hex in self.run.validators:
+                    holders.append(beat.peer_id)
         if self.validator_peer is not None:
             holders.append(self.validator_peer)
-        holders = [h for h in dict.fromkeys(holders) if h != self.peer_id]
-        try:
-            path = await fetch_from_any(self.p2p, holders, sha256, self.store, max_size=size)
-        except ProtocolError as exc:
-            raise TransferError(f"blob {sha256[:12]}... failed its checks: {exc}") from exc
+        path = await self._fetch_from([h for h in dict.fromkeys(holders) if h != self.peer_id], sha256, size)
         if path.stat().st_size != size:
             self.store.remove(sha256)
             raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")

@@ -18,7 +18,7 @@ import asyncio
 import enum
 import logging
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -75,13 +75,27 @@ class TransferLimits(BaseModel):
 DEFAULT_LIMITS = TransferLimits()
 
 
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
 @asynccontextmanager
-async def open_stream(
-    p2p: P2P, peer: PeerID, name: str, limits: TransferLimits
-) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+async def open_stream(p2p: P2P, peer: PeerID, name: str, limits: TransferLimits) -> AsyncIterator[Stream]:
     """An open stream to `peer`'s handler `name`; every peer failure inside becomes a `TransferError`."""
+
+    async def opening() -> Stream:
+        _, reader, writer = await p2p.call_binary_stream_handler(peer, name)
+        return reader, writer
+
+    async with guarded_stream(opening(), peer, limits) as stream:
+        yield stream
+
+
+@asynccontextmanager
+async def guarded_stream(opening: Awaitable[Stream], peer: object, limits: TransferLimits) -> AsyncIterator[Stream]:
+    """The stream `opening` gives, opened within `open_timeout`, closed on the way out; a stall
+    becomes a `TransferTimeout` and a broken stream a `TransferError` (any transport: libp2p, in memory)."""
     try:
-        _, reader, writer = await asyncio.wait_for(p2p.call_binary_stream_handler(peer, name), limits.open_timeout)
+        reader, writer = await asyncio.wait_for(opening, limits.open_timeout)
     except TimeoutError as exc:
         raise TransferTimeout(f"could not open a stream to {peer} within {limits.open_timeout:.0f}s") from exc
     except STREAM_ERRORS as exc:

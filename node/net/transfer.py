@@ -23,15 +23,16 @@ import random
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from hivemind.p2p import P2P, PeerID
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from node.net.blobstore import BlobStore, check_sha256
 from node.net.streams import (
     DEFAULT_LIMITS,
     STREAM_ERRORS,
     Status,
+    Stream,
     TransferLimits,
     hang_up,
     open_stream,
@@ -52,6 +53,7 @@ logger = logging.getLogger(__name__)
 FETCH = f"pulse/v{PROTOCOL_VERSION}/rpc_fetch"
 SUBMIT = f"pulse/v{PROTOCOL_VERSION}/rpc_submit"
 _FETCH_REQUEST = struct.Struct(">c32sQ")
+P = TypeVar("P")
 
 
 # -- clients -------------------------------------------------------------------------------------
@@ -68,18 +70,26 @@ async def call_fetch(
     check_sha256(sha256)
     if store.has(sha256):
         return store.path(sha256)
-    async with open_stream(p2p, peer, FETCH, limits) as (reader, writer):
-        await send_request(writer, fetch_request(sha256, max_size), limits)
-        status, size, reason = await read_reply(reader, limits.open_timeout)
-        if status is Status.NOT_FOUND:
-            raise BlobNotFound(f"{peer} does not hold blob {sha256[:12]}...")
-        if status is not Status.OK:
-            raise TransferError(f"{peer} refused to send {sha256[:12]}...: {status.name} {reason}")
-        if size > max_size:
-            raise SizeLimitExceeded(f"{peer} announced {size} bytes for {sha256[:12]}..., cap is {max_size}")
-        with store.writer(sha256, size) as blob:
-            await receive_body(reader, blob, limits)
-            return await asyncio.get_running_loop().run_in_executor(None, blob.commit)
+    async with open_stream(p2p, peer, FETCH, limits) as stream:
+        return await fetch_over(stream, peer, sha256, store, max_size=max_size, limits=limits)
+
+
+async def fetch_over(
+    stream: Stream, peer: object, sha256: str, store: BlobStore, *, max_size: int, limits: TransferLimits
+) -> Path:
+    """The client side of a fetch on an open stream (`call_fetch`; the in-memory network uses it too)."""
+    reader, writer = stream
+    await send_request(writer, fetch_request(sha256, max_size), limits)
+    status, size, reason = await read_reply(reader, limits.open_timeout)
+    if status is Status.NOT_FOUND:
+        raise BlobNotFound(f"{peer} does not hold blob {sha256[:12]}...")
+    if status is not Status.OK:
+        raise TransferError(f"{peer} refused to send {sha256[:12]}...: {status.name} {reason}")
+    if size > max_size:
+        raise SizeLimitExceeded(f"{peer} announced {size} bytes for {sha256[:12]}..., cap is {max_size}")
+    with store.writer(sha256, size) as blob:
+        await receive_body(reader, blob, limits)
+        return await asyncio.get_running_loop().run_in_executor(None, blob.commit)
 
 
 def fetch_request(sha256: str, max_size: int) -> bytes:
@@ -96,10 +106,17 @@ async def fetch_from_any(
     limits: TransferLimits = DEFAULT_LIMITS,
 ) -> Path:
     """Try holders in random order (spreading load over everyone who re-serves the blob)."""
+    return await first_holder(
+        peers, sha256, lambda peer: call_fetch(p2p, peer, sha256, store, max_size=max_size, limits=limits)
+    )
+
+
+async def first_holder(peers: Sequence[P], sha256: str, fetch: Callable[[P], Awaitable[Path]]) -> Path:
+    """`fetch` from each of `peers` in random order until one delivers; `TransferError` naming every failure."""
     failures = []
     for peer in random.sample(list(peers), len(peers)):
         try:
-            return await call_fetch(p2p, peer, sha256, store, max_size=max_size, limits=limits)
+            return await fetch(peer)
         except (TransferError, ProtocolError) as exc:
             logger.info("fetch of %s... from %s failed: %s", sha256[:12], peer, exc)
             failures.append(f"{peer}: {exc}")
@@ -113,21 +130,29 @@ async def call_submit(
 
     True once the peer verified and stored it; False if it already had this exact message.
     """
+    async with open_stream(p2p, peer, SUBMIT, limits) as stream:
+        return await submit_over(stream, peer, signed, payload, limits=limits)
+
+
+async def submit_over(
+    stream: Stream, peer: object, signed: SignedMessage, payload: Path, *, limits: TransferLimits
+) -> bool:
+    """The client side of a submission on an open stream (`call_submit`; the in-memory network uses it too)."""
     header = SubmissionHeader.from_canonical(signed.body)
     if payload.stat().st_size != header.payload_size:
         raise SizeLimitExceeded(f"{payload} is not the {header.payload_size} bytes its header announces")
-    async with open_stream(p2p, peer, SUBMIT, limits) as (reader, writer):
-        await send_request(writer, signed.to_bytes(), limits)
-        status, _, reason = await read_reply(reader, limits.open_timeout)
-        if status is Status.DUPLICATE:
-            return False
-        if status is not Status.OK:
-            raise TransferError(f"{peer} refused the submission: {status.name} {reason}")
-        await send_file(writer, payload, header.payload_size, limits)
-        status, _, reason = await read_reply(reader, limits.chunk_timeout)
-        if status is not Status.OK:
-            raise TransferError(f"{peer} did not store the submission: {status.name} {reason}")
-        return True
+    reader, writer = stream
+    await send_request(writer, signed.to_bytes(), limits)
+    status, _, reason = await read_reply(reader, limits.open_timeout)
+    if status is Status.DUPLICATE:
+        return False
+    if status is not Status.OK:
+        raise TransferError(f"{peer} refused the submission: {status.name} {reason}")
+    await send_file(writer, payload, header.payload_size, limits)
+    status, _, reason = await read_reply(reader, limits.chunk_timeout)
+    if status is not Status.OK:
+        raise TransferError(f"{peer} did not store the submission: {status.name} {reason}")
+    return True
 
 
 # -- server --------------------------------------------------------------------------------------
@@ -137,12 +162,19 @@ Accept = Callable[[SubmissionHeader], str | None]
 OnSubmission = Callable[[Verified[SubmissionHeader]], None]
 
 
+class Origin(Protocol):
+    """Who opened a served stream (hivemind's `StreamInfo`, or an in-memory peer)."""
+
+    @property
+    def peer_id(self) -> object: ...
+
+
 class TransferService:
     """Serves this node's blob store to peers and receives pushed submissions. Never raises on peer input."""
 
     def __init__(
         self,
-        p2p: P2P,
+        p2p: P2P | None,  # None: served in process (the in-memory network opens the streams)
         store: BlobStore,
         *,
         run_id: str,
@@ -155,7 +187,7 @@ class TransferService:
         self.accept, self.on_submission = accept, on_submission
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
         self.active = 0
-        self._per_peer: dict[PeerID, int] = {}  # open streams by peer: one peer cannot take every slot
+        self._per_peer: dict[object, int] = {}  # open streams by peer: one peer cannot take every slot
         self._receiving: set[str] = set()
 
     @classmethod
@@ -177,20 +209,22 @@ class TransferService:
         return service
 
     async def shutdown(self) -> None:
+        if self.p2p is None:
+            return
         for name in (FETCH, SUBMIT):
             await asyncio.wait_for(self.p2p.remove_binary_stream_handler(name), self.limits.open_timeout)
 
-    async def rpc_fetch(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def rpc_fetch(self, info: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._serve("fetch", self._fetch, info, reader, writer)
 
-    async def rpc_submit(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def rpc_submit(self, info: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._serve("submit", self._submit, info, reader, writer)
 
     async def _serve(
         self,
         name: str,
         handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-        info: StreamInfo,
+        info: Origin,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:

@@ -1,10 +1,19 @@
-"""The roles on the network, built from a run (`run/`) and a peer (`net/`).
+"""The roles on the network, built from a run (`run/`) and a peer (`net/`): each takes its `Peer`.
 
 Files (in import order):
 
 - `records.py`    the run as the network layer sees it (`RunRecords` from a manifest)
-- `catchup.py`    BF16 global weights kept in step: patch chain, checkpoints to join or recover
-- `miner.py`      the miner (train H steps, compress, push; overlaps the next round) and the follower
+- `catchup.py`    BF16 global weights kept in step: `Chain`, one loop over checkpoints and patches
+- `follower.py`   `Follower`: keeps the weights in step and runs its round services (RL: rollouts)
+- `miner.py`      `Miner`: keeps the weights in step, trains, pushes (overlaps the next round);
+                  `RoundInputs`, what its trainer needs from the network first
+- `hooks.py`      `RoundHooks`, what the validator does around a round per task; the LM hooks
+- `rl/`           the RL pieces of the roles: the pool (validator), the rollout worker (follower's
+                  service), the pool fetch (miner's inputs), the RL round hooks
 - `validator_service.py` the validator's rounds: open, collect pushed submissions, close, publish
-- `rl/`           the RL roles: the workers' rollouts, the validator's pool, GRPO miners
+- `tasks.py`      the roles of a run from its task (`Task` -> hooks, inputs, services): the one
+                  place that knows which task needs what; the roles never ask
+- `status.py`     what `pulse status` shows, read from any `RunView`
+
+Roles run on any `Peer`: `pulse` gives them the libp2p one, the fast tests the in-memory one.
 """

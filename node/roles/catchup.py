@@ -1,7 +1,8 @@
 """Keeping the BF16 global weights in step with the validator: patches, and checkpoints to catch up.
 
-    held = await join(peer)            # newest checkpoint (hash-checked), then the patch chain
-    held = await advance(peer, held)   # apply every round result published since
+    chain = Chain(peer, events)
+    held = await chain.sync()          # newest checkpoint (hash-checked) if holding nothing, then
+                                       # every round result published since; call again to advance
 
 Invariant: `Held.weights` always hashes to `Held.state_hash`, the hash the validator announced
 for `Held.round`. A patch that fails to fetch, apply or verify changes nothing; a node that
@@ -14,6 +15,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
+from typing import Final
 
 import torch
 from safetensors import SafetensorError
@@ -21,16 +24,26 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from node.events import Events, mb
+from node.events.models import CheckpointLoaded, PatchApplied, Scored
 from node.net.peer import Peer
 from protocol import pulsesync
 from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch, TransferError
-from protocol.messages import RoundResult
+from protocol.messages import CheckpointAnnouncement, RoundResult
 from protocol.state import State
 from protocol.statehash import state_hash
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "safetensors"
+
+
+class Broken(Enum):
+    """The chain broke at this node: rejoin from a checkpoint."""
+
+    BROKEN = "broken"
+
+
+BROKEN: Final = Broken.BROKEN
 
 
 @dataclass
@@ -62,66 +75,92 @@ async def _cpu(fn: Callable[..., State], *args: object) -> State:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
-async def join(peer: Peer, events: Events, me: str | None = None, *, poll: float = 1.0) -> Held:
-    """Load the newest announced checkpoint; waits until the validator has announced one."""
-    while True:
-        current = await peer.latest_result_round() + 1
-        announcement = await peer.latest_checkpoint(current)
-        if announcement is not None:
-            try:
-                path = await peer.fetch(announcement.blob_sha256, announcement.blob_size, announcement.round)
-                data = path.read_bytes()
-                weights = await _cpu(load_checkpoint, data, announcement.state_hash)
-            except (TransferError, ProtocolError) as exc:
-                log.warning("checkpoint of round %d unusable: %s; retrying", announcement.round, exc)
-            else:
-                peer.hold(announcement.blob_sha256)
-                events.emit(
-                    "checkpoint",
-                    f"loaded the checkpoint of round {announcement.round} ({mb(announcement.blob_size)}), "
-                    f"state hash {announcement.state_hash[:12]} verified",
-                    round=announcement.round,
-                    state_hash=announcement.state_hash,
-                )
-                return await advance(peer, Held(announcement.round, weights, announcement.state_hash), events, me)
-        await asyncio.sleep(poll)
+class Chain:
+    """This node's place in the patch chain: one loop, a small state machine.
 
+        holding nothing --join--> holding W_c (the newest checkpoint, hash-checked)
+        holding W_r --patch r applies and verifies--> holding W_{r+1}
+        holding W_r --result r starts from another state, or its patch fails its checks--> holding nothing
+        holding W_r, no result for r yet (or its patch not fetchable yet) --> done for now
 
-async def advance(peer: Peer, held: Held, events: Events, me: str | None = None) -> Held:
-    """Apply every published round result from `held.round` on; rejoins from a checkpoint on a broken chain.
-
-    With `me` (a miner's public key), also says how that miner's submission fared in each round.
+    `sync()` runs the loop until the last case and returns what it holds. `me` (a miner's public
+    key) also reports how that miner's submission fared in each round it applies.
     """
-    while (result := await peer.round_result(held.round)) is not None:
+
+    def __init__(self, peer: Peer, events: Events, me: str | None = None, *, poll: float = 1.0) -> None:
+        self.peer, self.events, self.me, self.poll = peer, events, me, poll
+        self.held: Held | None = None
+
+    async def sync(self) -> Held:
+        """Join if holding nothing, then apply every published patch; a broken chain rejoins."""
+        fresh = False  # holding a checkpoint just loaded, nothing applied on it yet
+        while True:
+            if self.held is None:
+                self.held, fresh = await self._join(), True
+            step = await self._apply_next(self.held)
+            if step is None:
+                return self.held
+            if isinstance(step, Held):
+                self.held, fresh = step, False
+                continue
+            if fresh:  # even the newest checkpoint does not continue: look again later, not in a tight loop
+                await asyncio.sleep(self.poll)
+            self.held = None
+
+    async def _join(self) -> Held:
+        """The newest announced checkpoint; waits until the validator has announced one that loads."""
+        while True:
+            current = await self.peer.latest_result_round() + 1
+            announcement = await self.peer.latest_checkpoint(current)
+            if announcement is not None:
+                held = await self._load(announcement)
+                if held is not None:
+                    return held
+            await asyncio.sleep(self.poll)
+
+    async def _load(self, a: CheckpointAnnouncement) -> Held | None:
+        try:
+            path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
+            weights = await _cpu(load_checkpoint, path.read_bytes(), a.state_hash)
+        except (TransferError, ProtocolError) as exc:
+            log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
+            return None
+        self.peer.hold(a.blob_sha256)
+        self.events.emit(
+            CheckpointLoaded(round=a.round, state_hash=a.state_hash, bytes=a.blob_size),
+            f"loaded the checkpoint of round {a.round} ({mb(a.blob_size)}), state hash {a.state_hash[:12]} verified",
+        )
+        return Held(a.round, weights, a.state_hash)
+
+    async def _apply_next(self, held: Held) -> Held | Broken | None:
+        """W_{r+1} from round r's patch; `BROKEN` to rejoin; None when there is nothing to apply yet."""
+        result = await self.peer.round_result(held.round)
+        if result is None:
+            return None
         if result.base_state_hash != held.state_hash:
             log.warning("round %d result starts from another state than ours: rejoining", held.round)
-            return await join(peer, events, me)
+            return BROKEN
         try:
-            path = await peer.fetch(result.patch_sha256, result.patch_size, held.round)
-            patch = path.read_bytes()
-            weights = await _cpu(pulsesync.apply, held.weights, patch)
+            path = await self.peer.fetch(result.patch_sha256, result.patch_size, held.round)
+            weights = await _cpu(pulsesync.apply, held.weights, path.read_bytes())
         except TransferError as exc:
             log.warning("patch of round %d not available yet: %s", held.round, exc)
-            return held
+            return None
         except ProtocolError as exc:
             log.warning("patch of round %d failed its checks (%s): rejoining from a checkpoint", held.round, exc)
-            return await join(peer, events, me)
+            return BROKEN
         if state_hash(weights) != result.new_state_hash:
             log.warning("round %d patch gave another state than the result names: rejoining", held.round)
-            return await join(peer, events, me)
-        peer.hold(result.patch_sha256)
-        if me is not None:
-            _report_placement(events, result, me)
-        events.emit(
-            "patch",
+            return BROKEN
+        self.peer.hold(result.patch_sha256)
+        if self.me is not None:
+            _report_placement(self.events, result, self.me)
+        self.events.emit(
+            PatchApplied(round=held.round, patch_bytes=result.patch_size, state_hash=result.new_state_hash),
             f"patch of round {held.round} applied ({mb(result.patch_size)}), "
             f"state hash {result.new_state_hash[:12]} verified",
-            round=held.round,
-            patch_bytes=result.patch_size,
-            state_hash=result.new_state_hash,
         )
-        held = Held(held.round + 1, weights, result.new_state_hash)
-    return held
+        return Held(held.round + 1, weights, result.new_state_hash)
 
 
 def _report_placement(events: Events, result: RoundResult, me: str) -> None:
@@ -131,13 +170,13 @@ def _report_placement(events: Events, result: RoundResult, me: str) -> None:
     if place is not None:
         score = ranked[place].score
         text = f"round {result.round}: scored {_ordinal(place + 1)} of {total} (score {score:.4g}), aggregated"
-        events.emit("scored", text, round=result.round, place=place + 1, of=total, score=ranked[place].score)
+        events.emit(Scored(round=result.round, of=total, place=place + 1, score=score), text)
         return
     reason = next((r.reason for r in result.rejections if r.sender == me), None)
     text = (
         f"round {result.round}: not aggregated ({reason})" if reason else f"round {result.round}: recorded as missing"
     )
-    events.emit("scored", text, round=result.round, place=None, of=total, reason=reason)
+    events.emit(Scored(round=result.round, of=total, reason=reason), text)
 
 
 def _ordinal(n: int) -> str:

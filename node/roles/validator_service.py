@@ -8,7 +8,11 @@ Round r, as the validator runs it:
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
-   PULSESync patch as a blob and publish the signed round result; report the held-out loss.
+   PULSESync patch as a blob and publish the signed round result; report the held-out measure.
+
+What depends on the task comes from two objects: the `Task` (W_0, the Gauntlet's evaluator and
+batch function) and its `RoundHooks` (RL: the rollout pool before a round opens; the held-out loss
+or reward after it closes). The network is the `Peer` the service is given.
 
 State lives in `folder/validator` (committed once per round) and patches in `folder/blobs`, so a
 restarted validator resumes at its last committed round and continues the hash chain.
@@ -20,83 +24,69 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from node.events import Events, mb
-from node.learn.gpteval import GPTEvaluator
-from node.learn.train import changed_fraction, evaluate, load_bf16_state
-from node.net.netconfig import NetConfig
+from node.events.models import Baseline, CheckpointAnnounced, Done, Received, RoundClosed, RoundOpened, Started
+from node.learn.train import changed_fraction
 from node.net.peer import Peer
 from node.roles.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
-from node.roles.records import run_records
-from node.roles.rl.validation import RLValidation
+from node.roles.hooks import HeldOut, RoundHooks
 from node.run.setup import RunSetup
+from node.run.task import Task
 from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
 from protocol.messages import CheckpointAnnouncement, Heartbeat, SubmissionHeader
 from protocol.signing import Verified
+from protocol.state import State
 from validator.core import RoundReport, Validator
 from validator.intake import Submission
-from validator.scoring import BatchFn, Evaluator
 from validator.state import StateStore
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
+SERVE_HEARTBEAT_SECONDS = 5.0
 
 
 class ValidatorService:
-    def __init__(self, setup: RunSetup, identity: Identity, folder: Path, events: Events, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        setup: RunSetup,
+        task: Task,
+        hooks: RoundHooks,
+        identity: Identity,
+        folder: Path,
+        peer: Peer,
+        events: Events,
+        *,
+        poll: float = POLL_SECONDS,
+        device: str = "cpu",
+    ) -> None:
         if identity.public_hex not in setup.manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
-        self.setup, self.identity, self.folder, self.events = setup, identity, folder, events
-        # the model the held-out loss (or an RL run's reward, on the CPU) is measured with; in an LM run
-        # also the Gauntlet's evaluator (used one after the other), so the weights are held on `device` once
-        lm = setup.manifest.task == "lm"
-        self.probe = setup.new_model(initial=False).to(device if lm else "cpu")
-        self.rl = RLValidation(setup, events, self.probe) if setup.manifest.task == "rl" else None
-        self.validator = self._open_state()
-        self.peer: Peer | None = None
+        self.setup, self.task, self.hooks, self.identity = setup, task, hooks, identity
+        self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
+        self.validator = self._open_state(device)
         self.received: dict[str, Submission] = {}  # by sender, this round
         self.previous_senders: set[str] = set()
         self.closed = True
-        self.held_out = [(x.to(device), y.to(device)) for x, y in setup.held_out()] if lm else []
+        self.opened_at = 0.0
         self.dense_bytes = setup.dense_bytes()
         # refuse an oversize payload from its header, before its body is read or stored
         self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
+        peer.take_submissions(self._accept, self._on_submission)
 
-    @classmethod
-    async def create(
-        cls, setup: RunSetup, identity: Identity, folder: Path, config: NetConfig, events: Events, device: str = "cpu"
-    ) -> ValidatorService:
-        service = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: cls(setup, identity, folder, events, device)
-        )
-        service.peer = await Peer.create(
-            config,
-            run_records(setup.manifest),
-            identity,
-            folder,
-            role="validator",
-            accept=service._accept,
-            on_submission=service._on_submission,
-        )
-        events.emit(
-            "start",
-            f"validator {identity.public_hex[:12]} at round {service.validator.round}, peer id {service.peer.peer_id}",
-            round=service.validator.round,
-        )
-        return service
-
-    def _open_state(self) -> Validator:
-        s = self.setup
-        evaluator: Evaluator = GPTEvaluator(self.probe) if self.rl is None else self.rl.evaluator()
-        batch_fn: BatchFn = s.eval_batch if self.rl is None else self.rl.batches
+    def _open_state(self, device: str) -> Validator:
+        s, task = self.setup, self.task
         folder = self.folder / "validator"
         cfg, run_id = s.manifest.gauntlet(), s.run_id
+        evaluator = task.evaluator(device)  # the Gauntlet's forward passes run on `device`
         if StateStore(folder, cfg.keep_rounds).exists():
-            return Validator.open(folder, cfg, run_id, self.identity, evaluator, batch_fn)
-        return Validator.create(folder, cfg, run_id, self.identity, s.initial_master(), evaluator, batch_fn)
+            return Validator.open(folder, cfg, run_id, self.identity, evaluator, task.batch_fn())
+        master = task.initial_master()
+        return Validator.create(folder, cfg, run_id, self.identity, master, evaluator, task.batch_fn())
 
     @property
     def round(self) -> int:
@@ -115,31 +105,30 @@ class ValidatorService:
 
     def _on_submission(self, verified: Verified[SubmissionHeader]) -> None:
         header = verified.message
-        if self.closed or header.round != self.round or self.peer is None:
+        if self.closed or header.round != self.round:
             return
         payload = self.peer.store.read(header.payload_sha256)
         self.received[header.sender] = Submission(verified.signed.to_bytes(), payload)
         self.events.emit(
-            "received",
+            Received(round=header.round, sender=header.sender, bytes=header.payload_size),
             f"round {header.round}: received {mb(header.payload_size)} from miner {header.sender[:12]}",
-            round=header.round,
-            sender=header.sender,
-            bytes=header.payload_size,
         )
 
     # -- rounds ----------------------------------------------------------------------------------
 
     async def run(self, rounds: int | None = None) -> None:
         """Run rounds until `rounds` have completed in total (None: forever); then keep serving blobs."""
-        assert self.peer is not None
+        key, peer_id = self.identity.public_hex, self.peer.peer_id
+        self.events.emit(
+            Started(sender=key, round=self.round, peer_id=peer_id),
+            f"validator {key[:12]} at round {self.round}, peer id {peer_id}",
+        )
         await self._republish()
-        if self.held_out and self.validator.last_result is None:
-            loss = await asyncio.get_running_loop().run_in_executor(None, self._held_out_loss)
-            self.events.emit("baseline", f"held-out loss of the initial weights {loss:.4f}", loss=loss)
-        if self.rl is not None and self.validator.last_result is None:
-            loop = asyncio.get_running_loop()
-            reward = await loop.run_in_executor(None, self.rl.held_out_reward, self.validator.weights)
-            self.events.emit("baseline", f"held-out reward of the initial policy {reward:.4f}", reward=reward)
+        if self.validator.last_result is None:
+            measured = await self._cpu(self.hooks.baseline)
+            if measured.measured:
+                text = f"held-out {measured.describe()} of the initial weights"
+                self.events.emit(Baseline(loss=measured.loss, reward=measured.reward), text)
         first = True
         while rounds is None or self.round < rounds:
             await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
@@ -147,60 +136,61 @@ class ValidatorService:
             await self._collect()
             await self._close()
         self.events.emit(
-            "done",
+            Done(round=self.round, state_hash=self.validator.state_hash),
             f"completed round {self.round - 1}; serving blobs until stopped",
-            round=self.round,
-            state_hash=self.validator.state_hash,
         )
         while True:
             await self.peer.heartbeat(self.round, self.validator.state_hash)
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(SERVE_HEARTBEAT_SECONDS)
+
+    async def _cpu(self, measure: Callable[[State], HeldOut]) -> HeldOut:
+        return await asyncio.get_running_loop().run_in_executor(None, measure, self.validator.weights)
 
     async def _republish(self) -> None:
         """After a restart: the last result again (DHT records may have expired or never landed)."""
-        assert self.peer is not None
         if self.validator.last_result is not None and self.validator.last_patch is not None:
             self.peer.hold(self.peer.store.put(self.validator.last_patch))
             await self.peer.publish_signed(self.validator.last_result)
 
     async def _open(self, *, checkpoint: bool) -> None:
-        assert self.peer is not None
         r = self.round
         if checkpoint:
-            data = checkpoint_bytes(self.validator.weights)
-            sha = self.peer.store.put(data)
-            self.peer.hold(sha)
-            announcement = CheckpointAnnouncement(
-                run_id=self.setup.run_id,
-                round=r,
-                state_hash=self.validator.state_hash,
-                blob_sha256=sha,
-                blob_size=len(data),
-                format=CHECKPOINT_FORMAT,
-            )
-            try:
-                await self.peer.publish(announcement)
-            except NetworkError as exc:  # joiners use an older or the next checkpoint meanwhile
-                log.warning("checkpoint of round %d not announced: %s", r, exc)
-            else:
-                self.events.emit("checkpoint", f"announced the checkpoint of round {r} ({mb(len(data))})", round=r)
-        if self.rl is not None:
-            # a heartbeat first, so that workers find the checkpoint and patch holders while the pool
-            # is built; miners wait for the pool, and the heartbeat below restarts the deadline clock
-            await self.peer.heartbeat(r, self.validator.state_hash)
-            await self.rl.open_round(self.peer, r, self._recent_states())
+            await self._announce_checkpoint(r)
+        await self.hooks.before_open(r, self.validator.state_hash, self._recent_states())
         self.received = {}
         self.closed = False
         self.opened_at = time.time()
         await self.peer.heartbeat(r, self.validator.state_hash)
-        self.events.emit("open", f"round {r} open, state {self.validator.state_hash[:12]}", round=r)
+        self.events.emit(
+            RoundOpened(round=r, state_hash=self.validator.state_hash),
+            f"round {r} open, state {self.validator.state_hash[:12]}",
+        )
+
+    async def _announce_checkpoint(self, r: int) -> None:
+        data = checkpoint_bytes(self.validator.weights)
+        sha = self.peer.store.put(data)
+        self.peer.hold(sha)
+        announcement = CheckpointAnnouncement(
+            run_id=self.setup.run_id,
+            round=r,
+            state_hash=self.validator.state_hash,
+            blob_sha256=sha,
+            blob_size=len(data),
+            format=CHECKPOINT_FORMAT,
+        )
+        try:
+            await self.peer.publish(announcement)
+        except NetworkError as exc:  # joiners use an older or the next checkpoint meanwhile
+            log.warning("checkpoint of round %d not announced: %s", r, exc)
+        else:
+            text = f"announced the checkpoint of round {r} ({mb(len(data))})"
+            self.events.emit(CheckpointAnnounced(round=r, bytes=len(data)), text)
 
     async def _collect(self) -> None:
-        assert self.peer is not None
         timing = self.setup.manifest.round
         deadline = self.opened_at + timing.deadline_seconds
         while time.time() < deadline:
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(self.poll)
             if time.time() < self.opened_at + timing.min_seconds or not self.received:
                 continue
             announced = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.role == "miner"}
@@ -209,7 +199,6 @@ class ValidatorService:
         log.info("round %d: deadline reached with %d submissions", self.round, len(self.received))
 
     async def _close(self) -> None:
-        assert self.peer is not None
         self.closed = True
         r, submissions = self.round, list(self.received.values())
         loop = asyncio.get_running_loop()
@@ -227,40 +216,19 @@ class ValidatorService:
         for sub in submissions:
             self.peer.store.remove(hashlib.sha256(sub.payload).hexdigest())
         self.previous_senders = set(self.received)
-        loss = await loop.run_in_executor(None, self._held_out_loss) if self.held_out else None
-        reward = None
-        if self.rl is not None and self.rl.reward_due(r):
-            reward = await loop.run_in_executor(None, self.rl.held_out_reward, self.validator.weights)
-        self._report(report, submissions, loss, reward, changed)
+        measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
+        self._report(report, submissions, measured, changed)
 
     def _recent_states(self) -> dict[int, str]:
         """Round -> state hash for the rounds the validator's book still names (newest is this round's)."""
         states = self.validator.book.states
         return {self.round - len(states) + 1 + i: h for i, h in enumerate(states)}
 
-    def _held_out_loss(self) -> float:
-        load_bf16_state(self.probe, self.validator.weights)
-        return evaluate(self.probe, self.held_out)
-
-    def _report(
-        self,
-        report: RoundReport,
-        submissions: list[Submission],
-        loss: float | None,
-        reward: float | None,
-        changed: float,
-    ) -> None:
+    def _report(self, report: RoundReport, submissions: list[Submission], measured: HeldOut, changed: float) -> None:
         sent = sum(len(s.payload) for s in submissions)
         selected = report.selected()
         ranked = sorted(report.result.selected, key=lambda s: -s.score)
-        scores = {s.sender: s.score for s in ranked}
-        self.events.emit(
-            "round",
-            f"round {report.round} closed: {len(submissions)} submissions, {len(selected)} aggregated, "
-            f"{mb(sent)} received ({self.dense_bytes * max(len(submissions), 1) / max(sent, 1):.0f}x smaller "
-            f"than dense), patch {mb(len(report.patch))}, new state {report.state_hash[:12]}"
-            + (f", held-out loss {loss:.4f}" if loss is not None else "")
-            + (f", held-out reward {reward:.4f}" if reward is not None else ""),
+        event = RoundClosed(
             round=report.round,
             submissions=len(submissions),
             selected=len(selected),
@@ -268,15 +236,21 @@ class ValidatorService:
             dense_bytes=self.dense_bytes * len(submissions),
             patch_bytes=len(report.patch),
             state_bytes=self.dense_bytes // 2,  # the BF16 weights, what a dense sync would ship
-            loss=loss,
-            reward=reward,
+            loss=measured.loss,
+            reward=measured.reward,
             changed_fraction=changed,
-            scores=scores,
+            scores={s.sender: s.score for s in ranked},
             rejections={r.sender: r.reason for r in report.result.rejections},
             state_hash=report.state_hash,
             seconds=report.seconds,
         )
+        held_out = f", held-out {measured.describe()}" if measured.measured else ""
+        self.events.emit(
+            event,
+            f"round {report.round} closed: {len(submissions)} submissions, {len(selected)} aggregated, "
+            f"{mb(sent)} received ({self.dense_bytes * max(len(submissions), 1) / max(sent, 1):.0f}x smaller "
+            f"than dense), patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
+        )
 
     async def shutdown(self) -> None:
-        if self.peer is not None:
-            await self.peer.shutdown()
+        await self.peer.shutdown()

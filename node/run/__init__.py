@@ -4,8 +4,11 @@ Files (in import order):
 
 - `manifest.py`   run manifests (`configs/*.toml`): pydantic sections, run id = hash of the manifest
 - `presets.py`    where the shipped manifests are (a source checkout or an installed wheel)
-- `setup.py`      `RunSetup`: the run's model, batches, held-out batches and W_0, from a manifest
-- `trainer.py`    a miner's local work: H inner steps on its assignment, compression with error feedback
+- `setup.py`      `RunSetup`: the run's model, batches and held-out batches, from a manifest
+- `trainer.py`    a miner's local work: H inner steps (AdamW on its assignment, or GRPO on its pool
+                  draw), compression with error feedback; the one honest miner step everything uses
+- `task.py`       the task as one object (`LMTask`, `RLTask`): W_0, the validator's evaluator and
+                  batches, the miner's trainer
 
 `run` imports `learn`, never `net`: the network layer gets the few facts it needs from the roles.
 """

@@ -1,9 +1,8 @@
-"""What a manifest means in memory: the model, the batches, W_0.
+"""What a manifest means in memory: the model and the batches (W_0 and the rest of the task: `task.py`).
 
 setup = RunSetup.from_manifest(manifest)
 setup.new_model()            # the run's model with W_0 (embedded GPT, or Hugging Face: pretrained or seeded), FP32
 setup.new_model(initial=False)  # the same architecture, zero weights: for a node that loads a state first
-setup.initial_master()       # W_0 as FP32 weights (only the validator needs them)
 setup.parameter_count()      # without building the model
 setup.batch(seed)            # a miner's training batch, named by its seed
 setup.eval_batch(seed)       # the validator's scoring batch of the same seed (a prefix)
@@ -17,8 +16,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from node.learn.data import Corpus, load_text_files, stdlib_corpus
 from node.learn.hfmodel import (
@@ -34,8 +31,7 @@ from node.learn.hfmodel import (
     tokenize_corpus,
 )
 from node.learn.model import CausalLM, build_gpt, count_parameters
-from node.learn.rl.warmstart import warm_start
-from node.learn.train import Batch, unique_state
+from node.learn.train import Batch
 from node.run.manifest import Manifest
 from protocol.errors import ConfigError
 
@@ -111,13 +107,6 @@ class RunSetup:
         if m.init == "seeded":
             return build_hf_from_config(self.hf_config, m.seed)
         return load_hf_model(m.path or "")
-
-    def initial_master(self) -> dict[str, torch.Tensor]:
-        """W_0 in FP32: the model's initial weights, or for an RL run the (cached) supervised warm start."""
-        m = self.manifest
-        if m.task == "rl":
-            return warm_start(m.model.gpt, m.model.seed, m.rl)
-        return {n: t.detach().clone().float() for n, t in unique_state(self.new_model()).items()}
 
     def parameter_count(self) -> int:
         """Parameters of the run's model (tied ones once), without building it."""

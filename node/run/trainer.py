@@ -1,84 +1,200 @@
-"""A miner's local work in a round: H inner steps from W_r on its assignment, then compression.
+"""A miner's local work in a round: H inner steps from W_r, then the run's codec with error feedback.
 
-    trainer = Trainer(setup, identity)
-    delta = trainer.train(r, weights)                       # FP32 W_r - W_local after H AdamW steps
+    trainer = task.trainer(identity)                        # an LMTrainer or an RLTrainer
+    delta = trainer.train(r, weights)                       # FP32 W_r - W_local after H steps
     header, payload = trainer.package(r, delta, weights, base_hash)
 
-It holds its model, its optimizer and one error-feedback buffer; nothing grows with the number of
-peers. `train.memory` in the manifest sets what these cost (BF16 moments, activation checkpointing,
-a BF16 error buffer); the model lives on `device`, the error buffer and the codec's work on the
-host. RL runs use `node.roles.rl.miner.RLTrainer`, which trains GRPO on rollouts instead.
+The one implementation of the honest miner's step: the `pulse miner` role, the benchmarks' fake
+miners (`node/swarm/fakeminers.py`) and the RL simulation (`node/bench/rlsim.py`) all train
+through these classes. A trainer holds its model, its optimizer and one error-feedback buffer;
+nothing grows with the number of peers. What differs per task is only `train`:
+
+- `LMTrainer`: AdamW on the miner's assigned batches (`Assignment.step_seed`), as DiLoCo;
+- `RLTrainer`: GRPO on the rollout groups its assignment seeds draw from the round's pool
+  (`use_pool` hands it the pool, which the network side of the miner fetched).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
 import torch
 
-from node.learn.train import apply_memory, autocast, inner_train, load_bf16_state, make_optimizer, unique_state
-from node.run.manifest import codec_for
-from node.run.setup import RunSetup
+from node.learn.model import CausalLM
+from node.learn.rl.config import RLConfig
+from node.learn.rl.evaluator import PoolSource
+from node.learn.rl.grpo import GRPOTrainer
+from node.learn.train import (
+    Batch,
+    InnerOptimConfig,
+    MemoryConfig,
+    apply_memory,
+    autocast,
+    inner_train,
+    load_bf16_state,
+    make_optimizer,
+    unique_state,
+)
+from node.run.manifest import Manifest
 from protocol.assignment import Assignment
+from protocol.codec import CodecStats
+from protocol.codec_options import CodecOptions, build_codec
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
-from protocol.state import State
+from protocol.rollouts import RolloutGroup
+from protocol.state import State, StateDict
 
 
-class Trainer:
-    """H inner steps from W_r on this miner's assignment, compressed with error feedback."""
+@dataclass(frozen=True)
+class MinerSpec:
+    """What every miner of a run agrees on: from a manifest, or from a benchmark's own settings."""
 
-    def __init__(self, setup: RunSetup, identity: Identity, device: str = "cpu") -> None:
-        self.setup, self.identity = setup, identity
-        m = setup.manifest
-        self.device = torch.device(device)
-        # BF16 autocast only where the manifest asks for it and the device has it (CUDA)
-        self.autocast = m.model.precision == "bf16-autocast" and self.device.type == "cuda"
-        self.codec = codec_for(m)
-        self.model = setup.new_model(initial=False).to(self.device)  # W_r is loaded before every round
-        apply_memory(self.model, m.train.memory)
-        self.optimizer = make_optimizer(self.model, m.train.inner, m.train.memory)
-        self.error: State | None = None
+    run_id: str
+    codec: str
+    inner: InnerOptimConfig
+    steps: int  # H inner steps per round
+    assignment_batches: int
+    codec_options: CodecOptions = field(default_factory=CodecOptions)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)  # what the inner loop keeps (train.memory)
+
+    @classmethod
+    def from_manifest(cls, m: Manifest) -> MinerSpec:
+        return cls(
+            run_id=m.run_id,
+            codec=m.train.codec,
+            inner=m.train.inner,
+            steps=m.train.inner_steps,
+            assignment_batches=m.selection.assignment_batches,
+            codec_options=m.train.codec_options,
+            memory=m.train.memory,
+        )
+
+
+class Trainer(ABC):
+    """H inner steps from W_r (`train`, per task), compressed with error feedback, in a signed-ready header."""
+
+    def __init__(self, spec: MinerSpec, model: CausalLM, identity: Identity) -> None:
+        self.spec, self.model, self.identity = spec, model, identity
+        self.codec = build_codec(spec.codec, spec.codec_options)
+        self.error: StateDict | None = None
         self.steps_done = 0
-        self.last_loss = float("nan")
+        self.last_loss = float("nan")  # mean loss of the last round's inner steps
+        self.last_stats: CodecStats | None = None  # of the last compression
 
+    @abstractmethod
     def train(self, round_: int, weights: State) -> State:
-        """FP32 pseudo-gradient W - W_local after H steps from `weights` on this miner's round-`round_` data."""
-        m = self.setup.manifest
-        assignment = self.assignment(round_)
-        load_bf16_state(self.model, weights)
-        first = self.steps_done
+        """FP32 pseudo-gradient W - W_local after H steps from the BF16 `weights` of round `round_`."""
 
-        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            x, y = self.setup.batch(assignment.step_seed(step - first))
-            return x.to(self.device), y.to(self.device)
+    def assignment(self, round_: int, miner: str | None = None) -> Assignment:
+        """The data assignment of `miner` (default: this one) in `round_`."""
+        return Assignment(self.spec.run_id, round_, miner or self.identity.public_hex, self.spec.assignment_batches)
 
-        with autocast(self.device, self.autocast, m.train.memory):
-            losses = inner_train(
-                self.model, m.train.inner, batch, m.train.inner_steps, optimizer=self.optimizer, first_step=first
-            )
-        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the delta and the codec run
-        self.steps_done += m.train.inner_steps
-        self.last_loss = sum(losses) / len(losses)
-        local = unique_state(self.model)
-        return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
-
-    def package(self, round_: int, delta: State, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
-        """Compress `delta` plus the error buffer against the BF16 `weights` of `round_`, and sign-ready header."""
-        m = self.setup.manifest
+    def compress(self, delta: State, weights: State) -> bytes:
+        """`delta` plus the error buffer, compressed against the BF16 `weights`; the buffer keeps the rest
+        (stored as `train.memory.error_feedback` says; the codec works on it in FP32)."""
         error = None if self.error is None else {n: e.float() for n, e in self.error.items()}
-        payload, new_error, _ = self.codec.compress(delta, error, weights)
+        payload, new_error, self.last_stats = self.codec.compress(delta, error, weights)
         del error
-        self.error = {n: e.to(m.train.memory.error_dtype) for n, e in new_error.items()}
-        header = SubmissionHeader.for_payload(
-            run_id=self.setup.run_id,
+        self.error = {n: e.to(self.spec.memory.error_dtype) for n, e in new_error.items()}
+        return payload
+
+    def header(self, round_: int, payload: bytes, base_hash: str, digest: str | None = None) -> SubmissionHeader:
+        """The header this miner signs for `payload` (`digest`: of its own assignment unless given)."""
+        return SubmissionHeader.for_payload(
+            run_id=self.spec.run_id,
             round_=round_,
             base_hash=base_hash,
             payload=payload,
-            codec=m.train.codec,
-            data_digest=self.assignment(round_).digest,
+            codec=self.spec.codec,
+            data_digest=digest or self.assignment(round_).digest,
             sender=self.identity.public_hex,
         )
-        return header, payload
 
-    def assignment(self, round_: int) -> Assignment:
-        batches = self.setup.manifest.selection.assignment_batches
-        return Assignment(self.setup.run_id, round_, self.identity.public_hex, batches)
+    def package(self, round_: int, delta: State, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
+        payload = self.compress(delta, weights)
+        return self.header(round_, payload, base_hash), payload
+
+    def _delta(self, weights: State) -> StateDict:
+        local = unique_state(self.model)
+        return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
+
+
+class LMTrainer(Trainer):
+    """AdamW on the miner's assigned batches (`batch`: seed -> batch, the run's training batches)."""
+
+    def __init__(
+        self,
+        spec: MinerSpec,
+        model: CausalLM,
+        identity: Identity,
+        batch: Callable[[int], Batch],
+        *,
+        device: str = "cpu",
+        autocast: bool = False,
+    ) -> None:
+        super().__init__(spec, model, identity)
+        self.batch, self.device, self.autocast = batch, torch.device(device), autocast
+        apply_memory(model, spec.memory)
+        self.optimizer = make_optimizer(model, spec.inner, spec.memory)
+
+    def train(self, round_: int, weights: State) -> State:
+        return self.train_on(self.assignment(round_), weights)
+
+    def train_on(self, assignment: Assignment, weights: State) -> State:
+        """H steps from `weights` on `assignment`'s batches (a thief trains on another miner's)."""
+        load_bf16_state(self.model, weights)
+        first = self.steps_done
+
+        def batch(step: int) -> Batch:
+            x, y = self.batch(assignment.step_seed(step - first))
+            return x.to(self.device), y.to(self.device)
+
+        with autocast(self.device, self.autocast, self.spec.memory):
+            losses = inner_train(
+                self.model, self.spec.inner, batch, self.spec.steps, optimizer=self.optimizer, first_step=first
+            )
+        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the delta and the codec run
+        self.steps_done += self.spec.steps
+        self.last_loss = sum(losses) / len(losses)
+        return self._delta(weights)
+
+
+class RLTrainer(Trainer):
+    """GRPO on the rollout groups this miner's assignment seeds draw from the round's pool.
+
+    Minibatch j of a round is the `groups_per_batch` groups [j*m, (j+1)*m) of its draw (one seed's
+    worth), as the validator scores a seed's sample (`PoolSource`).
+    """
+
+    def __init__(
+        self,
+        spec: MinerSpec,
+        model: CausalLM,
+        identity: Identity,
+        cfg: RLConfig,
+        reference: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__(spec, model, identity)
+        self.cfg = cfg
+        self.grpo = GRPOTrainer(model, spec.inner, cfg, reference=reference, minibatch_groups=cfg.groups_per_batch)
+        self.rollouts: dict[int, list[RolloutGroup]] = {}  # round -> the groups this miner trains on
+
+    def use_pool(self, round_: int, batches: Sequence[Sequence[RolloutGroup]]) -> None:
+        """The round's pool, in the validator's order: keeps the groups this miner's seeds draw."""
+        source = PoolSource(groups_per_seed=self.cfg.groups_per_batch)
+        source.set(batches)
+        self.rollouts = {round_: source.groups(self.assignment(round_).seeds)}
+
+    def has_pool(self, round_: int) -> bool:
+        return round_ in self.rollouts
+
+    def train(self, round_: int, weights: State) -> State:
+        groups = self.rollouts.get(round_)
+        if not groups:
+            raise RuntimeError(f"no rollouts for round {round_}: `use_pool` first")
+        delta = self.grpo.train(weights, groups, self.spec.steps)
+        self.steps_done += self.spec.steps
+        self.last_loss = self.grpo.last_loss
+        return delta

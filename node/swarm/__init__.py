@@ -2,7 +2,7 @@
 
 - `demo.py`        `Swarm`: a bootstrap peer, a validator, miners and a follower as processes on
                    loopback, their event logs, the demo's summary and plots
-- `fakeminers.py`  in-process fake miners for the Gauntlet: honest ones and one class per attack
+- `fakeminers.py`  in-process fake miners for the Gauntlet (the real miner's step), and one class per attack
 - `campaign/`      the attack and fault campaign: hostile miner processes, faults, the ledger
                    (`pulse bench attacks`, and the swarm tier's campaign test)
 """

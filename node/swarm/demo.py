@@ -2,14 +2,14 @@
 
 Starts a bootstrap peer (`pulse dht`), a validator, N miners and a follower with a copy of
 `configs/tiny.toml` that names a fresh validator key, runs R rounds and stops everyone. Every
-role appends JSON lines to `DIR/events/<name>.jsonl` (`runtime.Events`); the demo reads them to
-draw the table, and at the end writes `DIR/summary.json`, `DIR/loss.png` and `DIR/bytes.png`.
+role appends JSON lines to `DIR/events/<name>.jsonl` (`node.events`); the demo reads them back as
+typed events (`read_events`) to draw the table, and at the end writes `DIR/summary.json`,
+`DIR/loss.png` and `DIR/bytes.png`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.events import EventLog
+from node.events.models import Baseline, Exited, Final, RoundClosed
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest
 from protocol.identity import Identity
@@ -167,46 +169,34 @@ def prepare(out: Path, base: Manifest, miners: int) -> tuple[Manifest, Path, lis
     return manifest, keys / "validator.key", miner_keys
 
 
-def read_events(folder: Path) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written
-            record["name"] = path.stem
-            records.append(record)
-    return sorted(records, key=lambda r: r["t"])
-
-
-def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
-    closed = [r for r in records if r["event"] == "round"]
-    baseline = [r["loss"] for r in records if r["event"] == "baseline" and r.get("loss") is not None]
-    finals = {r["name"]: r["state_hash"] for r in records if r["event"] in ("final", "done")}
-    busy = [r["busy_fraction"] for r in records if r["event"] == "final" and r.get("busy_fraction") is not None]
+def summarize(log: EventLog, rounds: int) -> dict[str, Any]:
+    """The demo's summary (`summary.json`) from every role's events."""
+    closed = log.events(RoundClosed)
+    baselines = log.events(Baseline)
+    finals = log.final_hashes()
+    busy = [e.busy_fraction for e in log.events(Final) if e.busy_fraction is not None]
     rss: dict[str, float] = {}
-    for r in records:
-        if r["event"] == "exit":
-            rss[r["role"]] = max(rss.get(r["role"], 0.0), round(r["peak_rss_mb"], 1))
-    sent = sum(r["bytes"] for r in closed)
-    dense = sum(r["dense_bytes"] for r in closed)
-    losses = [r["loss"] for r in closed if r.get("loss") is not None]
-    rewards = [r["reward"] for r in closed if r.get("reward") is not None]
-    reward_start = [r["reward"] for r in records if r["event"] == "baseline" and r.get("reward") is not None]
-    changed = [r["changed_fraction"] for r in closed if r.get("changed_fraction") is not None]
-    patch = sum(r["patch_bytes"] for r in closed)
+    for r in log.of(Exited):
+        rss[r.role] = max(rss.get(r.role, 0.0), round(r.event.peak_rss_mb, 1))
+    sent = sum(e.bytes for e in closed)
+    dense = sum(e.dense_bytes for e in closed)
+    loss_start = [e.loss for e in baselines if e.loss is not None]
+    losses = [e.loss for e in closed if e.loss is not None]
+    rewards = [e.reward for e in closed if e.reward is not None]
+    reward_start = [e.reward for e in baselines if e.reward is not None]
+    changed = [e.changed_fraction for e in closed]
+    patch = sum(e.patch_bytes for e in closed)
     return {
         "rounds": len(closed),
         "rounds_requested": rounds,
         "hashes_agree": len(finals) >= 2 and len(set(finals.values())) == 1,
         "final_state_hashes": finals,
-        "loss_first": baseline[0] if baseline else (losses[0] if losses else None),
+        "loss_first": loss_start[0] if loss_start else (losses[0] if losses else None),
         "loss_last": losses[-1] if losses else None,
         "loss_per_round": losses,
-        "bytes_per_round": [r["bytes"] for r in closed],
-        "dense_bytes_per_round": [r["dense_bytes"] for r in closed],
-        "patch_bytes_per_round": [r["patch_bytes"] for r in closed],
+        "bytes_per_round": [e.bytes for e in closed],
+        "dense_bytes_per_round": [e.dense_bytes for e in closed],
+        "patch_bytes_per_round": [e.patch_bytes for e in closed],
         "bytes_ratio_vs_dense": dense / sent if sent else None,
         "miner_busy_fraction": sum(busy) / len(busy) if busy else None,
         "reward_first": reward_start[0] if reward_start else None,
@@ -214,7 +204,7 @@ def summarize(records: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         "reward_per_round": rewards,
         "mean_patch_density": sum(changed) / len(changed) if changed else None,
         # PULSESync patches against shipping the whole BF16 state every round
-        "sync_ratio_vs_dense": sum(r.get("state_bytes", 0) for r in closed) / patch if patch else None,
+        "sync_ratio_vs_dense": sum(e.state_bytes for e in closed) / patch if patch else None,
         "peak_rss_mb": rss,
     }
 

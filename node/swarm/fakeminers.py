@@ -1,7 +1,8 @@
 """Fake miners for in-process Gauntlet runs: honest ones and one class per attack.
 
 Every miner holds the round's BF16 weights and returns at most one `Submission` per round
-(signed header envelope + payload), built the way a real miner builds it. The attacks:
+(signed header envelope + payload), built with the real miner's step (`node/run/trainer.py`).
+The attacks:
 
 | kind      | does                                                                    | caught by             |
 |-----------|-------------------------------------------------------------------------|-----------------------|
@@ -27,11 +28,11 @@ from typing import TypeVar
 import torch
 
 from node.learn.model import GPTConfig, build_gpt
-from node.learn.train import Batch, InnerOptimConfig, inner_train, load_bf16_state, make_optimizer, unique_state
+from node.learn.train import Batch
+from node.run.trainer import LMTrainer, MinerSpec
 from protocol.assignment import Assignment
-from protocol.codec_options import CodecOptions, build_codec
+from protocol.codec import Codec
 from protocol.identity import Identity
-from protocol.messages import SubmissionHeader
 from protocol.signing import sign
 from protocol.state import State
 from protocol.wire import Reader
@@ -43,17 +44,16 @@ KINDS = ("copycat", "thief", "signflip", "noise", "freerider", "nan", "replay", 
 
 
 @dataclass(frozen=True)
-class RunSetup:
-    """What every miner of a run shares."""
+class FakeRun:
+    """What every fake miner of a run shares: the miners' settings, the model, the training batches."""
 
-    run_id: str
+    spec: MinerSpec
     gpt: GPTConfig
-    codec: str
-    inner: InnerOptimConfig
-    steps: int  # H inner steps per round
-    assignment_batches: int
     batch: Callable[[int], Batch]  # seed -> training batch
-    codec_options: CodecOptions = field(default_factory=CodecOptions)
+
+    @property
+    def codec(self) -> str:
+        return self.spec.codec
 
 
 @dataclass
@@ -73,61 +73,47 @@ def identity_for(label: str) -> Identity:
 
 
 class Miner:
-    """An honest miner: H AdamW steps on its own assignment from W_r, compressed with error feedback."""
+    """An honest miner: the real miner's step (`LMTrainer`: H AdamW steps on its own assignment from
+    W_r, compressed with error feedback), signed; attacks below change what it trains on or sends."""
 
     kind = "honest"
 
-    def __init__(self, setup: RunSetup, identity: Identity) -> None:
+    def __init__(self, setup: FakeRun, identity: Identity) -> None:
         self.setup, self.identity = setup, identity
-        self.codec = build_codec(setup.codec, setup.codec_options)
-        self.model = build_gpt(setup.gpt)
-        self.optimizer = make_optimizer(self.model, setup.inner)
-        self.error: State | None = None
-        self.steps_done = 0
+        self.trainer = LMTrainer(setup.spec, build_gpt(setup.gpt), identity, setup.batch)
         self.seconds: list[float] = []  # compute time of each round (train + compress)
 
     @property
     def key(self) -> str:
         return self.identity.public_hex
 
+    @property
+    def codec(self) -> Codec:
+        return self.trainer.codec
+
     def role(self, round_: int) -> str:
         """The kind of submission this miner makes in `round_`."""
         return self.kind
 
     def assignment(self, round_: int, miner: str | None = None) -> Assignment:
-        return Assignment(self.setup.run_id, round_, miner or self.key, self.setup.assignment_batches)
+        return self.trainer.assignment(round_, miner)
 
     def submit(self, view: RoundView) -> Submission | None:
         start = time.perf_counter()
-        delta = self.train(view.weights, self.assignment(view.round))
-        payload = self.compress(delta, view.weights)
+        delta = self.trainer.train(view.round, view.weights)
+        payload = self.trainer.compress(delta, view.weights)
         self.seconds.append(time.perf_counter() - start)
         return self.package(view.round, view.state_hash, payload)
 
     def train(self, weights: State, assignment: Assignment) -> State:
         """FP32 pseudo-gradient W - W_local after H steps on `assignment` from `weights`."""
-        load_bf16_state(self.model, weights)
-        first = self.steps_done
-        batches = lambda step: self.setup.batch(assignment.step_seed(step - first))  # noqa: E731
-        inner_train(self.model, self.setup.inner, batches, self.setup.steps, optimizer=self.optimizer, first_step=first)
-        self.steps_done += self.setup.steps
-        local = unique_state(self.model)
-        return {name: weights[name].float() - local[name].detach() for name in weights}
+        return self.trainer.train_on(assignment, weights)
 
     def compress(self, delta: State, weights: State) -> bytes:
-        payload, self.error, _ = self.codec.compress(delta, self.error, weights)
-        return payload
+        return self.trainer.compress(delta, weights)
 
     def package(self, round_: int, base_hash: str, payload: bytes, digest: str | None = None) -> Submission:
-        header = SubmissionHeader.for_payload(
-            run_id=self.setup.run_id,
-            round_=round_,
-            base_hash=base_hash,
-            payload=payload,
-            codec=self.setup.codec,
-            data_digest=digest or self.assignment(round_).digest,
-            sender=self.key,
-        )
+        header = self.trainer.header(round_, payload, base_hash, digest)
         return Submission(sign(self.identity, header).to_bytes(), payload)
 
 
@@ -137,9 +123,9 @@ class Thief(Miner):
 
     kind = "thief"
 
-    def __init__(self, setup: RunSetup, identity: Identity, victims: Sequence[str]) -> None:
-        inner = setup.inner.model_copy(update={"lr": setup.inner.lr * 1.1})
-        super().__init__(replace(setup, inner=inner), identity)
+    def __init__(self, setup: FakeRun, identity: Identity, victims: Sequence[str]) -> None:
+        inner = setup.spec.inner.model_copy(update={"lr": setup.spec.inner.lr * 1.1})
+        super().__init__(replace(setup, spec=replace(setup.spec, inner=inner)), identity)
         self.victims = list(victims)
 
     def submit(self, view: RoundView) -> Submission | None:
@@ -249,7 +235,7 @@ ADVERSARIES: dict[str, type[Miner]] = {
 }
 
 
-def make_adversary(kind: str, setup: RunSetup, identity: Identity, victims: Sequence[str]) -> Miner:
+def make_adversary(kind: str, setup: FakeRun, identity: Identity, victims: Sequence[str]) -> Miner:
     if kind == "thief":
         return Thief(setup, identity, victims)
     return ADVERSARIES[kind](setup, identity)
@@ -259,7 +245,7 @@ class Shapeshifter(Miner):
     """One identity playing a different attack each round: kinds[(round + offset) % len(kinds)]."""
 
     def __init__(
-        self, setup: RunSetup, identity: Identity, kinds: Sequence[str], offset: int, victims: Sequence[str]
+        self, setup: FakeRun, identity: Identity, kinds: Sequence[str], offset: int, victims: Sequence[str]
     ) -> None:
         self.setup, self.identity, self.kinds, self.offset = setup, identity, list(kinds), offset
         self.victims = list(victims)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from node.events import Events
 from node.net.netconfig import add_net_arguments, net_config_from_args
-from node.net.peer import Peer
+from node.net.p2ppeer import P2PPeer
 from node.roles.catchup import Held
-from node.roles.miner import Node
+from node.roles.follower import Follower
 from node.roles.records import run_records
 from node.roles.rl.worker import RolloutWorker
 from node.run.manifest import load_manifest
@@ -53,17 +53,16 @@ async def main(args: argparse.Namespace) -> None:
     events = Events("follow", args.events)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.state_dir or Path(tmp)
-        peer = await Peer.create(
+        peer = await P2PPeer.create(
             net_config_from_args(args), run_records(setup.manifest), identity, folder, role="follower"
         )
         worker = LyingWorker(setup, identity, peer, events)
         worker.lie = args.lie
-        events.emit("start", f"lying worker ({args.lie}) {identity.public_hex[:12]}", sender=identity.public_hex)
-        node = Node(setup, identity, peer, events, None, worker)
+        follower = Follower(peer, events, [worker])
         try:
-            await node.run(args.rounds)
+            await follower.run(args.rounds)
         finally:
-            await node.shutdown()
+            await follower.shutdown()
             events.finish()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from node.commands.roles import RL_CONFIG
+from node.events.models import PoolPublished, RolloutsPublished, RolloutsRefused, Submitted
 from node.run.manifest import parse_manifest
 from node.swarm.demo import Proc, Swarm, prepare, summarize
 from tests.helpers import events, wait_exits
@@ -69,17 +70,17 @@ def test_rl_round_trip_with_lying_workers(swarm: tuple[Swarm, Path, list[Path]])
     assert summary["hashes_agree"], finals
     assert summary["reward_first"] is not None and len(summary["reward_per_round"]) == ROUNDS
 
-    keys = {r["name"]: r["sender"] for r in records if r["event"] == "start" and "sender" in r}
+    keys = records.keys()
     workers = {keys["worker0"], keys["worker1"]}
-    pools = [r for r in records if r["name"] == "validator" and r["event"] == "pool"]
-    assert len(pools) == ROUNDS and all(p["batches"] >= 2 for p in pools)
-    assert all(0 <= k <= 1 for p in pools for k in p["staleness"])  # max_staleness
-    refused = {r["worker"]: r["reason"] for r in records if r["event"] == "rollouts_refused"}
+    pools = records.events(PoolPublished, "validator")
+    assert len(pools) == ROUNDS and all(p.batches >= 2 for p in pools)
+    assert all(0 <= k <= 1 for p in pools for k in p.staleness)  # max_staleness
+    refused = {e.worker: e.reason for e in records.events(RolloutsRefused)}
     assert "claimed reward" in refused[keys["liar_reward"]]
     assert "state other than" in refused[keys["liar_state"]]
     assert not workers & set(refused)  # honest workers are never refused
-    pooled = {w for p in pools for w in p["workers"]}
+    pooled = {w for p in pools for w in p.workers}
     assert pooled <= workers and not pooled & {keys["liar_reward"], keys["liar_state"]}
-    published = {r["name"] for r in records if r["event"] == "rollouts"}
+    published = {r.name for r in records.of(RolloutsPublished)}
     assert {"worker0", "worker1"} <= published
-    assert all(r["bytes"] > 0 for r in records if r["name"].startswith("miner") and r["event"] == "submitted")
+    assert all(e.bytes > 0 for r in ("miner0", "miner1") for e in records.events(Submitted, r))

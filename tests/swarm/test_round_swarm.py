@@ -19,9 +19,20 @@ from typing import Any
 import pytest
 
 from node.commands.roles import DEFAULT_CONFIG
+from node.events import EventLog
+from node.events.models import (
+    CheckpointLoaded,
+    Event,
+    PatchApplied,
+    Received,
+    RoundClosed,
+    RoundOpened,
+    Started,
+    Submitted,
+)
 from node.run.manifest import Manifest, parse_manifest
 from node.swarm.demo import Proc, Swarm, prepare, summarize
-from tests.helpers import events, has_event, wait_exits, wait_for
+from tests.helpers import events, wait_exits, wait_for
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3
@@ -46,16 +57,16 @@ def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
         swarm.stop_all()
 
 
-def _events(swarm: Swarm) -> list[dict[str, Any]]:
+def _events(swarm: Swarm) -> EventLog:
     return events(swarm.out)
 
 
-def _wait(swarm: Swarm, what: str, found: Callable[[list[dict[str, Any]]], bool]) -> None:
+def _wait(swarm: Swarm, what: str, found: Callable[[EventLog], bool]) -> None:
     wait_for(lambda: found(_events(swarm)), WAIT, what, logs=swarm.out / "logs")
 
 
-def _has(name: str, event: str, round_: int | None = None) -> Callable[[list[dict[str, Any]]], bool]:
-    return lambda records: has_event(records, name, event, round_)
+def _has(name: str, kind: type[Event], round_: int | None = None) -> Callable[[EventLog], bool]:
+    return lambda log: log.has(kind, name, round_)
 
 
 def _finish(swarm: Swarm, workers: list[Proc]) -> dict[str, Any]:
@@ -71,11 +82,11 @@ def test_killed_miner_late_miner_and_paused_follower(swarm: tuple[Swarm, Path, l
     miners = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys[:3])]
     follower = s.start_role("follower", "follow", None)
 
-    _wait(s, "the follower's first patch", _has("follower", "patch", 0))
+    _wait(s, "the follower's first patch", _has("follower", PatchApplied, 0))
     os.kill(follower.popen.pid, signal.SIGSTOP)  # misses rounds; its DHT process keeps serving
-    _wait(s, "miner2's first submission", _has("miner2", "submitted", 0))  # it now trains for round 1
+    _wait(s, "miner2's first submission", _has("miner2", Submitted, 0))  # it now trains for round 1
     s.kill(miner2 := miners[2])
-    _wait(s, "round 1 closing", _has("validator", "round", 1))
+    _wait(s, "round 1 closing", _has("validator", RoundClosed, 1))
     late = s.start_role("late", "miner", miner_keys[3])
     os.kill(follower.popen.pid, signal.SIGCONT)
 
@@ -86,12 +97,13 @@ def test_killed_miner_late_miner_and_paused_follower(swarm: tuple[Swarm, Path, l
     assert set(finals) >= {"validator", "miner0", "miner1", "follower", "late"}
     assert summary["hashes_agree"], finals
     assert summary["loss_last"] < summary["loss_first"]
-    closed = {r["round"]: r for r in _events(s) if r["event"] == "round"}
-    killed = next(r["sender"] for r in _events(s) if r["name"] == "miner2" and r["event"] == "start")
-    with_killed = {r["round"] for r in _events(s) if r["event"] == "received" and r["sender"] == killed}
+    log = _events(s)
+    closed = {e.round: e for e in log.events(RoundClosed)}
+    killed = log.keys()["miner2"]
+    with_killed = {e.round for e in log.events(Received) if e.sender == killed}
     assert set(range(1, ROUNDS)) - with_killed  # rounds closed without the killed miner: none stalled
     assert all(r in closed for r in range(ROUNDS))
-    assert _has("late", "checkpoint")(_events(s))
+    assert _has("late", CheckpointLoaded)(log)
 
 
 def test_validator_restart_continues_the_hash_chain(swarm: tuple[Swarm, Path, list[Path]]) -> None:
@@ -100,15 +112,15 @@ def test_validator_restart_continues_the_hash_chain(swarm: tuple[Swarm, Path, li
     workers = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys[:2])]
     workers.append(s.start_role("follower", "follow", None))
 
-    _wait(s, "round 1 opening", _has("validator", "open", 1))
+    _wait(s, "round 1 opening", _has("validator", RoundOpened, 1))
     s.kill(first)
     s.start_role("validator2", "validator", validator_key, state="validator")
 
     summary = _finish(s, workers)
     records = _events(s)
-    starts = [r for r in records if r["name"] == "validator2" and r["event"] == "start"]
-    assert starts and starts[0]["round"] == 1  # resumed from its last committed round
-    assert _has("validator2", "round", ROUNDS - 1)(records)
+    starts = records.events(Started, "validator2")
+    assert starts and starts[0].round == 1  # resumed from its last committed round
+    assert _has("validator2", RoundClosed, ROUNDS - 1)(records)
     finals = summary["final_state_hashes"]
     assert set(finals) >= {"validator2", "miner0", "miner1", "follower"}
     assert summary["hashes_agree"], finals

@@ -1,7 +1,7 @@
-"""The RL roles on the network (`task = "rl"`); the pure pieces are in `node/learn/rl/`.
+"""The RL parts of the roles (`task = "rl"`); the pure pieces are in `node/learn/rl/` and `node/run/`.
 
-- `pool.py`        the validator's checked rollout pool of a round
-- `worker.py`      the follower as an inference worker: rollout batches from the weights it holds
-- `miner.py`       the GRPO miner on its share of the pool
-- `validation.py`  what the validator does differently in an RL run
+- `pool.py`        the validator's checked rollout pool of a round (the network side of `learn/rl/checks.py`)
+- `worker.py`      the rollout worker: a follower's round service generating and publishing rollouts
+- `miner.py`       a GRPO miner's round inputs: the round's pool, fetched for its `RLTrainer`
+- `validation.py`  `RLRoundHooks`: the pool before a round opens, the held-out reward after it closes
 """

@@ -1,10 +1,11 @@
 """The validator's rollout pool: which workers' batches miners train on in a round, each one checked.
 
 Before it opens round r, the validator gathers the rollout batches announced for rounds
-r - max_staleness .. r, newest first, fetches each (hash- and size-checked) and checks it
-(`check_batch`): right run, round and worker; generated from the validator's own state of that
-round; exactly the prompts (run id, round, worker key) derive; G completions each, none too
-long; and every claimed reward equal to the recomputed one. A batch that fails is refused with
+r - max_staleness .. r, newest first, fetches each (hash- and size-checked) and vets it with the
+one rule `pulse bench rl` uses too (`node/learn/rl/checks.py`): right run, round and worker;
+generated from the validator's own state of that round; exactly the prompts (run id, round,
+worker key) derive; G completions each, none too long; and every claimed reward equal to the
+recomputed one. This file is only the network side. A batch that fails is refused with
 its reason in the signed `RolloutPool`, and its worker is left out of pools for
 `PENALTY_ROUNDS` rounds. Miners draw their groups from the pool with their assignment seeds,
 so the validator knows exactly which rollouts each miner trained on (`evaluator.PoolSource`).
@@ -19,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from node.events import Events
+from node.events.models import PoolWaiting, RolloutsRefused
+from node.learn.rl.checks import LIMITS, oversize, vet
 from node.learn.rl.config import RLConfig
-from node.learn.rl.task import problems_for, verify_groups
 from node.net.peer import Peer
 from protocol import rollouts
 from protocol.errors import ProtocolError, TransferError
@@ -32,37 +34,14 @@ from protocol.messages import (
     RolloutAnnouncement,
     RolloutPool,
 )
-from protocol.rollouts import RolloutBatch, RolloutGroup, RolloutLimits
+from protocol.rollouts import RolloutGroup
 from protocol.signing import Verified
 
 log = logging.getLogger(__name__)
 PENALTY_ROUNDS = 10
 POLL_SECONDS = 0.5
-LIMITS = RolloutLimits()
 
 Groups = tuple[RolloutGroup, ...]
-
-
-def check_batch(
-    batch: RolloutBatch,
-    announced: RolloutAnnouncement,
-    worker: str,
-    run_id: str,
-    states: Mapping[int, str],
-    cfg: RLConfig,
-) -> str | None:
-    """Why `batch` (announced by `worker`) may not be trained on, or None if it may."""
-    if batch.run_id != run_id or batch.round != announced.round or batch.worker != worker:
-        return "batch names another run, round or worker than its announcement"
-    known = states.get(batch.round)
-    if known is None:
-        return f"the validator keeps no state of round {batch.round}"
-    if batch.state_hash != announced.state_hash or batch.state_hash != known:
-        return f"generated from a state other than round {batch.round}'s"
-    if len(batch.groups) != announced.groups:
-        return "group count differs from the announcement"
-    expected = problems_for(run_id, batch.round, worker, cfg.prompts_per_batch, cfg)
-    return verify_groups(batch.groups, expected, cfg)
 
 
 @dataclass
@@ -76,6 +55,7 @@ class PoolKeeper:
     penalized: dict[str, int] = field(default_factory=dict)  # worker -> first round it may return
     checked: dict[str, tuple[int, Groups]] = field(default_factory=dict)  # blob sha -> (round, groups)
     refused: dict[str, PoolRejection] = field(default_factory=dict)  # blob sha -> why, this round
+    poll: float = POLL_SECONDS  # seconds between looks for new announcements while the pool is short
 
     async def build(self, round_: int, states: Mapping[int, str]) -> tuple[RolloutPool, list[Groups]]:
         """The pool of `round_`: the one this validator already published (after a restart), or a new one."""
@@ -92,9 +72,11 @@ class PoolKeeper:
             if len(entries) >= self.cfg.min_pool_batches or (entries and time.monotonic() > deadline):
                 break
             if not waited_long and time.monotonic() > deadline:
-                self.events.emit("waiting", f"round {round_}: no checked rollout batch yet; waiting for workers")
+                self.events.emit(
+                    PoolWaiting(round=round_), f"round {round_}: no checked rollout batch yet; waiting for workers"
+                )
                 waited_long = True
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(self.poll)
         self._forget_before(round_ - self.cfg.max_staleness)
         pool = RolloutPool(
             run_id=self.run_id,
@@ -134,22 +116,19 @@ class PoolKeeper:
             return self.checked[a.blob_sha256][1]
         if a.blob_sha256 in self.refused:
             return None
-        if a.blob_size > LIMITS.max_batch_bytes:
-            self._refuse(worker, a, f"batch of {a.blob_size} bytes is over the cap", round_)
+        problem = oversize(a)
+        if problem is not None:
+            self._refuse(worker, a, problem, round_)
             return None
         try:
             path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
-            batch = rollouts.decode(path.read_bytes(), LIMITS)
         except TransferError as exc:
             log.info("rollout batch %s from %s not fetched: %s", a.blob_sha256[:12], worker[:12], exc)
             return None
-        except ProtocolError as exc:
-            self._refuse(worker, a, f"malformed batch: {exc}", round_)
-            return None
-        reason = check_batch(batch, a, worker, self.run_id, states, self.cfg)
-        if reason is not None:
+        batch = vet(path.read_bytes(), a, worker, self.run_id, states, self.cfg)
+        if isinstance(batch, str):
             self.peer.store.remove(a.blob_sha256)
-            self._refuse(worker, a, reason, round_)
+            self._refuse(worker, a, batch, round_)
             return None
         self.peer.hold(a.blob_sha256)  # miners may fetch it from the validator as well as the worker
         self.checked[a.blob_sha256] = (a.round, batch.groups)
@@ -160,11 +139,8 @@ class PoolKeeper:
         self.refused[a.blob_sha256] = PoolRejection(worker=worker, blob_sha256=a.blob_sha256, reason=reason)
         self.penalized[worker] = round_ + PENALTY_ROUNDS
         self.events.emit(
-            "rollouts_refused",
+            RolloutsRefused(round=round_, worker=worker, reason=reason),
             f"round {round_}: refused worker {worker[:12]}'s rollouts ({reason}); left out for {PENALTY_ROUNDS} rounds",
-            round=round_,
-            worker=worker,
-            reason=reason,
         )
 
     async def _reload(self, pool: RolloutPool) -> list[Groups] | None:

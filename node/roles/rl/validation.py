@@ -1,9 +1,8 @@
-"""What the validator does differently in an RL run (`task = "rl"`), as one object the service calls.
+"""What the validator does around each round of an RL run (`task = "rl"`): `RLRoundHooks`.
 
-- scoring: the Gauntlet's evaluator is `GRPOEvaluator` (loss = 1 - GRPO objective, so the relative
-  gain of an update is the objective's improvement) and its batches are rollout batches of the
-  round's pool, drawn by seed exactly as miners draw theirs (`PoolSource`);
-- before a round opens: build, sign and publish the round's rollout pool (`pool.py`);
+- before a round opens: build, check, sign and publish the round's rollout pool (`pool.py`), and
+  hand its groups to the task's `PoolSource`, the Gauntlet's batch function: the validator scores
+  on pool samples drawn by seed exactly as miners draw theirs;
 - after it closes: the policy's reward on the fixed held-out prompts (greedy), every `reward_every` rounds.
 """
 
@@ -12,52 +11,52 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from node.events import Events
+from node.events.models import PoolPublished
 from node.learn.model import CausalLM
-from node.learn.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
-from node.learn.rl.task import held_out_prompts
+from node.learn.rl.evaluator import held_out_reward
 from node.learn.train import load_bf16_state
 from node.net.peer import Peer
+from node.roles.hooks import HeldOut
 from node.roles.rl.pool import PoolKeeper
-from node.run.setup import RunSetup
+from node.run.task import RLTask
 from protocol.state import State
 
 
-class RLValidation:
-    def __init__(self, setup: RunSetup, events: Events, probe: CausalLM) -> None:
-        self.setup, self.events = setup, events
-        self.cfg = setup.manifest.rl
-        gpt = setup.manifest.model.gpt  # the Gauntlet's batch function:
-        self.batches = PoolSource(gpt.block_size, groups_per_seed=self.cfg.groups_per_batch)
-        self.prompts = held_out_prompts(self.cfg)
-        self.probe = probe  # the service's model for held-out measurements
-        self.keeper: PoolKeeper | None = None
+class RLRoundHooks:
+    def __init__(self, task: RLTask, peer: Peer, events: Events, probe: CausalLM, *, poll: float = 0.5) -> None:
+        self.task, self.peer, self.events, self.cfg = task, peer, events, task.cfg
+        self.prompts = task.held_out_prompts()
+        self.probe = probe  # the model held-out rewards are measured with
+        self.keeper = PoolKeeper(peer, self.cfg, task.setup.run_id, events, poll=poll)
 
-    def evaluator(self) -> GRPOEvaluator:
-        reference = self.setup.initial_master() if self.cfg.kl_coef > 0 else None  # W_0, for the KL term
-        return GRPOEvaluator(self.setup.new_model(), self.cfg, reference)
-
-    async def open_round(self, peer: Peer, round_: int, states: Mapping[int, str]) -> None:
+    async def before_open(self, round_: int, state_hash: str, states: Mapping[int, str]) -> None:
         """Build and publish the pool miners train on in `round_`; the scoring batches come from it."""
-        if self.keeper is None:
-            self.keeper = PoolKeeper(peer, self.cfg, self.setup.run_id, self.events)
+        # a heartbeat first, so that workers find the checkpoint and patch holders while the pool is
+        # built; miners wait for the pool, and the service's heartbeat at opening restarts the deadline clock
+        await self.peer.heartbeat(round_, state_hash)
         pool, groups = await self.keeper.build(round_, states)
-        self.batches.set(groups)
-        await peer.publish(pool)
+        self.task.pool.set(groups)
+        await self.peer.publish(pool)
         rounds = sorted({e.round for e in pool.entries})
         self.events.emit(
-            "pool",
+            PoolPublished(
+                round=round_,
+                batches=len(pool.entries),
+                workers=[e.worker for e in pool.entries],
+                refused={r.worker: r.reason for r in pool.rejections},
+                staleness=[round_ - e.round for e in pool.entries],
+            ),
             f"round {round_}: rollout pool of {len(pool.entries)} batches (from rounds {rounds}), "
             f"{len(pool.rejections)} refused",
-            round=round_,
-            batches=len(pool.entries),
-            workers=[e.worker for e in pool.entries],
-            refused={r.worker: r.reason for r in pool.rejections},
-            staleness=[round_ - e.round for e in pool.entries],
         )
 
-    def reward_due(self, closed_round: int) -> bool:
-        return (closed_round + 1) % self.cfg.reward_every == 0
+    def baseline(self, weights: State) -> HeldOut:
+        return HeldOut(reward=self._reward(weights))
 
-    def held_out_reward(self, weights: State) -> float:
+    def after_close(self, round_: int, weights: State) -> HeldOut:
+        due = (round_ + 1) % self.cfg.reward_every == 0
+        return HeldOut(reward=self._reward(weights)) if due else HeldOut()
+
+    def _reward(self, weights: State) -> float:
         load_bf16_state(self.probe, weights)
         return held_out_reward(self.probe, self.prompts, self.cfg)

@@ -1,4 +1,4 @@
-"""The inference worker of an RL run: a follower that generates, scores and publishes rollouts.
+"""The inference worker of an RL run: a follower's round service that generates, scores and publishes rollouts.
 
 Once it holds W_r (bit-identical, via PULSESync), the worker samples G completions for each of
 the prompts derived from (run id, r, its key), scores them with the task's reward, and publishes
@@ -14,6 +14,8 @@ import asyncio
 import torch
 
 from node.events import Events, mb
+from node.events.models import Missed, RolloutsPublished
+from node.learn.rl.checks import announce
 from node.learn.rl.generate import rollout_groups, rollout_seed
 from node.learn.rl.task import problems_for
 from node.learn.train import load_bf16_state
@@ -23,7 +25,6 @@ from node.run.setup import RunSetup
 from protocol import rollouts
 from protocol.errors import NetworkError
 from protocol.identity import Identity
-from protocol.messages import RolloutAnnouncement
 from protocol.rollouts import RolloutBatch
 
 
@@ -45,29 +46,21 @@ class RolloutWorker:
         self.peer.hold(sha)
         self.published.append((held.round, sha))
         self._drop_old(held.round)
-        announcement = RolloutAnnouncement(
-            run_id=self.setup.run_id,
-            round=held.round,
-            state_hash=held.state_hash,
-            blob_sha256=sha,
-            blob_size=len(data),
-            groups=len(batch.groups),
-            mean_reward=batch.mean_reward,
-        )
+        announcement = announce(batch, data)
         await self.peer.heartbeat(held.round, held.state_hash)  # lists the new blob, so miners find a holder
         try:
             await self.peer.publish(announcement)
         except NetworkError as exc:
-            self.events.emit("missed", f"round {held.round}: rollouts not announced: {exc}", round=held.round)
+            self.events.emit(
+                Missed(round=held.round, reason=str(exc)), f"round {held.round}: rollouts not announced: {exc}"
+            )
             return
         self.events.emit(
-            "rollouts",
+            RolloutsPublished(
+                round=held.round, completions=batch.completions, bytes=len(data), mean_reward=batch.mean_reward
+            ),
             f"round {held.round}: published {batch.completions} rollouts ({mb(len(data))}), "
             f"mean reward {batch.mean_reward:.3f}",
-            round=held.round,
-            completions=batch.completions,
-            bytes=len(data),
-            mean_reward=batch.mean_reward,
         )
 
     def generate(self, held: Held) -> RolloutBatch:

@@ -20,8 +20,8 @@ import zstandard
 
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
-from node.swarm.fakeminers import RoundView
-from node.swarm.fakeminers import RunSetup as FakeSetup
+from node.run.trainer import MinerSpec
+from node.swarm.fakeminers import FakeRun, RoundView
 from protocol.codec import Codec, default_max_bytes, layout_digest
 from protocol.codec_options import build_codec
 from protocol.identity import Identity
@@ -85,19 +85,9 @@ class Forge:
         return (codec or self.codec).compress(update, None, self.weights)[0]
 
 
-def fake_setup(setup: RunSetup) -> FakeSetup:
+def fake_setup(setup: RunSetup) -> FakeRun:
     """The fake miners' view of a real run (same model, codec, inner optimizer and batches)."""
-    m = setup.manifest
-    return FakeSetup(
-        run_id=setup.run_id,
-        gpt=m.model.gpt,
-        codec=m.train.codec,
-        inner=m.train.inner,
-        steps=m.train.inner_steps,
-        assignment_batches=m.selection.assignment_batches,
-        batch=setup.batch,
-        codec_options=m.train.codec_options,
-    )
+    return FakeRun(MinerSpec.from_manifest(setup.manifest), setup.manifest.model.gpt, setup.batch)
 
 
 # -- signatures ----------------------------------------------------------------------------------

@@ -32,11 +32,13 @@ import torch
 from hivemind.p2p import PeerID
 
 from node.events import Events
+from node.events.campaign import AttackSent, AttackSkipped, HostileDone, Uploading
+from node.events.models import Started
 from node.net.keyfile import load_key_file
 from node.net.netconfig import add_net_arguments, net_config_from_args
-from node.net.peer import Peer
+from node.net.p2ppeer import P2PPeer
 from node.net.transfer import call_fetch
-from node.roles.catchup import Held, advance, join
+from node.roles.catchup import Chain, Held
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
@@ -60,7 +62,7 @@ STREAMS = 3
 
 
 class Hostile:
-    def __init__(self, setup: RunSetup, keys: list[Identity], attacks: list[str], rotate: bool, peer: Peer) -> None:
+    def __init__(self, setup: RunSetup, keys: list[Identity], attacks: list[str], rotate: bool, peer: P2PPeer) -> None:
         self.setup, self.keys, self.attacks, self.rotate, self.peer = setup, keys, attacks, rotate, peer
         self.events: Events = Events("hostile")
         self.fake = crafting.fake_setup(setup)
@@ -80,7 +82,8 @@ class Hostile:
 
     async def run(self, rounds: int) -> None:
         self.gate = asyncio.Semaphore(STREAMS)
-        held = await join(self.peer, self.events)
+        self.chain = Chain(self.peer, self.events)
+        held = await self.chain.sync()
         done: set[tuple[int, str, int]] = set()
         while held.round < rounds:
             held = await self._advance(held)
@@ -99,10 +102,10 @@ class Hostile:
             for i, me in enumerate(self.keys):
                 self.tasks.append(asyncio.ensure_future(self._play(self.attack(i, r), me, forge)))
         await asyncio.wait_for(asyncio.gather(*self.tasks), 180.0)
-        self.events.emit("hostile_final", f"done at round {held.round}", round=held.round, state_hash=held.state_hash)
+        self.events.emit(HostileDone(round=held.round, state_hash=held.state_hash), f"done at round {held.round}")
 
     async def _advance(self, held: Held) -> Held:
-        new = await advance(self.peer, held, self.events)
+        new = await self.chain.sync()
         if new.round != held.round:
             self.previous = (held.weights, held.state_hash) if new.round == held.round + 1 else None
         return new
@@ -112,7 +115,8 @@ class Hostile:
             sends = await self._craft(attack, me, forge)
         except (TransferError, ProtocolError) as exc:
             sends = []
-            self.events.emit("skipped", f"{attack}: {exc}", round=forge.round, attack=attack, sender=me.public_hex)
+            skipped = AttackSkipped(round=forge.round, attack=attack, sender=me.public_hex, reason=str(exc))
+            self.events.emit(skipped, f"{attack}: {exc}")
         if not sends:
             return
         answers = await asyncio.gather(*(self._gated(attack, forge.round, *send) for send in sends))
@@ -133,19 +137,17 @@ class Hostile:
         body = sub.payload
         uploading = asyncio.Event()
         watcher = asyncio.ensure_future(self._say_uploading(uploading, attack, round_, signed))
-        assert self.peer.validator_peer is not None
+        assert self.peer.validator_peer is not None  # the round is open: its validator's heartbeat was read
         answer = await push(
             self.peer.p2p,
-            self.peer.validator_peer,
+            PeerID.from_base58(self.peer.validator_peer),
             sub.envelope,
             body,
             on_body=uploading,
             **mode,  # type: ignore[arg-type]
         )
         watcher.cancel()
-        self.events.emit(
-            "attack",
-            f"round {round_}: {attack} from {signed.sender_hex[:12]}: {answer.status} {answer.reason}",
+        sent = AttackSent(
             round=round_,
             attack=attack,
             sender=signed.sender_hex,
@@ -155,14 +157,17 @@ class Hostile:
             status=answer.status,
             reason=answer.reason,
             body_sent=answer.body_sent,
-            peer_id=self.peer.peer_id.to_base58(),
+            peer_id=self.peer.peer_id,
+        )
+        self.events.emit(
+            sent, f"round {round_}: {attack} from {signed.sender_hex[:12]}: {answer.status} {answer.reason}"
         )
         return answer
 
     async def _say_uploading(self, started: asyncio.Event, attack: str, round_: int, signed: SignedMessage) -> None:
         await started.wait()
         sender = signed.sender_hex
-        self.events.emit("uploading", f"{attack}: sending the body", round=round_, attack=attack, sender=sender)
+        self.events.emit(Uploading(round=round_, attack=attack, sender=sender), f"{attack}: sending the body")
 
     # -- crafting --------------------------------------------------------------------------------
 
@@ -301,17 +306,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _run(args: argparse.Namespace, setup: RunSetup, keys: list[Identity], attacks: list[str]) -> int:
-    peer = await Peer.create(
+    peer = await P2PPeer.create(
         net_config_from_args(args), run_records(setup.manifest), keys[0], args.state_dir, role="miner"
     )
     hostile = Hostile(setup, keys, attacks, args.rotate, peer)
     hostile.offset, hostile.stride = args.offset, args.stride
     hostile.events = Events("hostile", args.events)
     hostile.events.emit(
-        "start",
+        Started(senders=[k.public_hex for k in keys], peer_id=peer.peer_id),
         f"hostile miner with {len(keys)} keys: {','.join(attacks)}",
-        senders=[k.public_hex for k in keys],
-        peer_id=peer.peer_id.to_base58(),
     )
     try:
         await hostile.run(args.rounds)

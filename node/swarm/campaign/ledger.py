@@ -19,6 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.events import EventLog, Logged
+from node.events.campaign import AttackSent
+from node.events.models import Received, RoundClosed
 from node.swarm.campaign.attacks import ATTACKS
 
 OUTSCORED = ("score ", "final score", "indicator average")
@@ -39,7 +42,7 @@ class Ledger:
     outcomes: list[Outcome] = field(default_factory=list)
     honest_unaccounted: list[str] = field(default_factory=list)
     double_counted: list[int] = field(default_factory=list)
-    rounds: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rounds: dict[int, Logged[RoundClosed]] = field(default_factory=dict)  # the validator's `round` event of each
 
     @property
     def unaccounted(self) -> int:
@@ -76,26 +79,23 @@ class Ledger:
         return table
 
 
-def build(records: list[dict[str, Any]], validator_log: str, killed_validators: set[str] = frozenset()) -> Ledger:  # type: ignore[assignment]
+def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] = frozenset()) -> Ledger:
     ledger = Ledger()
-    closers: dict[int, str] = {}
-    for r in records:
-        if r["event"] == "round":
-            if r["round"] in ledger.rounds:
-                ledger.double_counted.append(r["round"])
-            ledger.rounds[r["round"]] = r
-            closers[r["round"]] = r["name"]
-    receivers = {(r["round"], r["sender"]): r["name"] for r in records if r["event"] == "received"}
-    hostile = set()
-    for send in (r for r in records if r["event"] == "attack"):
-        hostile.add(send["sender"])
+    for r in log.of(RoundClosed):
+        if r.event.round in ledger.rounds:
+            ledger.double_counted.append(r.event.round)
+        ledger.rounds[r.event.round] = r
+    receivers = {(r.event.round, r.event.sender): r.name for r in log.of(Received)}
+    sends = log.events(AttackSent)
+    hostile = {send.sender for send in sends}
+    for send in sends:
         ledger.outcomes.append(_outcome(send, ledger.rounds, receivers, killed_validators, validator_log))
     for (round_, sender), name in receivers.items():
         if sender in hostile:
             continue
         closed = ledger.rounds.get(round_)
-        if closed is not None and closers.get(round_) == name:
-            if (sender in closed["scores"]) == (sender in closed["rejections"]):
+        if closed is not None and closed.name == name:
+            if (sender in closed.event.scores) == (sender in closed.event.rejections):
                 ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]}")
         elif name not in killed_validators:
             ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]} received, round never closed")
@@ -103,26 +103,26 @@ def build(records: list[dict[str, Any]], validator_log: str, killed_validators: 
 
 
 def _outcome(
-    send: dict[str, Any],
-    rounds: dict[int, dict[str, Any]],
+    send: AttackSent,
+    rounds: dict[int, Logged[RoundClosed]],
     receivers: dict[tuple[int, str], str],
-    killed: set[str],
+    killed: frozenset[str],
     validator_log: str,
 ) -> Outcome:
-    attack, round_, sender = send["attack"], send["round"], send["sender"]
-    if send["status"] != "OK":
-        logged = send["message_id"][:12] in validator_log or f"submit from {send['peer_id']}" in validator_log
-        return Outcome(attack, round_, sender, "refused", f"{send['status']} {send['reason']}".strip(), logged)
+    attack, round_, sender = send.attack, send.round, send.sender
+    if send.status != "OK":
+        logged = send.message_id[:12] in validator_log or f"submit from {send.peer_id}" in validator_log
+        return Outcome(attack, round_, sender, "refused", f"{send.status} {send.reason}".strip(), logged)
     receiver = receivers.get((round_, sender))
     closed = rounds.get(round_)
-    if receiver in killed and (closed is None or closed["name"] != receiver):
+    if receiver in killed and (closed is None or closed.name != receiver):
         return Outcome(attack, round_, sender, "voided", "its validator was killed before closing the round")
     if closed is None or receiver is None:
         return Outcome(attack, round_, sender, "unaccounted", "stored, but no round outcome", logged=False)
-    in_scores, reason = sender in closed["scores"], closed["rejections"].get(sender)
-    if in_scores == (reason is not None):
+    scores, reason = closed.event.scores, closed.event.rejections.get(sender)
+    if (sender in scores) == (reason is not None):
         return Outcome(attack, round_, sender, "unaccounted", "not exactly one outcome in the round", logged=False)
-    if in_scores:
-        return Outcome(attack, round_, sender, "aggregated", f"score {closed['scores'][sender]:.4g}")
+    if reason is None:
+        return Outcome(attack, round_, sender, "aggregated", f"score {scores[sender]:.4g}")
     kind = "outscored" if reason.startswith(OUTSCORED) else "rejected"
     return Outcome(attack, round_, sender, kind, reason)

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.events import EventLog, read_events
+from node.events.campaign import Uploading
+from node.events.models import Event, PatchApplied, Received, RoundClosed, RoundOpened, Started
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
 from node.swarm.campaign import ledger as ledger_mod
-from node.swarm.demo import Proc, Swarm, read_events
+from node.swarm.demo import Proc, Swarm
 from protocol.identity import Identity
 from validator.state import StateStore
-
-Records = list[dict[str, Any]]
 
 
 def campaign_manifest(deadline: float, validator: str) -> Manifest:
@@ -128,10 +129,10 @@ class CampaignSwarm(Swarm):
         args += [*(["--key", str(key)] if key else []), *self.net_args(name)]
         return self.spawn_module(name, "node.swarm.campaign.skewed", args, role=role)
 
-    def events(self) -> Records:
+    def events(self) -> EventLog:
         return read_events(self.out / "events")
 
-    def wait(self, what: str, found: Callable[[Records], bool], timeout: float = 300.0) -> Records:
+    def wait(self, what: str, found: Callable[[EventLog], bool], timeout: float = 300.0) -> EventLog:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             records = self.events()
@@ -144,10 +145,8 @@ class CampaignSwarm(Swarm):
         return "".join((self.out / "logs" / f"{n}.log").read_text(errors="replace") for n in names)
 
 
-def has(name: str, event: str, round_: int | None = None) -> Callable[[Records], bool]:
-    return lambda records: any(
-        r["name"] == name and r["event"] == event and (round_ is None or r.get("round") == round_) for r in records
-    )
+def has(name: str, kind: type[Event], round_: int | None = None) -> Callable[[EventLog], bool]:
+    return lambda log: log.has(kind, name, round_)
 
 
 def write_manifest(out: Path, manifest: Manifest) -> None:
@@ -198,10 +197,10 @@ def make_report(
     name: str, swarm: CampaignSwarm, codes: dict[str, int | None], killed: set[str], seconds: float
 ) -> RunReport:
     records = swarm.events()
-    validators = sorted({r["name"] for r in records if r["role"] == "validator"})
-    ledger = ledger_mod.build(records, swarm.log_text(*validators), killed)
-    losses = [r["loss"] for r in sorted(ledger.rounds.values(), key=lambda r: r["round"]) if r.get("loss") is not None]
-    hashes = {r["name"]: r["state_hash"] for r in records if r["event"] in ("final", "done")}
+    validators = sorted({r.name for r in records if r.role == "validator"})
+    ledger = ledger_mod.build(records, swarm.log_text(*validators), frozenset(killed))
+    losses = [r.event.loss for _, r in sorted(ledger.rounds.items()) if r.event.loss is not None]
+    hashes = records.final_hashes()
     hostile = {p.name for p in swarm.procs if p.role == "hostile"}
     # a crash is a pulse role (validator, miner, follower) that did not exit cleanly
     crashes = [f"{n}: exit {c}" for n, c in codes.items() if c != 0 and n not in killed | hostile]
@@ -241,22 +240,22 @@ def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0)
         paused = swarm.start_role("paused", "follow", None)
         slow = swarm.start_team(Team("slow", ("slow",), 1), keys.hostile[:1])
 
-        swarm.wait("the slow upload of round 1", has("slow", "uploading", 1))
+        swarm.wait("the slow upload of round 1", has("slow", Uploading, 1))
         swarm.kill(slow)
         killed.add("slow")
-        swarm.wait("the paused follower at round 1", has("paused", "patch", 0))
+        swarm.wait("the paused follower at round 1", has("paused", PatchApplied, 0))
         os.kill(paused.popen.pid, signal.SIGSTOP)
-        swarm.wait("round 2 closing", has("validator", "round", 2))
+        swarm.wait("round 2 closing", has("validator", RoundClosed, 2))
         swarm.kill(m0)
         killed.add("miner0")
-        swarm.wait("round 4 opening", has("validator", "open", 4))
+        swarm.wait("round 4 opening", has("validator", RoundOpened, 4))
         late = swarm.start_skewed("late", "follow", None, -2.5)
-        swarm.wait("a submission in round 5", lambda rs: any(r["event"] == "received" and r["round"] == 5 for r in rs))
+        swarm.wait("a submission in round 5", lambda log: log.has(Received, round_=5))
         swarm.kill(validator)
         killed.add("validator")
         committed = StateStore(swarm.work / "validator" / "validator").load().book
         validator2 = swarm.start_role("validator2", "validator", keys.validator, state="validator")
-        swarm.wait("round 6 opening", has("validator2", "open", 6))
+        swarm.wait("round 6 opening", has("validator2", RoundOpened, 6))
         os.kill(paused.popen.pid, signal.SIGCONT)
         codes = exit_codes([m1, m2, paused, late], 120.0 + rounds * (deadline + 25.0))
         alive = validator2.popen.poll() is None
@@ -271,15 +270,15 @@ def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0)
     report = make_report(out.name, swarm, codes, killed, time.monotonic() - start)
     records = swarm.events()
     final = StateStore(swarm.work / "validator" / "validator").load().book
-    starts = [r for r in records if r["name"] == "validator2" and r["event"] == "start"]
+    starts = records.events(Started, "validator2")
     hashes = report.hashes
-    slow_peer = next((r["peer_id"] for r in records if r["name"] == "slow" and r["event"] == "start"), "?")
+    slow_peer = next((e.peer_id for e in records.events(Started, "slow")), "?")
     checks["kill -9 mid-upload: stream failure logged, no partial file, validator went on"] = (
         f"submit from {slow_peer} failed" in swarm.log_text("validator")
         and report.checks["no partial blobs at the validator"]
-        and has("validator", "round", 2)(records)
+        and has("validator", RoundClosed, 2)(records)
     )
-    checks["validator restart: resumed at its committed round"] = bool(starts) and starts[0]["round"] == committed.round
+    checks["validator restart: resumed at its committed round"] = bool(starts) and starts[0].round == committed.round
     checks["validator restart: ratings intact"] = set(committed.ratings) <= set(final.ratings)
     checks["validator restart: no round closed twice"] = not report.ledger.double_counted
     checks["validator restart: hash chain continuous"] = report.checks["all rounds closed"] and _chain(records)
@@ -342,13 +341,13 @@ def full_disk_recovers(folder: Path) -> bool:
     )
 
 
-def _chain(records: Records) -> bool:
+def _chain(records: EventLog) -> bool:
     """Every patch a node applied names the state hash the validator published for that round."""
-    published = {r["round"]: r["state_hash"] for r in records if r["event"] == "round"}
-    patches = [r for r in records if r["event"] == "patch"]
-    return bool(patches) and all(published.get(r["round"]) == r["state_hash"] for r in patches)
+    published = {e.round: e.state_hash for e in records.events(RoundClosed)}
+    patches = records.events(PatchApplied)
+    return bool(patches) and all(published.get(e.round) == e.state_hash for e in patches)
 
 
-def _aggregated(records: Records, name: str) -> bool:
-    sender = next((r.get("sender") for r in records if r["name"] == name and r["event"] == "start"), None)
-    return any(r["event"] == "round" and sender in r["scores"] for r in records)
+def _aggregated(records: EventLog, name: str) -> bool:
+    sender = records.keys().get(name)
+    return any(sender in e.scores for e in records.events(RoundClosed))

@@ -1,0 +1,52 @@
+"""The events of a hostile miner process (`node/swarm/campaign/hostile.py`), read by the campaign ledger."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from node.events.models import Event
+
+
+class AttackSent(Event):
+    """One hostile push and what the validator answered on the stream."""
+
+    event: Literal["attack"] = "attack"
+    round: int
+    attack: str
+    sender: str
+    header_round: int
+    """The round the signed header names (an attack may lie about it)."""
+    message_id: str
+    payload_sha256: str
+    status: str
+    """The validator's answer: OK (stored and handed to the round) or the refusal's status name."""
+    reason: str
+    body_sent: bool
+    peer_id: str
+    """The hostile process's libp2p peer id (the validator logs refusals by it)."""
+
+
+class Uploading(Event):
+    """A hostile push started sending its body."""
+
+    event: Literal["uploading"] = "uploading"
+    round: int
+    attack: str
+    sender: str
+
+
+class AttackSkipped(Event):
+    event: Literal["skipped"] = "skipped"
+    round: int
+    attack: str
+    sender: str
+    reason: str
+
+
+class HostileDone(Event):
+    event: Literal["hostile_final"] = "hostile_final"
+    round: int
+    state_hash: str
+
+
+CAMPAIGN_EVENTS = (AttackSent, Uploading, AttackSkipped, HostileDone)

@@ -1,0 +1,212 @@
+"""`Peer` on an in-process network: whole rounds of real roles in one event loop, for the fast test tier.
+
+    network = MemoryNetwork(run)                         # run: a `RunRecords`
+    peer = network.join(identity, folder, role="miner")  # a `Peer`, its blobs in folder/blobs
+    ...
+    await network.shutdown()
+
+What stays real: every record is checked on store and on read by the DHT's own record validator
+(`dht.verify_record`: signature, owner subkey, run, key, expiration), and blobs and submissions
+travel through `transfer.py`'s own handlers and client conversations (`TransferService`,
+`fetch_over`, `submit_over`) over in-memory streams, so framing, size caps, hash checks, BUSY slots
+and the validator's admission are the ones libp2p peers run. What is simulated: the DHT is one
+dictionary (every peer sees every record at once), and a stream is a pair of `asyncio.StreamReader`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from hashlib import sha256 as sha256_of
+from pathlib import Path
+from typing import TypeVar
+
+from node.net.blobstore import BlobStore
+from node.net.dht import PulseRecordValidator, check_store, verify_record
+from node.net.peer import Peer, Role, RunRecords
+from node.net.streams import DEFAULT_LIMITS, Stream, guarded_stream
+from node.net.transfer import (
+    FETCH,
+    SUBMIT,
+    Accept,
+    OnSubmission,
+    TransferService,
+    fetch_over,
+    first_holder,
+    submit_over,
+)
+from protocol.errors import NetworkError, ProtocolError, TransferError
+from protocol.identity import Identity
+from protocol.messages import WireModel
+from protocol.signing import SignedMessage, Verified
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=WireModel)
+_BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def memory_peer_id(identity: Identity, n: int) -> str:
+    """A base58 address (the shape heartbeats require) naming the `n`-th peer that joined with `identity`."""
+    value = int.from_bytes(sha256_of(bytes.fromhex(identity.public_hex) + n.to_bytes(4, "big")).digest(), "big")
+    digits = []
+    while value:
+        value, rest = divmod(value, 58)
+        digits.append(_BASE58[rest])
+    return "Mem" + "".join(reversed(digits))
+
+
+class _PipeWriter:
+    """The parts of `asyncio.StreamWriter` the transfer code uses, writing into the other end's reader."""
+
+    def __init__(self, other_end: asyncio.StreamReader) -> None:
+        self.other_end, self.closed = other_end, False
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionResetError("write on a closed in-memory stream")
+        self.other_end.feed_data(bytes(data))
+
+    async def drain(self) -> None:
+        await asyncio.sleep(0)  # let the other end run, as a socket buffer would
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.other_end.feed_eof()
+
+
+def _pipe() -> tuple[Stream, Stream]:
+    """Two connected ends: what one writes, the other reads."""
+    a, b = asyncio.StreamReader(), asyncio.StreamReader()
+    return (a, _PipeWriter(b)), (b, _PipeWriter(a))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class _Origin:
+    peer_id: str
+
+
+@dataclass
+class _Record:
+    envelope: bytes
+    expiration: float
+
+
+class MemoryNetwork:
+    """Records of one run and the peers that joined, in this process."""
+
+    def __init__(self, run: RunRecords) -> None:
+        self.run = run
+        self.validator = PulseRecordValidator(run.run_id)
+        self.records: dict[tuple[str, int], dict[bytes, _Record]] = {}  # (kind, round) -> owner -> record
+        self.peers: dict[str, MemoryPeer] = {}
+        self._joined = 0
+        self._served: set[asyncio.Task[None]] = set()
+
+    def join(self, identity: Identity, folder: Path, *, role: Role) -> MemoryPeer:
+        store = BlobStore(folder / "blobs")
+        store.clear_partials()
+        self._joined += 1
+        peer = MemoryPeer(self, memory_peer_id(identity, self._joined), store, identity, role)
+        self.peers[peer.peer_id] = peer
+        return peer
+
+    def leave(self, peer: MemoryPeer) -> None:
+        self.peers.pop(peer.peer_id, None)
+
+    def store(self, signed: SignedMessage, expiration: float) -> bool:
+        """Check the record as a DHT peer would, then keep the later of two records of one owner."""
+        try:
+            check_store(self.validator, signed, expiration)
+        except ProtocolError as exc:
+            log.debug("record refused: %s", exc)
+            return False
+        slot = self.records.setdefault((signed.kind, signed.round), {})
+        old = slot.get(signed.sender)
+        if old is None or expiration >= old.expiration:
+            slot[signed.sender] = _Record(signed.to_bytes(), expiration)
+        return True
+
+    def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        """Every live `kind` record of `round_`, re-verified as a reader does, sorted by owner."""
+        now, out = time.time(), []
+        for owner, record in sorted(self.records.get((kind.KIND, round_), {}).items()):
+            if record.expiration <= now:
+                continue
+            try:
+                out.append(verify_record(self.validator, kind, round_, owner, record.envelope, record.expiration))
+            except ProtocolError as exc:
+                log.warning("ignored a %s record that failed local checks: %s", kind.KIND, exc)
+        return out
+
+    @asynccontextmanager
+    async def open(self, caller: str, callee: str, name: str) -> AsyncIterator[Stream]:
+        """A stream from `caller` to `callee`'s handler `name`, served by its `TransferService`."""
+
+        async def opening() -> Stream:
+            target = self.peers.get(callee)
+            if target is None:
+                raise ConnectionRefusedError(f"no peer {callee} on the in-memory network")
+            client, server = _pipe()
+            handler = target.service.rpc_fetch if name == FETCH else target.service.rpc_submit
+            task = asyncio.ensure_future(handler(_Origin(caller), *server))
+            self._served.add(task)
+            task.add_done_callback(self._served.discard)
+            return client
+
+        async with guarded_stream(opening(), callee, DEFAULT_LIMITS) as stream:
+            yield stream
+
+    async def shutdown(self) -> None:
+        """Wait (bounded) for streams still being served, then forget every peer."""
+        if self._served:
+            await asyncio.wait(set(self._served), timeout=DEFAULT_LIMITS.open_timeout)
+        self.peers.clear()
+
+
+class MemoryPeer(Peer):
+    def __init__(self, network: MemoryNetwork, peer_id: str, store: BlobStore, identity: Identity, role: Role) -> None:
+        super().__init__(network.run, identity, store, role)
+        self.network, self._peer_id = network, peer_id
+        self.service = TransferService(None, store, run_id=network.run.run_id, accept=_refuse)
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer_id
+
+    async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        if self.peer_id not in self.network.peers:
+            raise NetworkError("this peer has left the network")
+        return self.network.get(kind, round_)
+
+    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
+        return self.peer_id in self.network.peers and self.network.store(signed, expiration)
+
+    async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
+        async def one(holder: str) -> Path:
+            async with self.network.open(self.peer_id, holder, FETCH) as stream:
+                return await fetch_over(stream, holder, sha256, self.store, max_size=size, limits=DEFAULT_LIMITS)
+
+        return await first_holder(holders, sha256, one)
+
+    async def submit(self, signed: SignedMessage, payload: Path) -> None:
+        validator = self.validator_peer
+        if validator is None:
+            raise TransferError("the validator's peer id is unknown")
+        async with self.network.open(self.peer_id, validator, SUBMIT) as stream:
+            await submit_over(stream, validator, signed, payload, limits=DEFAULT_LIMITS)
+
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
+        self.service.accept, self.service.on_submission = accept, on_submission
+
+    async def shutdown(self) -> None:
+        self.network.leave(self)
+
+
+def _refuse(header: object) -> str:
+    return "this node takes no submissions"

@@ -1,0 +1,60 @@
+"""The follower: bit-identical BF16 weights through PULSESync patches, and what it serves from them.
+
+It joins from the newest checkpoint, then applies every round's patch, verifying each state hash
+(`catchup.Chain`). For each round it holds, it runs its round services: none in a language
+modelling run (an inference worker serves its own requests), the rollout worker in an RL run
+(`rl/worker.py`, generating and publishing the round's rollouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from node.events import Events
+from node.events.models import Final, Started
+from node.net.peer import Peer
+from node.roles.catchup import Chain, Held
+
+POLL_SECONDS = 0.5
+
+
+class RoundService(Protocol):
+    """Work a follower does once it holds a round's weights."""
+
+    async def serve(self, held: Held) -> None: ...
+
+
+class Follower:
+    def __init__(
+        self,
+        peer: Peer,
+        events: Events,
+        services: Sequence[RoundService] = (),
+        *,
+        poll: float = POLL_SECONDS,
+    ) -> None:
+        self.peer, self.events, self.services, self.poll = peer, events, list(services), poll
+        self.chain = Chain(peer, events, poll=2 * poll)
+
+    async def run(self, rounds: int | None = None) -> Held:
+        """Follow until holding W_rounds (None: forever)."""
+        key = self.peer.identity.public_hex
+        self.events.emit(
+            Started(sender=key, peer_id=self.peer.peer_id), f"follower {key[:12]} joined, peer id {self.peer.peer_id}"
+        )
+        held = await self.chain.sync()
+        while rounds is None or held.round < rounds:
+            for service in self.services:
+                await service.serve(held)
+            await asyncio.sleep(self.poll)
+            held = await self.chain.sync()
+        self.events.emit(
+            Final(round=held.round, state_hash=held.state_hash),
+            f"holding the state of round {held.round}, hash {held.state_hash[:12]}",
+        )
+        return held
+
+    async def shutdown(self) -> None:
+        await self.peer.shutdown()

@@ -1,0 +1,119 @@
+"""The roles of a run, built from its task: the one place that maps a `Task` to what each role runs.
+
+    service = validator_for(setup, task, identity, folder, peer, events)   # + RoundHooks of the task
+    miner = miner_for(setup, task, identity, peer, events)                 # + the trainer's RoundInputs
+    follower = follower_for(setup, task, identity, peer, events)           # + the task's RoundServices
+
+| task | validator's round hooks                    | miner's round inputs     | follower's round services |
+|------|--------------------------------------------|--------------------------|---------------------------|
+| lm   | held-out loss (`hooks.py`)                 | none                     | none                      |
+| rl   | pool, held-out reward (`rl/validation.py`) | the pool (`rl/miner.py`) | rollouts (`rl/worker.py`) |
+
+Each column is a `functools.singledispatch` function on the task's class: a new task registers its
+own pieces here, and the roles themselves never ask which task they run.
+"""
+
+from __future__ import annotations
+
+from functools import singledispatch
+from pathlib import Path
+
+from node.events import Events
+from node.net.peer import Peer
+from node.roles.follower import Follower, RoundService
+from node.roles.hooks import HeldOutLoss, RoundHooks
+from node.roles.miner import Miner, RoundInputs
+from node.roles.rl.miner import PoolInputs
+from node.roles.rl.validation import RLRoundHooks
+from node.roles.rl.worker import RolloutWorker
+from node.roles.validator_service import ValidatorService
+from node.run.setup import RunSetup
+from node.run.task import LMTask, RLTask, Task
+from node.run.trainer import Trainer
+from protocol.identity import Identity
+
+POLL_SECONDS = 0.5
+
+
+def validator_for(
+    setup: RunSetup,
+    task: Task,
+    identity: Identity,
+    folder: Path,
+    peer: Peer,
+    events: Events,
+    *,
+    poll: float = POLL_SECONDS,
+    device: str = "cpu",
+) -> ValidatorService:
+    """The validator service of the run (builds or reopens its state: run it in an executor); its
+    evaluation and held-out measures run on `device` where the task can use one."""
+    hooks = round_hooks(task, peer, events, poll, device)
+    return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll, device=device)
+
+
+def miner_for(
+    setup: RunSetup,
+    task: Task,
+    identity: Identity,
+    peer: Peer,
+    events: Events,
+    *,
+    device: str = "cpu",
+    poll: float = POLL_SECONDS,
+) -> Miner:
+    trainer, inputs = trainer_and_inputs(task, identity, peer, device)
+    return Miner(setup, peer, events, trainer, inputs, poll=poll)
+
+
+def follower_for(
+    setup: RunSetup,
+    task: Task,
+    identity: Identity,
+    peer: Peer,
+    events: Events,
+    *,
+    device: str = "cpu",
+    poll: float = POLL_SECONDS,
+) -> Follower:
+    return Follower(peer, events, round_services(task, identity, peer, events, device), poll=poll)
+
+
+# -- per task ------------------------------------------------------------------------------------
+
+
+@singledispatch
+def round_hooks(task: Task, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
+    raise NotImplementedError(f"no validator round hooks for task {task.kind!r}")
+
+
+@round_hooks.register
+def _(task: LMTask, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
+    held_out = [(x.to(device), y.to(device)) for x, y in task.held_out()]
+    return HeldOutLoss(task.setup.new_model(initial=False).to(device), held_out)  # loads W before measuring
+
+
+@round_hooks.register
+def _(task: RLTask, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
+    return RLRoundHooks(task, peer, events, task.setup.new_model(), poll=poll)  # small models: the CPU
+
+
+@singledispatch
+def trainer_and_inputs(task: Task, identity: Identity, peer: Peer, device: str) -> tuple[Trainer, RoundInputs]:
+    return task.trainer(identity, device), RoundInputs()  # nothing to fetch before training (language modelling)
+
+
+@trainer_and_inputs.register
+def _(task: RLTask, identity: Identity, peer: Peer, device: str) -> tuple[Trainer, RoundInputs]:
+    trainer = task.trainer(identity, device)
+    return trainer, PoolInputs(peer, trainer)
+
+
+@singledispatch
+def round_services(task: Task, identity: Identity, peer: Peer, events: Events, device: str) -> list[RoundService]:
+    return []  # a language modelling follower serves nothing per round
+
+
+@round_services.register
+def _(task: RLTask, identity: Identity, peer: Peer, events: Events, device: str) -> list[RoundService]:
+    return [RolloutWorker(task.setup, identity, peer, events, device)]

@@ -1,0 +1,249 @@
+"""Whole rounds of the real roles in one process, on the in-memory network (`node/net/memory.py`).
+
+Language modelling: a validator service, two miners and a follower run three rounds of a tiny GPT;
+a second follower joins late (from the round-2 checkpoint) and a third starts from a state that is
+not on the chain (it must rejoin). RL: the validator builds each round's rollout pool from two
+inference workers (followers with a rollout service), and two GRPO miners train on it.
+
+Records are signature-checked and blobs and submissions go through the transfer handlers as on
+libp2p; the swarm tier proves the libp2p wiring itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from node.events import EventLog, Events, read_events
+from node.events.models import (
+    Baseline,
+    CheckpointAnnounced,
+    CheckpointLoaded,
+    PatchApplied,
+    PoolPublished,
+    RolloutsPublished,
+    RoundClosed,
+    Submitted,
+)
+from node.net.memory import MemoryNetwork
+from node.roles.catchup import Held
+from node.roles.follower import Follower
+from node.roles.records import run_records
+from node.roles.tasks import follower_for, miner_for, validator_for
+from node.run.manifest import Manifest
+from node.run.setup import RunSetup
+from node.run.task import task_for
+from protocol.identity import Identity
+from tests.helpers import apoll
+
+ROUNDS = 3
+POLL = 0.05
+TIMEOUT = 120.0
+SELECTION = {
+    "top_g": 4,
+    "assignment_batches": 1,
+    "random_batches": 1,
+    "eval_batch_size": 2,
+    "min_indicator_average": 0.0,
+}
+
+
+def key(label: str) -> Identity:
+    return Identity.from_seed(hashlib.sha256(f"pulse-test-in-process/{label}".encode()).digest())
+
+
+def lm_manifest() -> Manifest:
+    return Manifest.model_validate(
+        {
+            "name": "in-process",
+            "validators": [key("validator").public_hex],
+            "model": {"gpt": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}},
+            "data": {"batch_size": 4, "seq_len": 32},
+            "train": {"inner_steps": 2, "inner": {"lr": 3e-3}},
+            "round": {"deadline_seconds": 20.0, "checkpoint_every": 2},
+            "selection": {**SELECTION, "held_out_batches": 1},
+        }
+    )
+
+
+def rl_manifest() -> Manifest:
+    return Manifest.model_validate(
+        {
+            "name": "in-process-rl",
+            "validators": [key("validator").public_hex],
+            "task": "rl",
+            "model": {"gpt": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32}},
+            "data": {"batch_size": 4, "seq_len": 16},
+            "train": {"inner_steps": 2, "overlap": False, "codec": "pulseloco", "inner": {"lr": 1e-3}},
+            "round": {"deadline_seconds": 20.0, "checkpoint_every": 2},
+            "selection": {**SELECTION, "held_out_batches": 0},
+            "rl": {
+                "warm_start_steps": 3,
+                "held_out_prompts": 8,
+                "prompts_per_batch": 2,
+                "group_size": 2,
+                "groups_per_batch": 2,
+                "min_pool_batches": 2,
+                "pool_wait_seconds": 10.0,
+            },
+        }
+    )
+
+
+class Harness:
+    """One run on one in-memory network; each role gets a folder and an event file under `root`."""
+
+    def __init__(self, root: Path, manifest: Manifest) -> None:
+        self.root = root
+        self.setup = RunSetup.from_manifest(manifest)
+        self.task = task_for(self.setup)
+        self.network = MemoryNetwork(run_records(manifest))
+        self.running: list[asyncio.Future[Any]] = []
+
+    def events(self, name: str, role: str) -> Events:
+        return Events(role, self.root / "events" / f"{name}.jsonl")
+
+    def start_validator(self) -> None:
+        me = key("validator")
+        peer = self.network.join(me, self.root / "validator", role="validator")
+        events = self.events("validator", "validator")
+        service = validator_for(self.setup, self.task, me, self.root / "validator", peer, events, poll=POLL)
+        self.running.append(asyncio.ensure_future(service.run(ROUNDS)))
+
+    def start_miner(self, name: str) -> asyncio.Future[Held]:
+        me = key(name)
+        peer = self.network.join(me, self.root / name, role="miner")
+        miner = miner_for(self.setup, self.task, me, peer, self.events(name, "miner"), poll=POLL)
+        return self._start(miner.run(ROUNDS))
+
+    def start_follower(self, name: str) -> asyncio.Future[Held]:
+        me = key(name)
+        peer = self.network.join(me, self.root / name, role="follower")
+        follower = follower_for(self.setup, self.task, me, peer, self.events(name, "follow"), poll=POLL)
+        return self._start(follower.run(ROUNDS))
+
+    def _start(self, work: Any) -> asyncio.Future[Held]:
+        future = asyncio.ensure_future(work)
+        self.running.append(future)
+        return future
+
+    def log(self) -> EventLog:
+        return read_events(self.root / "events")
+
+    async def until(self, what: str, found: Callable[[EventLog], bool]) -> None:
+        assert await apoll(lambda: found(self.log()), TIMEOUT, POLL), f"timed out waiting for {what}"
+
+    async def stop(self) -> None:
+        """Cancel whatever still runs (the validator serves blobs forever) and leave the network."""
+        for future in self.running:
+            future.cancel()
+        for future in self.running:
+            with contextlib.suppress(asyncio.CancelledError):
+                await future
+        await self.network.shutdown()
+
+
+async def play_lm(h: Harness) -> None:
+    try:
+        h.start_validator()
+        work = [h.start_miner("miner0"), h.start_miner("miner1"), h.start_follower("follower")]
+        await h.until("the checkpoint of round 2", lambda log: log.has(CheckpointAnnounced, "validator", 2))
+        work.append(h.start_follower("late"))
+        await asyncio.wait_for(asyncio.gather(*work), TIMEOUT)
+
+        # a follower whose state is not the validator's round-1 state: the chain breaks at once
+        me = key("stale")
+        stale = Follower(h.network.join(me, h.root / "stale", role="follower"), h.events("stale", "follow"), poll=POLL)
+        weights = {n: torch.zeros(1) for n in ("w",)}
+        stale.chain.held = Held(1, weights, "0" * 64)
+        await asyncio.wait_for(stale.run(ROUNDS), TIMEOUT)
+    finally:
+        await h.stop()
+
+
+async def play_rl(h: Harness) -> None:
+    try:
+        h.start_validator()
+        work = [h.start_miner(f"miner{i}") for i in range(2)] + [h.start_follower(f"worker{i}") for i in range(2)]
+        await asyncio.wait_for(asyncio.gather(*work), TIMEOUT)
+    finally:
+        await h.stop()
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory: pytest.TempPathFactory) -> EventLog:
+    torch.set_num_threads(1)
+    h = Harness(tmp_path_factory.mktemp("in-process"), lm_manifest())
+    asyncio.run(play_lm(h))
+    return h.log()
+
+
+@pytest.fixture(scope="module")
+def rl_run(tmp_path_factory: pytest.TempPathFactory) -> EventLog:
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("in-process-rl")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PULSE_CACHE_DIR", str(root / "cache"))  # the warm start is cached here, not in ~/.cache
+        h = Harness(root, rl_manifest())
+        asyncio.run(play_rl(h))
+    return h.log()
+
+
+def one_outcome_each(log: EventLog, miners: list[str]) -> None:
+    """Every submission a validator took is aggregated or rejected with a reason in its round, never both."""
+    closed = {e.round: e for e in log.events(RoundClosed, "validator")}
+    keys = log.keys()
+    for name in miners:
+        for sent in log.events(Submitted, name):
+            outcome = closed[sent.round]
+            assert (keys[name] in outcome.scores) != (keys[name] in outcome.rejections), (name, sent.round)
+
+
+def test_every_round_aggregates_submissions(lm_run: EventLog) -> None:
+    closed = lm_run.events(RoundClosed, "validator")
+    assert [e.round for e in closed] == list(range(ROUNDS))
+    assert all(e.selected >= 1 and e.loss is not None for e in closed)
+    one_outcome_each(lm_run, ["miner0", "miner1"])
+    miners = {lm_run.keys()["miner0"], lm_run.keys()["miner1"]}
+    assert {k for e in closed for k in e.scores} <= miners
+
+
+def test_every_node_ends_on_the_validators_state(lm_run: EventLog) -> None:
+    finals = lm_run.final_hashes()
+    assert set(finals) == {"validator", "miner0", "miner1", "follower", "late", "stale"}
+    assert len(set(finals.values())) == 1
+    assert finals["validator"] == lm_run.events(RoundClosed, "validator")[-1].state_hash
+
+
+def test_a_late_follower_catches_up_from_the_latest_checkpoint(lm_run: EventLog) -> None:
+    assert [e.round for e in lm_run.events(CheckpointLoaded, "late")] == [2]
+    assert [e.round for e in lm_run.events(PatchApplied, "late")] == [2]  # then only the chain from there
+    assert [e.round for e in lm_run.events(PatchApplied, "follower")] == list(range(ROUNDS))
+
+
+def test_a_broken_chain_rejoins_from_a_checkpoint(lm_run: EventLog) -> None:
+    assert [e.round for e in lm_run.events(CheckpointLoaded, "stale")] == [2]
+    assert lm_run.final_hashes()["stale"] == lm_run.final_hashes()["validator"]
+
+
+def test_an_rl_run_pools_rollouts_and_stays_in_step(rl_run: EventLog) -> None:
+    closed = rl_run.events(RoundClosed, "validator")
+    assert [e.round for e in closed] == list(range(ROUNDS))
+    assert all(e.reward is not None for e in closed) and rl_run.events(Baseline, "validator")[0].reward is not None
+    workers = {rl_run.keys()["worker0"], rl_run.keys()["worker1"]}
+    pools = rl_run.events(PoolPublished, "validator")
+    assert [p.round for p in pools] == list(range(ROUNDS))
+    assert all(p.batches >= 2 and set(p.workers) <= workers and not p.refused for p in pools)
+    assert {r.name for r in rl_run.of(RolloutsPublished)} == {"worker0", "worker1"}
+    assert rl_run.events(Submitted, "miner0") and rl_run.events(Submitted, "miner1")
+    one_outcome_each(rl_run, ["miner0", "miner1"])
+    finals = rl_run.final_hashes()
+    assert set(finals) == {"validator", "miner0", "miner1", "worker0", "worker1"}
+    assert len(set(finals.values())) == 1
