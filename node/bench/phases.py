@@ -69,7 +69,8 @@ def release_memory() -> None:
 class PhaseStats:
     name: str
     calls: int = 0
-    seconds: float = 0.0  # summed over calls
+    seconds: float = 0.0  # wall seconds, summed over calls
+    cpu_seconds: float = 0.0  # this process's CPU seconds (all threads): what a busy machine does not inflate
     host_start_mb: float = math.inf  # resident when the phase (first) began
     host_peak_mb: float = 0.0  # highest resident size during any call
     device_start_mb: float = math.inf
@@ -98,13 +99,14 @@ class PhaseRecorder:
         stats.host_start_mb = min(stats.host_start_mb, resident_mb())
         stats.device_start_mb = min(stats.device_start_mb, self._device_now())
         self._open.append([0.0, 0.0])
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             if self.cuda:
                 torch.cuda.synchronize()
             stats.seconds += time.perf_counter() - start
+            stats.cpu_seconds += time.process_time() - cpu_start
             stats.calls += 1
             self._fold()
             host, device = self._open.pop()

@@ -132,6 +132,7 @@ def summarize(b: Bench) -> BenchResult:
             k: {
                 "calls": v.calls,
                 "seconds": v.seconds,
+                "cpu_seconds": v.cpu_seconds,
                 "host_peak_mb": v.host_peak_mb,
                 "host_extra_mb": v.host_extra_mb,
                 "device_peak_mb": v.device_peak_mb,
@@ -239,7 +240,15 @@ def _tables(b: Bench, s: dict[str, Any], m: Measured, projections: list[Projecti
         ["patch bytes / x smaller than dense BF16", f"{s['patch_bytes']} / {s['patch_vs_dense_bf16']:.1f}x", ""],
     ]
     phases = [
-        [k, v.calls, v.seconds / max(v.calls, 1), v.host_peak_mb, v.host_extra_mb, v.device_peak_mb]
+        [
+            k,
+            v.calls,
+            v.seconds / max(v.calls, 1),
+            v.cpu_seconds / max(v.calls, 1),
+            v.host_peak_mb,
+            v.host_extra_mb,
+            v.device_peak_mb,
+        ]
         for k, v in b.rec.stats.items()
     ]
     per_param = [
@@ -271,7 +280,7 @@ def _tables(b: Bench, s: dict[str, Any], m: Measured, projections: list[Projecti
         ),
         table(
             "scale: phases (seconds per call, MB)",
-            ["phase", "calls", "s/call", "host peak", "host extra", "device peak"],
+            ["phase", "calls", "s/call", "CPU s/call", "host peak", "host extra", "device peak"],
             phases,
         ),
         table("scale: bytes per parameter at the measured size", ["what", "bytes", "how"], per_param),

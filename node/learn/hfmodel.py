@@ -40,7 +40,7 @@ from protocol.errors import ConfigError
 # Model types whose logits are a plain linear head on the base model's last hidden state, so
 # the loss can be computed a chunk of tokens at a time (no (B, T, V) logits tensor).
 _PLAIN_HEAD_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "gpt2"})
-LOSS_CHUNK_TOKENS = 1024  # at V = 151,936 one chunk's FP32 logits are 0.6 GB, (4, 1024) tokens' would be 2.5
+LOSS_CHUNK_TOKENS = 256  # at V = 151,936 one chunk's FP32 logits are 156 MB; (4, 1024) tokens' would be 2.5 GB
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
