@@ -107,3 +107,11 @@ def test_projection_scales_state_by_parameters_and_activations_by_width_and_dept
     expected = 12.0 * 4000 + 100 * 10.0 * 4 + 4 * 100 * 300 * 4
     assert p.miner_device_gib * 2**30 == pytest.approx(expected)
     assert p.validator_gib * 2**30 == pytest.approx(20.0 * 4000) and p.fits_24gb
+
+
+def test_scale_skips_later_rounds_past_its_time_budget(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_QWEN, "max_position_embeddings": 1024}))
+    args = _args(scale, model_dir=tmp_path, miners=1, submissions="1,2", threads=1, budget_seconds=1e-9)
+    s = scale.run(args).summary
+    assert [r["submissions"] for r in s["rounds"]] == [1] and s["skipped_rounds"] == [2]
+    assert s["validator_peak_ratio"] is None and s["follower_hash_ok"]

@@ -94,6 +94,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--measure-1-5b", action="store_true", help="also train the 1.5B architecture (needs ~24 GB)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=0.0,
+        help="skip the validator rounds after the first past this (0: none)",
+    )
 
 
 @dataclass(frozen=True)
@@ -228,6 +234,7 @@ class Bench:
     calibration: Calibration | None = None
     follower_ok: bool = False
     measured_1_5b: dict[str, float] | None = None
+    skipped: list[int] = field(default_factory=list)  # validator rounds left out for the time budget
 
     def __post_init__(self) -> None:
         self.setup = RunSetup.from_manifest(self.s.run)
@@ -401,7 +408,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     s = settings(args)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    rec = PhaseRecorder(s.device)
+    rec, start = PhaseRecorder(s.device), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pulse-scale-") as tmp:
         bench = Bench(s, rec, Path(tmp))
         if s.measure_1_5b and s.device.type == "cuda":
@@ -409,6 +416,10 @@ def run(args: argparse.Namespace) -> BenchResult:
         bench.create_w0()
         bench.train_miners()
         for size in s.sizes:
+            if bench.rounds and args.budget_seconds and time.perf_counter() - start > args.budget_seconds:
+                log.warning("round of %d skipped: the budget of %.0f s is spent", size, args.budget_seconds)
+                bench.skipped.append(size)
+                continue
             bench.rounds.append(bench.validator_round(size))
             if len(bench.rounds) == 1:
                 bench.follow(bench.rounds[0].report)
