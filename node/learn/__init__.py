@@ -8,6 +8,7 @@ Files (in import order):
 - `train.py`      training primitives: BF16 state copy/load, H AdamW inner steps, the memory options, evaluation
 - `hfmodel.py`    a Hugging Face causal LM (a local directory, or an architecture with seeded weights) as a
                   `CausalLM`, its chunked large-vocabulary loss, and its tokenized corpus
+- `hfexport.py`   the embedded GPT as an exact Hugging Face GPT-2, and a byte-level tokenizer for it
 - `basecache.py`  the briefly pre-trained base model, cached as safetensors keyed by its recipe
 - `gpteval.py`    the model as the validator's `Evaluator`, and the seed -> batch source miners share
 - `rl/`           the pure pieces of RL post-training: task, rollout checks, sampling, GRPO, evaluator, warm start
