@@ -348,6 +348,7 @@ class Bench:
             v = SteadyValidator.open(
                 folder, self.s.run.gauntlet(), self.setup.run_id, self.identity, evaluator, self.setup.eval_batch
             )
+            assert isinstance(v, SteadyValidator)
             v.veterans = tuple(_sender(sub) for sub in subs)
         with timed_methods(self.rec, self.validator_steps(evaluator, prefix)), self.rec.phase(f"{prefix}.round"):
             report = v.run_round(subs)
