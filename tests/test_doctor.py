@@ -27,7 +27,6 @@ async def diagnose(root: Path) -> Forecast:
         h.start_validator()
         miner = h.start_miner("miner0")
         await h.until("round 1 closed", lambda log: log.has(RoundClosed, "validator", 1))
-        miner.cancel()  # the validator's link carries only the probes from here on
         h.network.uplink[h.network.peers[next(iter(h.network.peers))].peer_id] = VALIDATOR_UP
         peer = h.network.join(Identity.generate(), root / "doctor", role="follower")
         h.network.uplink[peer.peer_id] = DOCTOR_UP
@@ -40,6 +39,7 @@ async def diagnose(root: Path) -> Forecast:
             folder=root,
             reachability=reachability(["/ip4/192.168.1.20/tcp/4001"]),
         )
+        miner.cancel()
         return forecast(measured, h.setup.manifest)
     finally:
         await h.stop()
