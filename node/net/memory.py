@@ -201,8 +201,8 @@ class MemoryPeer(Peer):
         async with self.network.open(self.peer_id, validator, SUBMIT) as stream:
             await submit_over(stream, validator, signed, payload, limits=DEFAULT_LIMITS)
 
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
-        self.service.accept, self.service.on_submission = accept, on_submission
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore) -> None:
+        self.service.accept, self.service.on_submission, self.service.inbox = accept, on_submission, inbox
 
     async def shutdown(self) -> None:
         self.network.leave(self)

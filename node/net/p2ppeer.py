@@ -108,8 +108,8 @@ class P2PPeer(Peer):
             raise TransferError("the validator's peer id is unknown")
         await call_submit(self.p2p, PeerID.from_base58(self.validator_peer), signed, payload)
 
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
-        self.service.accept, self.service.on_submission = accept, on_submission
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore) -> None:
+        self.service.accept, self.service.on_submission, self.service.inbox = accept, on_submission, inbox
 
     async def shutdown(self) -> None:
         try:

@@ -4,7 +4,7 @@
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"
     await peer.submit(signed, payload_path)    # push a submission to the run's validator
-    peer.take_submissions(accept, on_submission)   # the validator: take pushed submissions
+    peer.take_submissions(accept, on_submission, inbox)   # the validator: take pushed submissions
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
   latest result). `pulse status` needs nothing more.
@@ -144,9 +144,10 @@ class Peer(RunView):
         """Push a signed submission header and its payload to the validator; `TransferError` if not taken."""
 
     @abstractmethod
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore) -> None:
         """Take pushed submissions (the validator): `accept` decides on each header, `on_submission`
-        gets each stored one. Until a role calls this, a peer refuses every push."""
+        gets each stored one, its payload in `inbox` (apart from the blobs this node serves). Until a
+        role calls this, a peer refuses every push."""
 
     @abstractmethod
     async def shutdown(self) -> None: ...

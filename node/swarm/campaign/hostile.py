@@ -134,7 +134,7 @@ class Hostile:
 
     async def _push(self, attack: str, round_: int, sub: Submission, mode: dict[str, object]) -> Answer:
         signed = SignedMessage.from_bytes(sub.envelope)
-        body = sub.payload
+        body = sub.read()
         uploading = asyncio.Event()
         watcher = asyncio.ensure_future(self._say_uploading(uploading, attack, round_, signed))
         assert self.peer.validator_peer is not None  # the round is open: its validator's heartbeat was read
