@@ -153,7 +153,9 @@ class Admission:
             out.append(seat)
             held -= seat.size
         if len(out) < unseat or held + size > self.rules.byte_budget:
-            return Verdict(f"payload of {size} bytes does not fit the round's remaining budget")
+            if ticket is None:
+                return Verdict(f"payload of {size} bytes does not fit the round's remaining budget")
+            return Verdict(f"not drawn: the budget newcomers may hold is taken by lower tickets ({size} bytes)")
         why = "unseated by an established miner" if ticket is None else "unseated by a newcomer with a lower ticket"
         for seat in out:
             del self.seats[seat.sender]
