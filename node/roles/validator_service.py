@@ -210,7 +210,7 @@ class ValidatorService:
         r = self.round
         if checkpoint:
             await self._announce_checkpoint(r)
-        await self.hooks.before_open(r, self.validator.state_hash, self._recent_states())
+        await self.hooks.before_open(r, self.validator.state_hash, self._recent_states(), self.validator.weights)
         self.received = {}
         self._empty_inbox()  # nothing of an earlier round stays (a body may have landed after its close)
         secret = RoundSecret.derive(self.identity, self.setup.run_id, r).key("admission")
