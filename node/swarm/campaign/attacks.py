@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+FLOOD = 160
+"""Fresh keys a flood pushes each round: more than the 128 seats of a round."""
+
 
 @dataclass(frozen=True)
 class Attack:
@@ -42,6 +45,18 @@ ATTACKS: dict[str, Attack] = {
     "thief": Attack("trains honestly on another miner's assignment", "indicator (own data)", detectable=False),
     "stale": Attack("trains from the previous round's state and says so", "base state hash (behind)"),
     "sybil": Attack(f"{20} fresh keys each push random bytes in one round", "decoder; ranked last"),
+    "flood": Attack(
+        f"{FLOOD} fresh keys a round push random bytes, {3} streams at a time, before the honest miners",
+        "admission (established first, newcomers drawn by secret ticket); decoder",
+    ),
+    "tiny-dense": Attack(
+        "a few hundred bytes declaring every weight sent (PULSELoCo: streams cut to a word)",
+        "decoder: no read past a stream's end, symbols bounded by the stream",
+    ),
+    "rl-fabricated": Attack(
+        "rollout batches of chosen completions (wrong sums) from a fresh key ground to sort first",
+        "pool: sampled-from-W_r check; secret candidate order",
+    ),
 }
 
 NEEDS_HONEST = ("copy", "near-copy", "alie", "ipm")
@@ -59,5 +74,10 @@ TRAINED = {
 TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "truncated", "slow")
 """Attacks the validator refuses on the stream, before the round sees them."""
 
-PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, "sybil"))
+SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl"}
+"""Attacks played in their own swarm (the run's task): against one of them alone the run's figures
+(rounds completed, honest miners aggregated, validator memory and disk) say what it costs. A
+tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run."""
+
+PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, "sybil", *SCENARIOS))
 """Malformed payloads the decoder refuses."""
