@@ -86,11 +86,12 @@ def run(args: argparse.Namespace) -> BenchResult:
     fractions = [float(f) for f in args.fractions.split(",") if f]
     hostile = [max(1, math.ceil(f * args.honest / (1 - f) - 1e-9)) for f in fractions]
     out = args.out or Path(tempfile.mkdtemp(prefix="pulse-bench-attacks-"))
-    keys = swarms.Keys.make(out / "keys", honest=args.honest, hostile=max(hostile, default=1))
+    team_keys = max((team.keys for sc in SCENARIO_RUNS for team in sc.teams), default=1)
+    keys = swarms.Keys.make(out / "keys", max(args.honest, RL_MINERS), max(*hostile, team_keys, 1))
     names = tuple(attacks.ATTACKS)
     reports = []
     _say(f"clean run: {args.honest} honest miners, {args.rounds} rounds (logs in {out})")
-    reports.append(swarms.attack_run(out / "clean", keys, [], args.rounds, deadline=args.deadline))
+    reports.append(swarms.attack_run(out / "clean", keys, [], args.rounds, deadline=args.deadline, honest=args.honest))
     _say(_line(reports[-1]))
     for fraction, n in zip(fractions, hostile, strict=True):
         share = n / (n + args.honest)
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> BenchResult:
         name = f"hostile{round(100 * fraction)}"
         # one process per hostile miner; together they walk through every attack, one step a round
         teams = [swarms.Team(f"{name}-{i}", names, 1, rotate=True, offset=i, stride=n) for i in range(n)]
-        reports.append(swarms.attack_run(out / name, keys, teams, args.rounds, deadline=args.deadline))
+        run = swarms.attack_run(out / name, keys, teams, args.rounds, deadline=args.deadline, honest=args.honest)
+        reports.append(run)
         _say(_line(reports[-1]))
     cleans = {"lm": reports[0]}
     scenario_reports: list[tuple[Scenario, swarms.RunReport]] = []
@@ -127,7 +129,7 @@ def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, args: argpar
         list(scenario.teams),
         args.rounds,
         deadline=args.rl_deadline if rl else args.deadline,
-        honest=RL_MINERS if rl else None,
+        honest=RL_MINERS if rl else args.honest,
         task=scenario.task,
         fabricators=scenario.fabricators,
         workers=RL_WORKERS,
@@ -233,7 +235,7 @@ def _result(
         "logs": str(out),
         "netns": netns,
     }
-    for report, fraction in zip(reports[1:], args.fractions.split(","), strict=True):
+    for report, fraction in zip(reports[1:], [f for f in args.fractions.split(",") if f], strict=True):
         key = f"final_loss_{round(100 * float(fraction))}"
         summary[key] = report.final_loss
         if clean and report.final_loss is not None:
