@@ -1,4 +1,4 @@
-"""A majority of fresh keys must not own the norm gate's reference (the median norm of the round).
+"""Fresh keys in numbers: they must not own the norm gate's reference, nor pile up in the validator's book.
 
 Three honest miners work two rounds alone and become established (their updates gained on random
 data). Then twelve fresh keys each send a random update at a hundredth of the honest norm: on the
@@ -20,6 +20,8 @@ from protocol.state import State
 from tests.fakeswarm import make_swarm
 from validator.aggregate import global_norm
 from validator.intake import Submission
+
+JUNK = 30
 
 SYBILS = 12
 
@@ -64,3 +66,30 @@ def test_a_sybil_majority_does_not_own_the_median_norm(tmp_path: Path) -> None:
         outcome = by_sender[s.key]
         assert outcome.status == "rejected" and outcome.reason.startswith("free rider"), outcome.reason
     assert abs(record.report.median_norm - honest_norm) < 0.5 * honest_norm  # the honest scale, not the sybils'
+
+
+class Junk(Miner):
+    """A fresh key that sends random bytes (undecodable: named, ranked last)."""
+
+    kind = "junk"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        return self.package(view.round, view.state_hash, bytes(range(256)) * 4)
+
+
+def test_junk_keys_do_not_pile_up_in_the_book(tmp_path: Path) -> None:
+    """Keys that never sent a useful update are forgotten once they sit matches out; a key that
+    did is remembered however long it stays away."""
+    swarm = make_swarm(min_indicator_average=0.0)
+    honest = swarm.honest(2)
+    junk = [Junk(swarm.setup, identity_for(f"junk/{i}")) for i in range(JUNK)]
+    arena = Arena(swarm.validator(tmp_path), [*honest, *junk])
+    first = arena.play()
+    assert sum("undecodable" in o.reason for o in first.report.outcomes) == JUNK
+    v = arena.validator
+    assert {m.key for m in junk} <= set(v.book.ratings)
+    arena.miners = honest[:1]  # the second honest miner leaves after one useful round
+    for _ in range(v.cfg.missing_rounds + 1):
+        arena.play()
+    assert not {m.key for m in junk} & set(v.book.ratings), "junk keys stay in the book"
+    assert honest[1].key in v.book.ratings  # away, but it was useful: its rating waits for it

@@ -164,7 +164,13 @@ class RoundPipeline:
         last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
         gains = [a.sender for a in evaluated if not a.copy and a.gains and a.gains.random > self.cfg.min_score]
         gained = record_gains(standing.gained, gains, round_, self.cfg.established_window)
-        return Standing(standing.ratings.rate(round_, ranked, last), indicators, gained)
+        ratings = standing.ratings.rate(round_, ranked, last)
+        # a key that never sent a useful update and sits matches out is forgotten (it would come
+        # back as a newcomer, as a fresh key does for free): junk keys do not pile up in the book
+        idle = [m for m, r in ratings.records.items() if round_ - r.last_round > self.cfg.missing_rounds]
+        forget = {m for m in idle if m not in gained}
+        kept = {m: v for m, v in indicators.items() if m not in forget}
+        return Standing(ratings.without(forget), kept, gained)
 
     def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
@@ -344,10 +350,11 @@ def outcomes_and_result(
 def record_gains(
     gained: Mapping[str, tuple[int, ...]], senders: Sequence[str], round_: int, window: int
 ) -> dict[str, tuple[int, ...]]:
-    """`gained` plus `round_` for each of `senders`, keeping only rounds within the last `window`
-    (a miner with none left is forgotten, so the table holds only recently useful keys)."""
+    """`gained` plus `round_` for each of `senders`, keeping the rounds within the last `window` (and
+    a miner's newest one however old: a key that was ever useful is remembered, `established`
+    counts only recent rounds)."""
     oldest = round_ - window + 1
-    out = {m: kept for m, rounds in gained.items() if (kept := tuple(r for r in rounds if r >= oldest))}
+    out = {m: tuple(r for r in rounds if r >= oldest) or rounds[-1:] for m, rounds in gained.items()}
     for m in senders:
         out[m] = (*out.get(m, ()), round_)
     return out

@@ -60,7 +60,8 @@ class Book(BaseModel):
     """Replay cache, oldest first."""
     gained: dict[str, list[int]] = Field(default_factory=dict)
     """Rounds in which each miner's update gained on random data, oldest first, within the last
-    `established_window` rounds: who is established (admission, the norm gate's reference)."""
+    `established_window` rounds (at least the newest): who is established (admission, the norm
+    gate's reference), and whose rating is kept while it is away."""
     states: list[str] = Field(min_length=1)
     """SHA-256 of recent BF16 states, oldest first; the last is the state of `round`."""
 
