@@ -78,9 +78,10 @@ class GauntletConfig(UpdateRules, SelectionRules):
     newcomer_seats: int = Field(default=16, ge=1, le=MAX_REJECTIONS)
     """Of `max_submissions` (all of them if fewer), seats established miners cannot take: keys without a
     history are always drawn for at least these (and for every seat established miners leave)."""
-    established_rounds: int = Field(default=2, ge=1, le=64)
+    established_rounds: int = Field(default=1, ge=1, le=64)
     """A miner is established (seated first; its norm is the gate's reference) once its update gained
-    on random data in at least this many of the last `established_window` rounds."""
+    on random data in at least this many of the last `established_window` rounds. One is real work
+    (junk never gains) and lets an honest newcomer drawn once under a flood keep its seat."""
     established_window: int = Field(default=8, ge=1, le=64)
     """The rounds `established_rounds` counts in; the validator's history keeps no more than these."""
     round_payload_bytes: int | None = Field(default=None, ge=1)
