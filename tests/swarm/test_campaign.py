@@ -71,8 +71,8 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(
 ) -> None:
     """An RL swarm (PULSELoCo) with a worker that publishes fabricated rollouts from fresh keys
     ground to sort first, and a miner pushing tiny payloads that declare every weight sent: no
-    fabricated batch enters a pool (each is refused as not sampled from the round's weights) and
-    no tiny payload is aggregated."""
+    fabricated batch enters a pool (each one a pool looks at is refused as not sampled from the
+    round's weights) and no tiny payload is aggregated."""
     monkeypatch.setenv("PULSE_CACHE_DIR", str(tmp_path / "cache"))
     keys = Keys.make(tmp_path / "keys", honest=2, hostile=1)
     m = rl_campaign_manifest(30.0, keys.validator_hex())
@@ -82,8 +82,10 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(
     ledger = report.ledger
     assert not report.crashes and all(report.checks.values()), (report.crashes, report.checks)
     fabricated = [o for o in ledger.outcomes if o.attack == "rl-fabricated"]
-    assert fabricated and all(o.kind == "refused" for o in fabricated), fabricated
-    assert all("not sampled from the round's weights" in o.reason for o in fabricated)
+    refused = [o for o in fabricated if o.kind == "refused"]
+    assert refused and not any(o.kind == "aggregated" for o in fabricated), fabricated
+    assert all("not sampled from the round's weights" in o.reason for o in refused)
+    assert all(o.kind == "unused" for o in fabricated if o not in refused)  # announced after the last pool
     tiny = [o for o in ledger.outcomes if o.attack == "tiny-dense"]
     assert tiny and not any(o.kind == "aggregated" for o in tiny) and ledger.unaccounted == 0
     pools = read_events(tmp_path / "run" / "events").events(PoolPublished, "validator")
