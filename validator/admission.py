@@ -21,10 +21,11 @@ Seats go by standing:
   keys thins every newcomer's chance alike and never takes an established key's seat; an
   established key that arrives when the seats are full unseats the highest-ticket newcomer.
 
-Bytes: every seat reserves its announced payload size against the round's byte budget, so what
-the validator holds for one round on disk (received plus being received) never exceeds
-`byte_budget`, however many keys send. Newcomers that no longer fit are unseated, highest ticket
-first.
+Bytes: every seat reserves its announced payload size against the round's byte budget, so the
+payloads the validator holds for one round on disk (received plus being received) stay within
+`byte_budget`, however many keys send; only a body already on its way when its seat is given to
+another comes on top until it lands and is refused (at most what the stream slots receive at once).
+Newcomers that no longer fit are unseated, highest ticket first.
 
 Memory is O(seats): nothing is kept about a refused header. Every refusal and every unseating
 has a reason: refusals go back to the sender on the stream; unseatings (a newcomer displaced,
