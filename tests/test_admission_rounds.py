@@ -237,7 +237,9 @@ def test_every_flood_push_has_one_outcome_with_a_reason(observed: Observed) -> N
         ]
         assert sum(outcomes) == 1, (sybil[:12], outcomes)
     reasons = list(observed.flood_refusals.values()) + list(dropped.values())
-    assert all(("not drawn" in r or "budget" in r or "unseated" in r) for r in reasons), set(reasons)
+    # drawn out by admission, or turned away by the upload budget before admission ("BUSY")
+    assert all(any(why in r for why in ("not drawn", "budget", "unseated", "BUSY")) for r in reasons), set(reasons)
+    assert any("not drawn" in r or "unseated" in r for r in reasons)
     assert r2.offered >= FLOOD and r2.refused + r2.unseated >= FLOOD - 128
 
 
@@ -250,6 +252,8 @@ def test_payloads_held_for_a_round_stay_within_the_budget_and_out_of_memory(obse
 
 def test_a_refused_body_leaves_nothing_and_a_served_blob_is_never_touched(observed: Observed) -> None:
     answers = sorted(observed.double, key=lambda a: a != "None")
-    assert answers[0] == "None" and "one submission per miner per round" in answers[1]
+    # the second body is refused after it arrived, or before it starts while the first is arriving
+    second = ("one submission per miner per round", "already arriving")
+    assert answers[0] == "None" and any(why in answers[1] for why in second), answers
     assert observed.patch_served_after, "a payload equal to a served patch removed it from the store"
     assert observed.leftovers == []

@@ -62,7 +62,9 @@ def test_a_flood_of_more_fresh_keys_than_seats(tmp_path: Path) -> None:
     assert ledger.unaccounted == 0, [o for o in ledger.outcomes if o.kind == "unaccounted" or not o.logged][:5]
     assert ledger.aggregated() == 0
     assert sum(o.kind == "refused" for o in flood) >= 2 * (FLOOD + 2 - 128)
-    assert all("not drawn" in o.reason or "unseated" in o.reason for o in flood if o.kind == "refused")
+    reasons = [o.reason for o in flood if o.kind == "refused"]
+    assert any("not drawn" in r or "unseated" in r for r in reasons)
+    assert all("not drawn" in r or "unseated" in r or "BUSY" in r for r in reasons)  # BUSY: the upload budget
     assert all(r.event.submissions <= 128 and r.event.offered >= FLOOD for r in ledger.rounds.values())
 
 
