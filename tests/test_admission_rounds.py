@@ -190,7 +190,8 @@ async def play(root: Path) -> Observed:
         tracemalloc.stop()
         opened[2].set()
         await asyncio.wait_for(asyncio.gather(*work), TIMEOUT)
-        await apoll(lambda: service.closed and service.round == ROUNDS, TIMEOUT, POLL)
+        last = lambda: read_events(root / "events").has(RoundClosed, "validator", ROUNDS - 1)  # noqa: E731
+        assert await apoll(last, TIMEOUT, POLL, blocking=True), "the last round was never reported closed"
         seen.patch_served_after = vpeer.store.has(seen.patch_sha)
         seen.leftovers = [p.name for p in unserved_files(root / "validator", set(vpeer.held))]
     finally:
