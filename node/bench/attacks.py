@@ -11,13 +11,13 @@ against a clean RL run. The campaign's code (hostile processes, payload crafting
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
 counts only attacks visible in the payload), `crashes` (validator or honest processes that exited
 non-zero), `unaccounted_submissions` (pushes or received submissions without exactly one logged
-outcome, rounds closed twice), `final_loss_*` (the validator's held-out loss after the last round),
-`faults_recovered` / `faults_total`. Per run under attack, against the clean run of its task:
-rounds completed and honest miners aggregated per round; the worst of each over the runs is
-`rounds_completed_ratio` and `honest_aggregated_ratio` (targets 1.0 and >= 0.9). The validator's
-peak resident memory and the peak size of its folder (state, blobs, inbox, sampled every 0.5 s),
-the largest over the runs in `validator_peak_mb_max` and `validator_disk_mb_max`; every node's
-final state hash in `per_run`.
+outcome, rounds closed twice, network attacks whose defence failed), `final_loss_*` (the
+validator's held-out loss after the last round), `faults_recovered` / `faults_total`. Per run under
+attack, against the clean run of its task: rounds completed and honest miners aggregated per round;
+the worst of each over the runs is `rounds_completed_ratio` and `honest_aggregated_ratio` (targets
+1.0 and >= 0.9). The validator's peak resident memory and the peak size of its folder (state,
+blobs, inbox, sampled every 0.5 s), the largest over the runs in `validator_peak_mb_max` and
+`validator_disk_mb_max`; every node's final state hash in `per_run`.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def _result(
             m["outscored"],
             m["aggregated"],
             m["rounds_until_excluded"],
-            m["unaccounted"],
+            m["unaccounted"] + m["breached"],  # a network attack whose defence failed
         ]
         for a, m in merged.items()
     ]

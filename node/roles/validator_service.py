@@ -105,7 +105,7 @@ class ValidatorService:
         self.inbox = BlobStore(folder / "inbox")
         self._empty_inbox()  # a round cut off by a restart starts over: its payloads are void
         self.inbox.clear_partials()
-        peer.take_submissions(self._accept, self._on_submission, self.inbox)
+        peer.take_submissions(self._accept, self._on_submission, self.inbox, self._favoured)
 
     def _open_state(self) -> Validator:
         s, task = self.setup, self.task
@@ -132,6 +132,10 @@ class ValidatorService:
         for sender, reason in verdict.unseated:
             self._drop(sender, reason)
         return verdict.refusal
+
+    def _favoured(self, header: SubmissionHeader) -> bool:
+        """Established miners (admission's first seats) may also use the reserved upload slots."""
+        return header.sender in self.admission.established
 
     def _on_submission(self, verified: Verified[SubmissionHeader], path: Path) -> str | None:
         """Its body arrived (verified, at `path` in the inbox): None keeps it for the round."""
@@ -205,7 +209,7 @@ class ValidatorService:
     async def _republish(self) -> None:
         """After a restart: the last result again (DHT records may have expired or never landed)."""
         if self.validator.last_result is not None and self.validator.last_patch is not None:
-            self.peer.hold(self.peer.store.put(self.validator.last_patch))
+            self.peer.hold(self.peer.store.put(self.validator.last_patch), self.round - 1)
             await self.peer.publish_signed(self.validator.last_result)
 
     async def _open(self, *, checkpoint: bool) -> None:
@@ -228,7 +232,7 @@ class ValidatorService:
     async def _announce_checkpoint(self, r: int) -> None:
         data = checkpoint_bytes(self.validator.weights)
         sha = self.peer.store.put(data)
-        self.peer.hold(sha)
+        self.peer.hold(sha, r, "checkpoint")
         announcement = CheckpointAnnouncement(
             run_id=self.setup.run_id,
             round=r,
@@ -268,7 +272,7 @@ class ValidatorService:
         self.received = {}
         self._empty_inbox()  # every payload of the round is decided: none is kept
         sha = self.peer.store.put(report.patch)
-        self.peer.hold(sha)
+        self.peer.hold(sha, r)
         try:
             await self.peer.publish_signed(report.envelope)
         except NetworkError as exc:

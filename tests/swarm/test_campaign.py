@@ -1,12 +1,14 @@
 """The campaign's fast subset: every attack against a real swarm.
 
-Two honest miners and a follower run 2 rounds beside three hostile processes: one pushing
+Two honest miners and a follower run 2 rounds beside four hostile processes: one pushing
 transport-level attacks (6 keys), one sending malformed, copied, scaled and colluding payloads and
-(in round 1) a replay of its own round-0 push (16 keys, one attack each), and a sybil flooding
-each round from 20 fresh keys. The validator's event log must give every push exactly one
-outcome with a reason, none detectable aggregated. The attacks played in a swarm of their own
-(`SCENARIOS`) follow: a flood of more fresh keys than a round has seats, and on the RL preset
-fabricated rollout pools and tiny dense payloads.
+(in round 1) a replay of its own round-0 push (16 keys, one attack each), a sybil flooding
+each round from 20 fresh keys, and one attacking the network layer (DHT floods and pinning,
+silent and trickling streams, pushes to a miner and a follower: 5 keys). The validator's event
+log must give every push exactly one outcome with a reason, none detectable aggregated, and
+every network attack must meet the defence it expects in every round it is played. The attacks
+played in a swarm of their own (`SCENARIOS`) follow: a flood of more fresh keys than a round has
+seats, and on the RL preset fabricated rollout pools and tiny dense payloads.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ import pytest
 from node.events import read_events
 from node.events.models import PoolPublished, RoundClosed
 from node.learn.rl.warmstart import warm_start
-from node.swarm.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, PAYLOAD, SCENARIOS, TRAINED, TRANSPORT
+from node.swarm.campaign.attacks import (
+    ATTACKS,
+    FLOOD,
+    NEEDS_HONEST,
+    NETWORK,
+    PAYLOAD,
+    SCENARIOS,
+    TRAINED,
+    TRANSPORT,
+)
 from node.swarm.campaign.swarms import Keys, Team, attack_run, rl_campaign_manifest
 
 pytestmark = pytest.mark.swarm
@@ -29,8 +40,13 @@ PAYLOADS = (*PAYLOAD, *TRAINED, *NEEDS_HONEST, "replay")
 
 
 def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
-    keys = Keys.make(tmp_path / "keys", honest=2, hostile=len(WIRE) + len(PAYLOADS) + 1)
-    teams = [Team("wire", WIRE, len(WIRE)), Team("payloads", PAYLOADS, len(PAYLOADS)), Team("sybil", ("sybil",), 1)]
+    keys = Keys.make(tmp_path / "keys", honest=2, hostile=len(WIRE) + len(PAYLOADS) + 1 + len(NETWORK))
+    teams = [
+        Team("wire", WIRE, len(WIRE)),
+        Team("payloads", PAYLOADS, len(PAYLOADS)),
+        Team("sybil", ("sybil",), 1),
+        Team("network", NETWORK, len(NETWORK)),
+    ]
     report = attack_run(tmp_path / "run", keys, teams, rounds=2, deadline=15.0)
     ledger = report.ledger
     assert not report.crashes, report.crashes
@@ -44,6 +60,8 @@ def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
         if attack in played:
             assert played[attack]["refused"] == played[attack]["sends"], (attack, played[attack])
             assert attack in refusals, f"{attack} never met its own check (only BUSY answers)"
+    for attack in NETWORK:  # every play met its defence (a breach would also count as unaccounted)
+        assert played[attack]["refused"] == played[attack]["sends"] > 0, (attack, played[attack])
     for attack in PAYLOAD:  # an oversize body may also be refused on the stream, before it is stored
         stopped = played[attack]["rejected"] + (played[attack]["refused"] if attack == "oversize" else 0)
         assert stopped == played[attack]["sends"], (attack, played[attack])

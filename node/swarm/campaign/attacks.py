@@ -18,6 +18,7 @@ class Attack:
     does: str
     stopped_by: str
     detectable: bool = True
+    expect: str = ""  # network attacks: the outcome each play must have (`NetAttack.outcome`)
 
 
 ATTACKS: dict[str, Attack] = {
@@ -57,6 +58,31 @@ ATTACKS: dict[str, Attack] = {
         "rollout batches of chosen completions (wrong sums) from a fresh key ground to sort first",
         "pool: sampled-from-W_r check; secret candidate order",
     ),
+    "dht-flood": Attack(
+        "64 fresh keys sign round results and checkpoints for this round and the next, and 64 heartbeats",
+        "store-time writer check; per-key cap; validators read first",
+        expect="refused",
+    ),
+    "dht-pin": Attack(
+        "re-stores the validator's heartbeat to live 23 hours longer than signed",
+        "the signed expiry is the record's expiration",
+        expect="refused",
+    ),
+    "slot-silent": Attack(
+        "opens 8 fetch and 8 submit streams to the validator and sends nothing",
+        "request deadline; per-peer and per-phase budgets",
+        expect="dropped",
+    ),
+    "slot-trickle": Attack(
+        "opens 8 submit streams to the validator and trickles a request, a byte every 0.5 s",
+        "request deadline",
+        expect="dropped",
+    ),
+    "push-miner": Attack(
+        "pushes a submission to a miner and to a follower (free storage and hosting)",
+        "only a validator takes pushes",
+        expect="refused",
+    ),
 }
 
 NEEDS_HONEST = ("copy", "near-copy", "alie", "ipm")
@@ -74,10 +100,13 @@ TRAINED = {
 TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "truncated", "slow")
 """Attacks the validator refuses on the stream, before the round sees them."""
 
+NETWORK = tuple(a for a, attack in ATTACKS.items() if attack.expect)
+"""Attacks on the DHT and the streams themselves (`netattacks.py`): no submission reaches a round."""
+
 SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl"}
 """Attacks played in their own swarm (the run's task): against one of them alone the run's figures
 (rounds completed, honest miners aggregated, validator memory and disk) say what it costs. A
 tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run."""
 
-PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, "sybil", *SCENARIOS))
+PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, *NETWORK, "sybil", *SCENARIOS))
 """Malformed payloads the decoder refuses."""

@@ -84,7 +84,7 @@ class Fabricator:
         batch = fabricate(self.setup.run_id, held.round, me.public_hex, held.state_hash, self.setup.manifest.rl)
         data = rollouts.encode(batch)
         sha = self.peer.store.put(data)
-        self.peer.hold(sha)
+        self.peer.hold(sha, held.round, "other")
         await self.peer.heartbeat(held.round, held.state_hash)  # lists the blob: the validator finds a holder
         signed = sign(me, announce(batch, data))
         try:
