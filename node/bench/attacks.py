@@ -2,11 +2,12 @@
 
 Runs, with the tiny preset and the same keys throughout: a clean run (the honest miners alone),
 the same honest miners with 30% and with 45% hostile miners (each hostile key plays a different
-attack every round, so every attack is met), then one swarm per scenario attack (`SCENARIOS`):
-the honest miners beside one attack alone, so that the run's figures say what it costs; then one
-swarm with every fault. Scenarios on the RL preset (PULSELoCo, rollout workers) are measured
-against a clean RL run. The campaign's code (hostile processes, payload crafting, the ledger) is
-`node/swarm/campaign/`.
+attack every round, so every attack is met), then one swarm per scenario (`SCENARIO_RUNS`): the
+honest miners beside one attack alone, so that the run's figures say what it costs (the flood of
+fresh keys, the same flood from 4 times the keys, the network attacks all at once every round,
+fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL
+preset (PULSELoCo, rollout workers) are measured against a clean RL run. The campaign's code
+(hostile processes, payload crafting, the ledger) is `node/swarm/campaign/`.
 
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
 counts only attacks visible in the payload), `crashes` (validator or honest processes that exited
@@ -55,10 +56,29 @@ class Scenario:
     task: str  # "lm" or "rl": which clean run it is measured against
     teams: tuple[swarms.Team, ...] = ()
     fabricators: int = 0
+    does: str = ""  # what the run plays, when it is not one attack of `ATTACKS` by its name
+
+    @property
+    def keys(self) -> int:
+        return sum(team.keys for team in self.teams)
 
 
 SCENARIO_RUNS = (
     Scenario("flood", "lm", (swarms.Team("flood", ("flood",), 1),)),
+    # the same flood from 4 processes: 4 x the fresh keys, for the validator's memory and disk
+    Scenario(
+        "flood-x4",
+        "lm",
+        (swarms.Team("flood-x4", ("flood",), 4),),
+        does=f"{4 * attacks.FLOOD} fresh keys a round (the flood from 4 keys): memory and disk must not grow",
+    ),
+    # the network attacks (`attacks.NETWORK`), every one of them in every round, one process each
+    Scenario(
+        "network",
+        "lm",
+        tuple(swarms.Team(a, (a,), 1) for a in attacks.NETWORK),
+        does=f"every round, all at once: {', '.join(attacks.NETWORK)}",
+    ),
     Scenario("rl-fabricated", "rl", fabricators=1),
     Scenario("tiny-dense", "rl", (swarms.Team("tiny-dense", ("tiny-dense",), 2),)),
 )
@@ -74,6 +94,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--skip-netns", action="store_true", help="skip the swarm across two network namespaces")
     parser.add_argument("--skip-scenarios", action="store_true", help="skip the one-attack runs (flood, RL, ...)")
+    names = ",".join(sc.name for sc in SCENARIO_RUNS)
+    parser.add_argument("--scenarios", default=names, help=f"the one-attack runs to play (of {names})")
     parser.add_argument("--rl-deadline", type=float, default=30.0, help="round deadline of the RL runs")
     parser.add_argument("--out", type=Path, help="keep the runs' logs here (default: a temporary folder)")
 
@@ -86,7 +108,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     fractions = [float(f) for f in args.fractions.split(",") if f]
     hostile = [max(1, math.ceil(f * args.honest / (1 - f) - 1e-9)) for f in fractions]
     out = args.out or Path(tempfile.mkdtemp(prefix="pulse-bench-attacks-"))
-    team_keys = max((team.keys for sc in SCENARIO_RUNS for team in sc.teams), default=1)
+    team_keys = max((sc.keys for sc in SCENARIO_RUNS), default=1)
     keys = swarms.Keys.make(out / "keys", max(args.honest, RL_MINERS), max(*hostile, team_keys, 1))
     names = tuple(attacks.ATTACKS)
     reports = []
@@ -104,12 +126,13 @@ def run(args: argparse.Namespace) -> BenchResult:
         _say(_line(reports[-1]))
     cleans = {"lm": reports[0]}
     scenario_reports: list[tuple[Scenario, swarms.RunReport]] = []
-    for scenario in () if args.skip_scenarios else SCENARIO_RUNS:
+    chosen = set(args.scenarios.split(","))
+    for scenario in [sc for sc in SCENARIO_RUNS if sc.name in chosen and not args.skip_scenarios]:
         if scenario.task not in cleans:
             _say(f"clean {scenario.task} run: {RL_MINERS} miners, {RL_WORKERS} rollout workers, {args.rounds} rounds")
             cleans[scenario.task] = _scenario_run(out, keys, Scenario(f"{scenario.task}-clean", scenario.task), args)
             _say(_line(cleans[scenario.task]))
-        _say(f"{scenario.name}: {attacks.ATTACKS[scenario.name].does}")
+        _say(f"{scenario.name}: {scenario.does or attacks.ATTACKS[scenario.name].does}")
         scenario_reports.append((scenario, _scenario_run(out, keys, scenario, args)))
         _say(_line(scenario_reports[-1][1]))
     faults = None
