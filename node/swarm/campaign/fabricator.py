@@ -28,6 +28,7 @@ from node.events.campaign import AttackSent
 from node.learn.rl.checks import announce
 from node.learn.rl.config import RLConfig
 from node.learn.rl.task import answer, problems_for, reward
+from node.net.dht import sign_for
 from node.net.netconfig import add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
 from node.net.peer import Peer
@@ -40,7 +41,6 @@ from protocol import rollouts
 from protocol.errors import NetworkError
 from protocol.identity import Identity
 from protocol.rollouts import RolloutBatch, RolloutGroup
-from protocol.signing import sign
 
 log = logging.getLogger("pulse.fabricator")
 SORTS_BEFORE = "08"  # a ground key's hex starts below this: one key in 32, found in a few dozen tries
@@ -86,7 +86,7 @@ class Fabricator:
         sha = self.peer.store.put(data)
         self.peer.hold(sha, held.round, "other")
         await self.peer.heartbeat(held.round, held.state_hash)  # lists the blob: the validator finds a holder
-        signed = sign(me, announce(batch, data))
+        signed = sign_for(me, announce(batch, data), self.peer.run.record_ttl_seconds)  # fresh, as workers sign
         try:
             await self.peer.publish_signed(signed.to_bytes())
             status = "ANNOUNCED"
