@@ -42,6 +42,7 @@ from protocol.errors import TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
+from protocol.warmup import warm_up
 from tests.helpers import apoll
 from tests.test_rounds_in_process import POLL, key, lm_manifest
 from validator.admission import AdmissionRules
@@ -216,6 +217,7 @@ async def play(root: Path) -> Observed:
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Observed:
     torch.set_num_threads(1)
+    warm_up()  # compile the codec kernels before the rounds: a cold compile must not cost the miners their rounds
     return asyncio.run(play(tmp_path_factory.mktemp("admission-rounds")))
 
 
