@@ -163,7 +163,9 @@ def test_round_secret_is_private_but_stable() -> None:
     a = RoundSecret.derive(identity_for("v"), RUN_ID, 3)
     assert a == RoundSecret.derive(identity_for("v"), RUN_ID, 3)
     assert a != RoundSecret.derive(identity_for("w"), RUN_ID, 3) != RoundSecret.derive(identity_for("v"), RUN_ID, 4)
-    assert 0 <= a.assigned_index("ab" * 32, 3) < 3 and len(set(a.random_seeds(4))) == 4
+    picked = a.assigned_indices("ab" * 32, 5, 3)
+    assert len(set(picked)) == 3 and all(0 <= j < 5 for j in picked) and a.assigned_indices("ab" * 32, 2, 3) == [0, 1]
+    assert len(set(a.random_seeds(4))) == 4
 
 
 # --- ratings ----------------------------------------------------------------------------------

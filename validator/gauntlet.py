@@ -4,7 +4,8 @@
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
     inspect                decode one at a time: finite, norm, sketch; the round's median norm;
                            norm far above the median -> rejected, near zero -> free rider
-    evaluate (scoring.py)  decode one at a time again: gains on A and R, indicator
+    evaluate (scoring.py)  decode one at a time again: gains on A and R, and those of the update's
+                           reference (the mean direction of the others): indicator
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
                            by score, everyone else last
@@ -18,8 +19,8 @@
 its `Decision`, which the validator commits with the new weights or not at all.
 
 Memory: payloads stay compressed; at most one decoded update is alive at a time, beside the
-round's reference update and the aggregate, so a round's peak does not grow with the number of
-miners beyond their compressed bytes.
+round's sum of directions, the one reference built from it and the aggregate, so a round's peak
+does not grow with the number of miners beyond their compressed bytes.
 
 Every submission gets exactly one `Outcome` in the local report. The signed result names every
 submission whose sender is proven (see intake.py): aggregated with its final score, or rejected
@@ -46,6 +47,7 @@ from validator.config import GauntletConfig
 from validator.intake import Candidate, Screened, reason_text
 from validator.ratings import Ratings
 from validator.scoring import (
+    Batch,
     BatchFn,
     CopyCandidate,
     Evaluator,
@@ -118,7 +120,29 @@ class Decision:
 class Inspection:
     assessments: list[Assessment]
     median: float
-    reference: StateDict | None  # mean direction of the admissible updates, at the median norm
+    directions: StateDict | None  # sum of update / norm over the distinct admissible updates
+    kept: int  # how many updates that sum holds
+
+
+class References:
+    """Each candidate's reference update (scoring.py): the mean direction of the OTHER updates.
+
+    An admissible update u is in the sum of directions once, whatever its copies, so its reference
+    is (directions - u / |u|) / (kept - 1) at the median norm. With no other distinct admissible
+    update (a lone miner, or one update among inadmissible ones) there is none: the indicator is
+    then the plain own-data check (scoring.py). With two, each is judged against the other: if that
+    other trained on its data (a thief), its own-data advantage is matched and it may get -1 that round.
+    """
+
+    def __init__(self, inspection: Inspection) -> None:
+        self.directions, self.kept, self.median = inspection.directions, inspection.kept, inspection.median
+
+    def leaving_out(self, update: State, norm: float) -> StateDict | None:
+        others = self.kept - 1
+        if self.directions is None or others < 1 or norm <= 0:
+            return None
+        scale = self.median / others
+        return {name: (t - update[name] / norm).mul_(scale) for name, t in self.directions.items()}
 
 
 class RoundPipeline:
@@ -188,10 +212,7 @@ class RoundPipeline:
             original = first[a.candidate.header.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
         kept = sum(1 for a in distinct if a.problem is None and a.norm > 0)
-        reference = None
-        if directions is not None and kept:
-            reference = {name: t.mul_(median / kept) for name, t in directions.items()}
-        return Inspection(out, median, reference)
+        return Inspection(out, median, directions if kept else None, kept)
 
     def _measure(self, a: Assessment, offset: int) -> StateDict | None:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
@@ -219,23 +240,26 @@ class RoundPipeline:
         todo = [a for a in inspection.assessments if a.problem is None]
         if not todo:
             return []
-        batches = self.cfg.assignment_batches
-        assigned = {
-            a.index: self.batch_fn(
-                Assignment(run_id, round_, a.sender, batches).seeds[secret.assigned_index(a.sender, batches)]
-            )
-            for a in todo
-        }
-        randoms = [self.batch_fn(seed) for seed in secret.random_seeds(self.cfg.random_batches)]
-        ev = RoundEvaluation(self.evaluator, self.weights, self.cfg.eval_step, randoms, assigned, inspection.reference)
-        inspection.reference = None  # no longer needed: free it before decoding the rest
+        cfg = self.cfg
+        assigned = {a.index: self._assigned_batches(a.sender, secret, run_id, round_) for a in todo}
+        randoms = [self.batch_fn(seed) for seed in secret.random_seeds(cfg.random_batches)]
+        ev = RoundEvaluation(self.evaluator, self.weights, cfg.eval_step, randoms, assigned)
+        references = References(inspection)
         for a in todo:
             update = self.decode(a.candidate.payload)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
-            a.gains = ev.gains(a.index, update, scale)
-            a.indicator = a.gains.indicator(self.cfg.indicator_margin)
-            del update
+            reference = references.leaving_out(update, a.norm)
+            a.gains = ev.gains(a.index, update, scale, reference)
+            a.indicator = a.gains.indicator(cfg.indicator_margin)
+            del update, reference
+        inspection.directions = None  # no longer needed: free it before the aggregate
         return todo
+
+    def _assigned_batches(self, miner: str, secret: RoundSecret, run_id: str, round_: int) -> list[Batch]:
+        """The sample of `miner`'s assigned batches the validator scores it on (secret, per round)."""
+        batches = self.cfg.assignment_batches
+        seeds = Assignment(run_id, round_, miner, batches).seeds
+        return [self.batch_fn(seeds[j]) for j in secret.assigned_indices(miner, batches, self.cfg.scored_assigned_batches)]
 
     def mark_copies(self, evaluated: Sequence[Assessment]) -> None:
         items = [
