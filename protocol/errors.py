@@ -94,6 +94,10 @@ class WrongRun(ProtocolError):
     """A message belongs to another run."""
 
 
+class BrokenChain(ProtocolError):
+    """Signed round results do not form one hash chain: a gap, a broken link or a signer outside the run."""
+
+
 class StaleRound(ProtocolError):
     """A message is for a round this node is not accepting."""
 

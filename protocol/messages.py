@@ -160,6 +160,45 @@ class RoundResult(WireModel):
         return self
 
 
+class Standing(BaseModel):
+    """A miner's persistent standing with the validator after a round."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    sender: PublicKeyHex
+    rating: float = Field(ge=-1e6, le=1e6, allow_inf_nan=False)
+    """OpenSkill ordinal (mu - 3 sigma) after the round's match."""
+    indicator: float = Field(ge=-1.0, le=1.0, allow_inf_nan=False)
+    """Moving average of the own-data indicator (+1: the update helps the miner's own data most)."""
+
+
+class RoundMetrics(WireModel):
+    """What the validator measured in a round, published beside its `RoundResult` for run pages.
+
+    Unlike the result, these figures cannot be checked from the hash chain alone: the held-out
+    loss needs the held-out data, the byte counts are what reached the validator. A new kind of
+    record, so nodes that do not know it only refuse to store it; `schema_version` numbers its layout so
+    that a later one can change it without a new protocol version.
+    """
+
+    KIND: ClassVar[str] = "round_metrics"
+
+    schema_version: Literal[1] = 1
+    """Layout of this record."""
+    held_out_loss: float | None = Field(ge=0, le=1e6, allow_inf_nan=False)
+    """Mean next-token loss (nats) of W_{round+1} on the run's held-out batches, if measured."""
+    held_out_reward: float | None = Field(ge=-1e6, le=1e6, allow_inf_nan=False)
+    """RL runs: mean greedy reward of W_{round+1} on held-out prompts, in the rounds it is measured."""
+    submissions: int = Field(ge=0, le=2**31)
+    """Submissions that reached the round."""
+    received_bytes: ByteSize
+    """Payload bytes of those submissions."""
+    dense_bytes: ByteSize
+    """What as many dense FP32 pseudo-gradients would have been."""
+    standings: tuple[Standing, ...] = Field(max_length=MAX_SELECTED + MAX_REJECTIONS)
+    """The standing of every miner named in the round's result."""
+
+
 class CheckpointAnnouncement(WireModel):
     """A full checkpoint of the BF16 global weights after `round`, fetchable as a blob."""
 
@@ -241,7 +280,15 @@ class RolloutPool(WireModel):
 
 MESSAGE_TYPES: dict[str, type[WireModel]] = {
     cls.KIND: cls
-    for cls in (SubmissionHeader, RoundResult, CheckpointAnnouncement, Heartbeat, RolloutAnnouncement, RolloutPool)
+    for cls in (
+        SubmissionHeader,
+        RoundResult,
+        RoundMetrics,
+        CheckpointAnnouncement,
+        Heartbeat,
+        RolloutAnnouncement,
+        RolloutPool,
+    )
 }
 
 

@@ -46,13 +46,13 @@ class Swarm:
 
     def validator(self, folder: Path, crash_hook: CrashHook | None = None) -> Validator:
         return Validator.create(
-            folder, self.cfg, RUN_ID, identity_for("validator"), self.init, self.evaluator(), self.setup.batch,
-            crash_hook=crash_hook,
+            folder, self.cfg, self.setup.spec.run_id, identity_for("validator"), self.init, self.evaluator(),
+            self.setup.batch, crash_hook=crash_hook,
         )  # fmt: skip
 
     def reopen(self, folder: Path, crash_hook: CrashHook | None = None) -> Validator:
         return Validator.open(
-            folder, self.cfg, RUN_ID, identity_for("validator"), self.evaluator(), self.setup.batch,
+            folder, self.cfg, self.setup.spec.run_id, identity_for("validator"), self.evaluator(), self.setup.batch,
             crash_hook=crash_hook,
         )  # fmt: skip
 
@@ -71,11 +71,12 @@ class Swarm:
         return evaluate(probe, self.held)
 
 
-def make_swarm(**cfg: object) -> Swarm:
+def make_swarm(run_id: str = RUN_ID, **cfg: object) -> Swarm:
+    """`run_id`: the run the validator and miners sign for (a manifest's, to export the run)."""
     torch.set_num_threads(1)
     corpus = small_corpus()
     spec = MinerSpec(
-        run_id=RUN_ID,
+        run_id=run_id,
         codec="sparseloco",
         inner=InnerOptimConfig(lr=3e-3, warmup_steps=5),
         steps=6,

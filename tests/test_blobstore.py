@@ -49,6 +49,21 @@ def test_incremental_writer_commits_only_when_verified(store: BlobStore) -> None
     assert store.read(sha) == data and store.partial_files() == []
 
 
+def test_bytes_received_so_far_are_visible_until_the_writer_closes(store: BlobStore) -> None:
+    data = os.urandom(3000)
+    sha = hashlib.sha256(data).hexdigest()
+    assert store.received(sha) == 0
+    with store.writer(sha, len(data)) as blob:
+        blob.write(data[:1000])
+        assert store.received(sha) == 1000 and store.received("0" * 64) == 0
+        blob.write(data[1000:])
+        blob.commit()
+        assert store.received(sha) == 0
+    with store.writer(sha, len(data)) as blob:
+        blob.write(data[:10])
+    assert store.received(sha) == 0  # aborted
+
+
 def test_wrong_hash_is_discarded(store: BlobStore) -> None:
     data = b"x" * 1000
     claimed = hashlib.sha256(b"something else").hexdigest()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from node.bench.arena import Arena
+from node.events.metrics import reason_class
 from node.swarm.fakeminers import KINDS, Miner, RoundView, identity_for
 from protocol.assignment import Assignment, data_digest
 from protocol.messages import RoundResult, SubmissionHeader
@@ -305,3 +306,53 @@ def test_every_submission_gets_exactly_one_outcome(arena_run: tuple[Arena, list[
         if previous is not None:
             assert report.result.base_state_hash == previous
         previous = report.state_hash
+
+
+def test_every_reason_the_validator_gives_has_its_metrics_class(
+    arena_run: tuple[Arena, list[Miner], list[float]],
+) -> None:
+    """`pulse_submissions_rejected_total{reason}` reduces reasons to fixed classes (node/events/metrics.py):
+    none of the validator's own reasons falls to "other", each attack lands in its own class."""
+    tampered = bytearray(submission("forged").envelope)
+    tampered[-1] ^= 1
+    good = submission("good")
+    subs = [
+        (good, None),
+        (Submission(bytes(tampered), b"payload"), "envelope"),
+        (Submission(b"junk", b""), "envelope"),
+        (submission("other-run", run_id=OTHER_RUN), "envelope"),
+        (submission("stale", round=6), "round"),
+        (submission("future", round=8), "round"),
+        (good, "replay"),
+        (submission("good", b"second payload"), "duplicate"),
+        (submission("codec", codec="dense"), "codec"),
+        (submission("behind", base_state_hash=OLD_STATE), "behind"),
+        (submission("unknown", base_state_hash="0" * 64), "unknown_base"),
+        (submission("oversize", b"x" * 1001), "oversize"),
+        (submission("short", payload_size=3), "payload_mismatch"),
+        (submission("hash", payload_sha256="0" * 64), "payload_mismatch"),
+        (submission("digest", data_digest="0" * 64), "data_digest"),
+        (submission("full"), "round_full"),
+    ]
+    out = screen([sub for sub, _ in subs], context(max_submissions=8), SeenCache())
+    assert {r.index: reason_class(r.reason) for r in out.refusals} == {i: c for i, (_, c) in enumerate(subs) if c}
+    arena, _, _ = arena_run
+    expected = {
+        "signflip": {"norm"},
+        "noise": {"norm"},
+        "nan": {"undecodable"},
+        "freerider": {"free_rider"},
+        "replay": {"replay", "round"},
+        "behind": {"behind", "unknown_base"},
+        "copycat": {"copy", "indicator"},
+        "thief": {"copy", "indicator", "not_positive", "rank"},
+        "honest": {"indicator", "no_gain", "not_positive", "rank"},
+    }
+    classes = [
+        (rec.kinds[o.index], reason_class(o.reason))
+        for rec in arena.records
+        for o in rec.report.outcomes
+        if o.status != "selected"
+    ]
+    assert all(c in expected[kind] for kind, c in classes), classes
+    assert {"norm", "undecodable", "free_rider", "copy", "indicator"} <= {c for _, c in classes}

@@ -36,8 +36,10 @@ from protocol.messages import (
     Rejection,
     RolloutAnnouncement,
     RolloutPool,
+    RoundMetrics,
     RoundResult,
     ScoredSubmission,
+    Standing,
     SubmissionHeader,
 )
 from protocol.signing import MAX_ENVELOPE_BYTES, SeenCache, SignedMessage, open_any, open_signed, sign
@@ -116,6 +118,41 @@ def test_every_kind_roundtrips_through_canonical_bytes() -> None:
 def test_worst_case_message_fits_a_dht_value() -> None:
     signed = sign(Identity.generate(), worst_round_result())
     assert len(signed.to_bytes()) <= MAX_ENVELOPE_BYTES < 64 * 1024
+
+
+def worst_round_metrics() -> RoundMetrics:
+    long = -1.2345678901234567e-300
+    return RoundMetrics(
+        run_id=RUN,
+        round=2**62,
+        held_out_loss=1.2345678901234567e-300,
+        held_out_reward=long,
+        submissions=2**31,
+        received_bytes=2**40,
+        dense_bytes=2**40,
+        standings=tuple(
+            Standing(sender=h(f"m{i}"), rating=long, indicator=long) for i in range(MAX_SELECTED + MAX_REJECTIONS)
+        ),
+    )
+
+
+def test_round_metrics_roundtrip_fit_a_dht_value_and_bound_their_fields() -> None:
+    metrics = worst_round_metrics()
+    assert RoundMetrics.from_canonical(metrics.canonical_bytes()) == metrics
+    assert len(sign(Identity.generate(), metrics).to_bytes()) <= MAX_ENVELOPE_BYTES
+    fields = metrics.model_dump(mode="json")
+    for change in ({"held_out_loss": -1.0}, {"schema_version": 2}, {"submissions": 2**31 + 1}, {"dense_bytes": -1}):
+        with pytest.raises(MalformedPayload):
+            RoundMetrics.from_canonical(_dumps({**fields, **change}))
+    too_many = [*fields["standings"], fields["standings"][0]]
+    with pytest.raises(MalformedPayload):
+        RoundMetrics.from_canonical(_dumps({**fields, "standings": too_many}))
+
+
+def _dumps(fields: dict[str, object]) -> bytes:
+    import json
+
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from node.events import Events, read_events
-from node.events.models import Baseline, Done, Exited, Final, RoundClosed
+from node.events.models import Baseline, Done, Exited, Final, RoundClosed, Started
 from node.learn.train import bf16_state
 from node.roles.catchup import checkpoint_bytes, load_checkpoint
 from node.run.manifest import Manifest, codec_for
@@ -49,20 +49,26 @@ def test_setup_from_the_tiny_manifest() -> None:
 
 def test_summary_of_events(tmp_path: Path) -> None:
     h = "ab" * 32
+    m0, m1 = "cd" * 32, "ef" * 32
     closed = RoundClosed(
-        round=0, submissions=1, selected=1, bytes=10, dense_bytes=1000, patch_bytes=20, state_bytes=500, loss=4.0,
-        changed_fraction=0.01, scores={"cd" * 32: 0.1}, rejections={}, state_hash=h, seconds=0.2,
+        round=0, submissions=2, selected=2, bytes=10, dense_bytes=1000, patch_bytes=20, state_bytes=500, loss=4.0,
+        changed_fraction=0.01, scores={m0: 0.1, m1: 0.3}, rejections={}, state_hash=h, seconds=0.2,
     )  # fmt: skip
+    second = closed.model_copy(update={"round": 1, "loss": 3.0, "scores": {m0: 0.2}})
     validator, miner = Events("validator", tmp_path / "validator.jsonl"), Events("miner", tmp_path / "miner0.jsonl")
     validator.emit(Baseline(loss=5.0), "baseline")
     validator.emit(closed, "round 0")
+    validator.emit(second, "round 1")
+    miner.emit(Started(sender=m0), "start")
     validator.emit(Done(round=1, state_hash=h), "done")
     miner.emit(Final(round=1, state_hash=h, busy_fraction=0.5), "final")
     miner.emit(Exited(peak_rss_mb=300.0), "exit")
-    s = summarize(read_events(tmp_path), 1)
-    assert s["rounds"] == 1 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
-    assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 4.0, 0.5)
+    s = summarize(read_events(tmp_path), 2)
+    assert s["rounds"] == 2 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
+    assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 3.0, 0.5)
     assert s["peak_rss_mb"] == {"miner": 300.0}
+    # the leaderboard over rounds: places among the aggregated, named where the key is known
+    assert s["places_per_round"] == {"efefefef": [1, None], "miner0": [2, 1]}
 
 
 def test_trainer_submission_decodes() -> None:

@@ -12,9 +12,10 @@ from node.bench.arena import Arena
 from protocol.errors import ConfigError, CorruptState
 from protocol.signing import SignedMessage
 from tests.fakeswarm import Swarm, make_swarm
+from validator import ledger
 from validator.core import Validator
 from validator.intake import Submission
-from validator.state import STEPS
+from validator.state import LEDGER, STEPS, StateStore
 
 ROUNDS = 3
 KINDS = ("copycat", "freerider", "signflip", "replay")
@@ -103,6 +104,10 @@ def test_restart_after_every_persistence_step(
                 patches.append(current.last_patch)
     assert crashes == len(plan) and not pending
     assert ending(current, chain, envelopes, patches) == clean  # the same bytes, signed result and patch
+    # the ledger holds every round's signed result exactly once, though folders were pruned
+    assert StateStore(tmp_path).results() == clean.envelopes
+    assert [r for r, _ in ledger.read(tmp_path / LEDGER)] == list(range(ROUNDS))
+    assert not (tmp_path / "round-000000000001").exists()
 
 
 def test_a_round_rerun_from_its_committed_state_gives_the_same_bytes(
@@ -122,6 +127,35 @@ def test_a_round_rerun_from_its_committed_state_gives_the_same_bytes(
         assert mine.outcomes == theirs.outcomes and first.book == twin.book
 
 
+def test_ledger_survives_a_torn_append_and_refuses_gaps(tmp_path: Path) -> None:
+    path = tmp_path / LEDGER
+    ledger.append(path, 0, b"zero")
+    with path.open("ab") as f:
+        f.write(b'{"envelope": "6f6e65", "rou')  # a crash in the middle of the next append
+    assert ledger.read(path) == [(0, b"zero")]
+    ledger.append(path, 1, b"one")
+    ledger.append(path, 1, b"one again")  # a round already there is not appended twice
+    assert ledger.read(path) == [(0, b"zero"), (1, b"one")]
+    with pytest.raises(CorruptState):
+        ledger.append(path, 3, b"three")
+    path.write_bytes(path.read_bytes() + b"not json\n")
+    with pytest.raises(CorruptState):
+        ledger.read(path)
+
+
+def test_ledger_appends_read_only_the_tail(tmp_path: Path) -> None:
+    path = tmp_path / LEDGER
+    big = [bytes([r]) * 40_000 for r in range(6)]  # lines of 80 KB: the file outgrows the tail read
+    for r, envelope in enumerate(big):
+        ledger.append(path, r, envelope)
+        ledger.append(path, r, b"again")
+    assert ledger.read(path) == list(enumerate(big))
+    with path.open("ab") as f:
+        f.write(b"x" * 300_000)  # a torn append longer than any entry: not a ledger any more
+    with pytest.raises(CorruptState):
+        ledger.append(path, 6, b"six")
+
+
 def test_state_round_trips_and_rejects_corruption(tmp_path: Path) -> None:
     swarm = make_swarm()
     v = swarm.validator(tmp_path)
@@ -136,7 +170,13 @@ def test_state_round_trips_and_rejects_corruption(tmp_path: Path) -> None:
     assert all(SignedMessage.from_bytes(s.envelope).message_id in again.seen for s in subs)
     assert set(again.book.ratings) == set(again.book.indicators) == {m.key for m in honest}
     assert again.last_result == v.last_result and again.last_patch == v.last_patch
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["COMMITTED", "round-000000000000", "round-000000000001"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "COMMITTED",
+        LEDGER,
+        "round-000000000000",
+        "round-000000000001",
+    ]
+    assert StateStore(tmp_path).results() == [v.last_result]
     (tmp_path / "round-000000000002").mkdir()  # a crash mid-commit leaves a newer, uncommitted folder
     (tmp_path / "round-000000000002" / "weights.safetensors").write_bytes(b"partial")
     assert swarm.reopen(tmp_path).round == 1

@@ -10,6 +10,7 @@ Files:
 - `ratings.py`    persistent OpenSkill Plackett-Luce ratings, one match per round, missing/invalid rank last
 - `gauntlet.py`   `RoundPipeline`: a round's whole decision (inspect, evaluate, copies, rate, select), the aggregate
 - `atomicfile.py` atomic whole-file writes (temp file, fsync, rename, fsync folder); `node` uses them too
+- `ledger.py`     every round's signed result in an append-only file; the hash-chain check anyone can run
 - `state.py`      the state on disk: atomic files, one commit point per round, resume after a kill
 - `core.py`       `Validator`: owns master, ratings and replay cache; `run_round`: screen, decide, step, sign, commit
 

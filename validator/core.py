@@ -48,7 +48,9 @@ class RoundReport:
     patch: bytes  # PULSESync patch W_r -> W_{r+1}
     state_hash: str  # SHA-256 of W_{r+1}
     median_norm: float
-    seconds: float
+    seconds: float  # run_round from start to commit
+    decide_seconds: float = 0.0  # of which: intake, decoding, scoring and selection
+    encode_seconds: float = 0.0  # of which: encoding the PULSESync patch
 
     def selected(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == "selected"]
@@ -150,10 +152,13 @@ class Validator:
         screened = screen(submissions, self.context(pipeline), self.seen)
         secret = RoundSecret.derive(self.identity, self.run_id, self.round)
         decision = pipeline.decide(screened, secret, self.standing(), run_id=self.run_id, round_=self.round)
+        decided = time.perf_counter()
 
         self._broken = True  # from here the master changes before the commit
         new_weights, new_hash = self._step(pipeline.aggregate(decision.selected))
+        stepped = time.perf_counter()
         patch = pulsesync.encode(self.weights, new_weights, old_hash=self.state_hash, new_hash=new_hash)
+        encoded = time.perf_counter()
         result = self._result(decision, patch, new_hash)
         envelope = sign(self.identity, result).to_bytes()
         self._commit(decision.standing, screened.message_ids, new_hash, envelope, patch)
@@ -161,8 +166,9 @@ class Validator:
 
         seconds = time.perf_counter() - start
         report = RoundReport(
-            result.round, decision.outcomes, result, envelope, patch, new_hash, decision.median_norm, seconds
-        )
+            result.round, decision.outcomes, result, envelope, patch, new_hash, decision.median_norm, seconds,
+            decide_seconds=decided - start, encode_seconds=encoded - stepped,
+        )  # fmt: skip
         _log_report(report)
         return report
 

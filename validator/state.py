@@ -9,9 +9,16 @@ Layout (the folder of round r holds the state the validator runs round r from):
                                         seen message ids, recent state hashes
     DIR/round-<r>/result.bin            signed result of round r-1 (absent for the first state)
     DIR/round-<r>/patch.bin             its PULSESync patch W_{r-1} -> W_r
+    DIR/ledger.jsonl                    the signed result of every round so far (`ledger.py`)
 
 Commit protocol: every file is written to a temp file, fsynced and renamed (then the folder is
-fsynced); `COMMITTED` is replaced last, and only then are older folders removed.
+fsynced); `COMMITTED` is replaced last, then the round's signed result is appended to the ledger,
+and only then are older folders removed.
+
+The ledger is append-only and outlives the pruned folders. A crash between `COMMITTED` and the
+append leaves it one round short: the next commit first appends the missing result from the
+previous folder (still there: pruning comes after the append), and `results()` adds it from the
+committed folder meanwhile. An uncommitted round never reaches the ledger.
 
 invariant: `COMMITTED` names a folder whose files are all complete. A validator killed at any
 point restarts from that folder: a half-written newer folder is ignored and later overwritten,
@@ -35,11 +42,13 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from protocol.errors import CorruptState
+from validator import ledger
 from validator.atomicfile import write_atomic
 from validator.ratings import RatingRecord
 
 COMMITTED = "COMMITTED"
-STEPS = ("weights", "optimizer", "book", "result", "commit", "prune")
+LEDGER = "ledger.jsonl"
+STEPS = ("weights", "optimizer", "book", "result", "commit", "ledger", "prune")
 """The persistence steps of a commit, in order; a crash hook is called after each."""
 
 CrashHook = Callable[[str], None]
@@ -109,6 +118,9 @@ class StateStore:
         pointer = _Pointer(round=snap.book.round, folder=folder.name, book_sha256=hashlib.sha256(book).hexdigest())
         write_atomic(self.directory / COMMITTED, _dumps(pointer.model_dump(mode="json")))
         self._step("commit")
+        if snap.result is not None:
+            self._append_ledger(snap.book.round)
+        self._step("ledger")
         self._prune(snap.book.round)
         self._step("prune")
 
@@ -129,6 +141,32 @@ class StateStore:
         if book.round != pointer.round:
             raise CorruptState(f"book is for round {book.round}, COMMITTED says {pointer.round}")
         return Snapshot(book, master, momentum, result, patch)
+
+    def results(self) -> list[bytes]:
+        """The signed result of every round the ledger holds, in round order, the committed one included.
+
+        A state written before the ledger existed starts at the oldest folder still on disk.
+        """
+        entries = ledger.read(self.directory / LEDGER)
+        try:
+            pointer = _Pointer.model_validate_json((self.directory / COMMITTED).read_bytes())
+            result = _optional(self.directory / pointer.folder / "result.bin")
+        except (OSError, ValidationError) as exc:
+            raise CorruptState(f"cannot load the validator state in {self.directory}: {exc}") from exc
+        last = pointer.round - 1
+        if result is not None and (not entries or entries[-1][0] == last - 1):
+            entries.append((last, result))
+        return [envelope for _, envelope in entries]
+
+    def _append_ledger(self, current: int) -> None:
+        """Append the results of rounds the ledger lacks, up to round `current - 1`, from the round folders."""
+        path = self.directory / LEDGER
+        entries = ledger.read(path)
+        start = entries[-1][0] + 1 if entries else 0
+        for r in range(start, current):
+            result = _optional(self.directory / f"round-{r + 1:012d}" / "result.bin")
+            if result is not None:  # absent only in a state older than the ledger
+                ledger.append(path, r, result)
 
     def _prune(self, current: int) -> None:
         """Remove committed folders beyond `keep` and any newer (uncommitted) one."""

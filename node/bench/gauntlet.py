@@ -33,7 +33,7 @@ import torch
 
 from node.bench.arena import Arena, RoundRecord
 from node.bench.report import BenchResult, table
-from node.events import peak_rss_mb
+from node.events import peak_rss_mb, steps
 from node.learn.data import stdlib_corpus
 from node.learn.gpteval import GPTEvaluator, batch_source
 from node.learn.model import GPTConfig, build_gpt
@@ -145,7 +145,7 @@ class Bench:
             validator = self.validator(Path(folder))
             arena = Arena(validator, [*honest, *bad], seed=self.args.seed)
             losses = []
-            for _ in range(self.args.rounds):
+            for _ in steps(range(self.args.rounds), "gauntlet rounds"):
                 record = arena.play()
                 load_bf16_state(probe, record.weights)
                 losses.append(evaluate(probe, self.held))

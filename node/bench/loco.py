@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from node.bench.report import BenchResult, table
+from node.events import steps
 from node.learn.basecache import load_or_train
 from node.learn.data import Corpus, stdlib_corpus
 from node.learn.model import GPT, GPTConfig, build_gpt
@@ -150,7 +151,7 @@ def train_loco(setup: Setup, method: Method) -> tuple[dict[str, torch.Tensor], l
     errors = [codec.initial_error(weights) for _ in models]
     sources = [setup.batches(i) for i in range(setup.replicas)]
     stats: list[CodecStats] = []
-    for r in range(setup.rounds):
+    for r in steps(range(setup.rounds), f"{method.name} rounds"):
         payloads = []
         for i, model in enumerate(models):
             load_bf16_state(model, weights)

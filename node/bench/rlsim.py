@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.events import steps
 from node.learn.model import GPT, build_gpt
 from node.learn.rl.checks import announce, vet
 from node.learn.rl.evaluator import GRPOEvaluator, PoolSource, held_out_reward
@@ -193,7 +194,7 @@ def decentralized(
         workers = [_Holder(identity_for(f"worker/{i}"), v.weights, v.state_hash) for i in range(shape.workers)]
         miners = [_miner(manifest, i, v.weights, v.state_hash, reference) for i in range(shape.miners)]
         worker_model = build_gpt(gpt)
-        for r in range(shape.rounds):
+        for r in steps(range(shape.rounds), "decentralized rounds"):
             published = [(w.key, *publish_batch(manifest, worker_model, w, r)) for w in workers]
             batches, rejected = checked_pool(manifest, published, r, v.state_hash)
             record.rejected_batches += rejected
@@ -245,7 +246,7 @@ def centralized(
     record = RunRecord(reward_start=held_out_reward(probe, held, cfg))
     steps_seen = _StepDensity(model)
     start = time.perf_counter()
-    for r in range(shape.rounds):
+    for r in steps(range(shape.rounds), "single-process rounds"):
         groups: list[RolloutGroup] = []
         for key in keys:
             prompts = problems_for(manifest.run_id, r, key, cfg.prompts_per_batch, cfg)

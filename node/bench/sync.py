@@ -21,6 +21,7 @@ from typing import Any
 from node.bench import plainpatch
 from node.bench.report import BenchResult, table
 from node.bench.trace import load_trace, make_trace, read_manifest
+from node.events import steps
 from node.learn.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
 from node.learn.data import stdlib_corpus
 from protocol import pulsesync
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     )
     times: dict[str, float] = dict.fromkeys(["enc", "dec", "base_enc", "base_dec", "apply", "hash"], 0.0)
     pairs = len(states) - args.delay
-    for t in range(pairs):
+    for t in steps(range(pairs), "patch pairs"):
         _measure_pair(states[t], states[t + args.delay], hashes[t], hashes[t + args.delay], args.repeat, totals, times)
     return _result(args, pairs, totals, times)
 

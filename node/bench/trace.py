@@ -23,13 +23,13 @@ import torch
 from safetensors.torch import load_file, save
 
 from node.bench.report import BenchResult, table
+from node.events import progress
 from node.learn.basecache import DEFAULT_STEPS, CachedBase, default_cache_dir, load_or_train
 from node.learn.data import Corpus, stdlib_corpus
 from node.learn.model import GPT
 from node.learn.train import (
     BatchFn,
     InnerOptimConfig,
-    StepHook,
     bf16_state,
     corpus_batches,
     derive_seed,
@@ -64,8 +64,13 @@ def trace_states(model: GPT, lr: float, steps: int, batches: BatchFn) -> Trace:
     copy flips; a BF16 model drops every update smaller than half a BF16 ulp.
     """
     states = [bf16_state(model)]
-    snapshot: StepHook = lambda _step, _loss: states.append(bf16_state(model))  # noqa: E731
-    losses = inner_train(model, InnerOptimConfig(lr=lr), batches, steps, on_step=snapshot)
+    with progress(f"trace at lr {lr:g}", steps) as advance:
+
+        def snapshot(_step: int, _loss: float) -> None:
+            states.append(bf16_state(model))
+            advance(1)
+
+        losses = inner_train(model, InnerOptimConfig(lr=lr), batches, steps, on_step=snapshot)
     return Trace(lr, states, losses, model)
 
 

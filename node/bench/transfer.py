@@ -27,6 +27,7 @@ import uvloop
 from hivemind.p2p import P2P, PeerID
 
 from node.bench.report import BenchResult, table
+from node.events import steps
 from node.net.blobstore import BlobStore
 from node.net.streams import DEFAULT_LIMITS, open_stream, read_reply, send_request
 from node.net.transfer import FETCH, TransferService, call_fetch, fetch_request
@@ -83,7 +84,7 @@ async def _client(
     try:
         await call_fetch(p2p, peer, sha256, store, max_size=size)  # warm-up: connection, daemons, page cache
         store.remove(sha256)
-        for _ in range(repeats):
+        for _ in steps(range(repeats), "transfer repeats"):
             for path in speeds:
                 start = time.perf_counter()
                 if path == "pulse":

@@ -17,6 +17,8 @@ COMMANDS = [
     "node.commands.roles",
     "node.commands.demo",
     "node.commands.status",
+    "node.commands.export",
+    "node.commands.dashboard",
     "node.commands.bench",
 ]
 

@@ -36,6 +36,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--config", type=Path, default=None, help="base manifest (configs/tiny.toml; rl.toml for rl)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    parser.add_argument(
+        "--dashboard", type=int, metavar="PORT", help="also serve the live run page (`pulse dashboard`) on this port"
+    )
     parser.set_defaults(func=run)
 
 
@@ -51,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     followers = args.followers if args.followers is not None else (2 if args.task == "rl" else 1)
     out: Path = args.out
-    shutil.rmtree(out / "work", ignore_errors=True)
-    shutil.rmtree(out / "events", ignore_errors=True)
+    for stale in ("work", "events", "validator"):  # a new run: fresh keys, so no state of the last one is valid
+        shutil.rmtree(out / stale, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     manifest, validator_key, miner_keys = prepare(out, base, args.miners)
     swarm = Swarm(out, manifest, args.rounds)
@@ -60,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     ok = False
     try:
         swarm.start_bootstrap()
-        validator = swarm.start_role("validator", "validator", validator_key)
+        if args.dashboard is not None:
+            _, url = swarm.start_dashboard(args.dashboard)
+            console.print(f"live run page: {url}")
+        validator = swarm.start_role("validator", "validator", validator_key, state_dir=out / "validator")
         workers = [swarm.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys)]
         workers += [swarm.start_role(f"follower{i}" if i else "follower", "follow", None) for i in range(followers)]
         deadline = time.monotonic() + args.timeout
@@ -85,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         rl = args.task == "rl"
         curve = "reward.png" if rl else "loss.png"
-        console.print(f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png; logs in {out}/logs")
+        console.print(
+            f"report: {out}/summary.json, {out}/{curve}, {out}/bytes.png, {out}/leaderboard.png; logs in {out}/logs"
+        )
+        console.print(f"the model: pulse export --state-dir {out}/validator --config {out}/run.toml --out {out}/model")
         if not summary["rounds"]:
             console.print("no round completed")
         else:

@@ -2,7 +2,8 @@
 
 Each parses its flags, loads the manifest and the key, starts the libp2p peer (`P2PPeer`) and runs
 the role the run's task calls for (`node/roles/tasks.py`) on it until Ctrl+C (or `--rounds`);
-shutting down stops the libp2p daemon and the DHT process, so nothing is left behind.
+shutting down stops the libp2p daemon and the DHT process, so nothing is left behind. With
+`--metrics-port` it also serves Prometheus metrics (`node/roles/metrics.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_arg
 from node.net.p2ppeer import P2PPeer
 from node.net.peer import Role
 from node.roles.follower import Follower
+from node.roles.metrics import NodeMetrics
 from node.roles.miner import Miner
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_for
@@ -71,8 +73,37 @@ def register(subparsers: Any) -> None:
         parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
         parser.add_argument("--rounds", type=int, help="stop after the run reaches this round (default: never)")
         parser.add_argument("--events", type=Path, help="also append machine-readable JSON lines here")
+        add_metrics_arguments(parser)
         add_net_arguments(parser)
         parser.set_defaults(func=lambda args, role=name: run(role, args))
+
+
+def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve Prometheus metrics at http://BIND:PORT/metrics (0: any free port, printed; default: off)",
+    )
+    parser.add_argument(
+        "--metrics-bind",
+        default="127.0.0.1",
+        help="address the metrics server listens on (%(default)s: this machine only; 0.0.0.0 for every interface)",
+    )
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError("a port is a number from 0 to 65535")
+    return int(text)
+
+
+def start_metrics(args: argparse.Namespace, command: str, role: str, run_id: str, key: str) -> NodeMetrics | None:
+    """The metrics server `--metrics-port` asks for (None without it); `OSError` if the port is taken."""
+    if args.metrics_port is None:
+        return None
+    metrics = NodeMetrics.serve(args.metrics_port, args.metrics_bind, role=role, run_id=run_id, key=key)
+    print(f"pulse {command}: metrics at {metrics.url}", flush=True)
+    return metrics
 
 
 def run(role: str, args: argparse.Namespace) -> int:
@@ -94,7 +125,16 @@ def run(role: str, args: argparse.Namespace) -> int:
         )
         return 2
     events = Events(role, args.events)
+    try:
+        metrics = start_metrics(args, role, PEER_ROLES[role], setup.run_id, identity.public_hex)
+    except OSError as exc:
+        print(f"pulse {role}: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
+        return 2
+    if metrics is not None and metrics.events is not None:
+        events.add_sink(metrics.events.record)
     with contextlib.ExitStack() as stack:
+        if metrics is not None:
+            stack.callback(metrics.close)
         folder = args.state_dir
         if folder is None:
             if role == "validator":
@@ -102,7 +142,9 @@ def run(role: str, args: argparse.Namespace) -> int:
             else:
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"pulse-{role}-")))
         try:
-            return asyncio.run(_main(role, setup, identity, folder, config, events, args.rounds, args.device))
+            return asyncio.run(
+                _main(role, setup, identity, folder, config, events, args.rounds, args.device, metrics)
+            )
         except (ConfigError, NetworkError) as exc:
             print(f"pulse {role}: {exc}", file=sys.stderr)
             return 1
@@ -121,9 +163,12 @@ async def _main(
     events: Events,
     rounds: int | None,
     device: str,
+    metrics: NodeMetrics | None = None,
 ) -> int:
     task = task_for(setup)
     peer = await P2PPeer.create(config, run_records(setup.manifest), identity, folder, role=PEER_ROLES[role])
+    if metrics is not None:
+        metrics.watch(peer)
     try:
         service: ValidatorService | Miner | Follower
         if role == "validator":  # opening or creating its state takes a while: off the event loop
@@ -135,14 +180,14 @@ async def _main(
             service = miner_for(setup, task, identity, peer, events, device=device)
         else:
             service = follower_for(setup, task, identity, peer, events, device=device)
-        await _until_signal(service.run(rounds))
+        await until_signal(service.run(rounds))
     finally:
         await peer.shutdown()
         events.finish()
     return 0
 
 
-async def _until_signal(work: Awaitable[Any]) -> None:
+async def until_signal(work: Awaitable[Any]) -> None:
     """Run `work` until it ends or SIGINT / SIGTERM arrives (then cancel it)."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)

@@ -4,11 +4,15 @@ Files (in import order):
 
 - `models.py`    one pydantic model per event kind of the roles (start, patch, submitted, round, pool, ...)
 - `campaign.py`  the events of the attack campaign's hostile miners (attack, uploading, skipped, ...)
-- `log.py`       `Events` (writes log lines and JSON lines), `read_events` / `EventLog` (reads them back)
+- `log.py`       `Events` (writes log lines and JSON lines, hands events to sinks), `read_events` / `EventLog`
+- `metrics.py`   `EventMetrics`: a sink that turns events into Prometheus metrics (bounded label sets)
+- `progress.py`  progress bars for long work, drawn on a terminal only
 
-`events` is the lowest floor of `node`: it imports only `protocol.errors`.
+`events` is the lowest floor of `node`: it imports only `protocol.errors` (and rich for progress,
+prometheus_client for metrics).
 """
 
 from node.events.log import EventLog, Events, Logged, mb, peak_rss_mb, read_events
+from node.events.progress import progress, steps
 
-__all__ = ["EventLog", "Events", "Logged", "mb", "peak_rss_mb", "read_events"]
+__all__ = ["EventLog", "Events", "Logged", "mb", "peak_rss_mb", "progress", "read_events", "steps"]

@@ -1,6 +1,7 @@
 """How each role reports: log lines a user understands, and the same events as JSON lines.
 
     events = Events("miner", path)                      # path: None for log lines only
+    events.add_sink(metrics.record)                     # also hand every event to a sink (metrics.py)
     events.emit(Submitted(round=3, ...), "round 3: submitted 9.1 kB ...")
     log = read_events(folder)                           # every *.jsonl file, by time
     log.of(RoundClosed, name="validator")               # [Logged[RoundClosed]], in order
@@ -17,7 +18,7 @@ import json
 import logging
 import resource
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Generic, TypeVar, Union
@@ -39,18 +40,34 @@ class EventLogError(PulseError, ValueError):
     """A line of an event file is not an event this version writes."""
 
 
-class Events:
-    """Human log lines plus, optionally, machine-readable JSON lines (`pulse demo`, the ledger)."""
+Sink = Callable[[Event], None]
+"""Something every emitted event is handed to, in the emitting thread (e.g. `EventMetrics.record`)."""
 
-    def __init__(self, role: str, path: Path | None = None, logger: logging.Logger | None = None) -> None:
+
+class Events:
+    """Human log lines plus, optionally, machine-readable JSON lines (`pulse demo`, the ledger) and sinks."""
+
+    def __init__(
+        self,
+        role: str,
+        path: Path | None = None,
+        logger: logging.Logger | None = None,
+        sinks: Sequence[Sink] = (),
+    ) -> None:
         self.role = role
         self.path = path
         self.log = logger or logging.getLogger(f"pulse.{role}")
+        self.sinks = list(sinks)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
+    def add_sink(self, sink: Sink) -> None:
+        self.sinks.append(sink)
+
     def emit(self, event: Event, text: str) -> None:
         self.log.info(text)
+        for sink in self.sinks:
+            sink(event)
         if self.path is None:
             return
         record = {"t": time.time(), "role": self.role, **event.model_dump(mode="json")}

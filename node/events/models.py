@@ -46,6 +46,8 @@ class CheckpointLoaded(Event):
     round: int
     state_hash: str
     bytes: int
+    behind: int = 0
+    """Round results published after this checkpoint when it loaded: the patch chain to apply."""
 
 
 class PatchApplied(Event):
@@ -55,6 +57,8 @@ class PatchApplied(Event):
     patch_bytes: int
     state_hash: str
     """The hash of W_{round+1}, as the validator announced it."""
+    seconds: float | None = None
+    """Seconds to decode and apply the patch (PULSESync)."""
 
 
 class Final(Event):
@@ -97,6 +101,10 @@ class Submitted(Event):
     loss: float
     """Mean training loss of the round's inner steps."""
     busy_fraction: float
+    compress_seconds: float | None = None
+    """Seconds to compress Delta plus the error feedback into the payload (the run's codec)."""
+    step_seconds: float | None = None
+    """Mean seconds of one of the round's inner steps."""
 
 
 class Scored(Event):
@@ -168,6 +176,14 @@ class RoundClosed(Event):
     state_hash: str
     seconds: float
     """Seconds the validator spent deciding and stepping."""
+    ignored: list[str] = []
+    """Reasons of the submissions ignored at intake (not provably their sender's: not in the signed result)."""
+    decide_seconds: float | None = None
+    """Of `seconds`: intake, decoding, scoring and selecting the submissions."""
+    encode_seconds: float | None = None
+    """Of `seconds`: encoding the PULSESync patch."""
+    held_out_seconds: float | None = None
+    """Seconds measuring the held-out loss or reward of W_{round+1}, after `seconds`."""
 
 
 class Done(Event):

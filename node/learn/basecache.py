@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from node.events import progress as bar
 from node.learn.data import Corpus, stdlib_corpus
 from node.learn.model import GPT, GPTConfig, build_gpt
 from node.learn.train import (
@@ -155,7 +156,13 @@ def _pretrain(model: GPT, corpus: Corpus, steps: int, seed: int) -> tuple[float,
 
     log.info("base model: training %d steps (held-out loss %.3f at init)", steps, before)
     batches = corpus_batches(corpus, derive_seed("base", seed), BATCH_SIZE, seq)
-    inner_train(model, BASE_OPTIM, batches, steps, on_step=progress)
+    with bar("pre-training the base model (cached once)", steps) as advance:
+
+        def step_done(step: int, loss: float) -> None:
+            progress(step, loss)
+            advance(1)
+
+        inner_train(model, BASE_OPTIM, batches, steps, on_step=step_done)
     return before, evaluate(model, held)
 
 

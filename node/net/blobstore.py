@@ -52,6 +52,7 @@ class BlobStore:
         self._partial = self.root / "partial"
         self._blobs.mkdir(parents=True, exist_ok=True)
         self._partial.mkdir(parents=True, exist_ok=True)
+        self._receiving: set[BlobWriter] = set()  # open writers, for `received`
 
     def path(self, sha256: str) -> Path:
         return self._blobs / check_sha256(sha256)
@@ -86,6 +87,10 @@ class BlobStore:
     def writer(self, sha256: str, size: int) -> BlobWriter:
         """A writer for a blob announced as (`sha256`, `size`); see `BlobWriter`."""
         return BlobWriter(self, check_sha256(sha256), size)
+
+    def received(self, sha256: str) -> int:
+        """Bytes of `sha256` received so far by a writer still open (0 if none): for progress bars."""
+        return max((w.written for w in list(self._receiving) if w.sha256 == sha256), default=0)
 
     def remove(self, sha256: str) -> None:
         self.path(sha256).unlink(missing_ok=True)
@@ -131,6 +136,7 @@ class BlobWriter:
             self._tmp.unlink(missing_ok=True)
             raise
         self.committed = False
+        store._receiving.add(self)
 
     def write(self, chunk: bytes | memoryview) -> None:
         self.write_many((chunk,))
@@ -163,6 +169,7 @@ class BlobWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
+        self._store._receiving.discard(self)
         final = self._store.path(self.sha256)
         os.replace(self._tmp, final)  # same content if it already existed: content-addressed
         fsync_dir(final.parent)
@@ -170,6 +177,7 @@ class BlobWriter:
         return final
 
     def abort(self) -> None:
+        self._store._receiving.discard(self)
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import hivemind
 import msgpack
+from hivemind.dht.node import DHTNode
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import P2P, PeerID
@@ -207,6 +208,10 @@ class PulseDHT:
         beats = self.get(Heartbeat, round_)
         return [PeerID.from_base58(v.message.peer_id) for v in beats if sha256 in v.message.blobs]
 
+    def known_peers(self) -> int:
+        """Peers in this node's DHT routing table; `NetworkError` if the DHT process does not answer in time."""
+        return int(self._result(self.dht.run_coroutine(_routing_table_size, return_future=True), "peer count"))
+
     def shutdown(self) -> None:
         self.dht.shutdown()
 
@@ -219,6 +224,11 @@ class PulseDHT:
         except TimeoutError as exc:
             future.cancel()
             raise NetworkError(f"DHT {what} did not finish within {self.timeout:.0f}s") from exc
+
+
+async def _routing_table_size(_: hivemind.DHT, node: DHTNode) -> int:
+    """Runs inside the DHT process (hivemind's `run_coroutine`): the peers its routing table holds."""
+    return len(node.protocol.routing_table.uid_to_peer_id)
 
 
 def verify_record(

@@ -34,6 +34,7 @@ from node.net.transfer import (
     SUBMIT,
     Accept,
     OnSubmission,
+    TransferCounts,
     TransferService,
     fetch_over,
     first_holder,
@@ -203,6 +204,12 @@ class MemoryPeer(Peer):
 
     def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
         self.service.accept, self.service.on_submission = accept, on_submission
+
+    def known_peers(self) -> int:
+        return max(len(self.network.peers) - 1, 0)  # every other peer that joined and has not left
+
+    def transfer_counts(self) -> TransferCounts:
+        return self.service.counts
 
     async def shutdown(self) -> None:
         self.network.leave(self)

@@ -24,7 +24,7 @@ from node.net.blobstore import BlobStore
 from node.net.dht import PulseDHT
 from node.net.netconfig import NetConfig
 from node.net.peer import Peer, Role, RunRecords, RunView
-from node.net.transfer import Accept, OnSubmission, TransferService, call_submit, fetch_from_any
+from node.net.transfer import Accept, OnSubmission, TransferCounts, TransferService, call_submit, fetch_from_any
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader, WireModel
@@ -110,6 +110,12 @@ class P2PPeer(Peer):
 
     def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
         self.service.accept, self.service.on_submission = accept, on_submission
+
+    def known_peers(self) -> int:
+        return self.dht.known_peers()
+
+    def transfer_counts(self) -> TransferCounts:
+        return self.service.counts
 
     async def shutdown(self) -> None:
         try:

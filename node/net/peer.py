@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from node.net.blobstore import BlobStore
-from node.net.transfer import Accept, OnSubmission
+from node.net.transfer import Accept, OnSubmission, TransferCounts
 from protocol.errors import NetworkError, TransferError
 from protocol.identity import Identity
 from protocol.messages import MAX_HELD_BLOBS, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
@@ -150,6 +150,16 @@ class Peer(RunView):
 
     @abstractmethod
     async def shutdown(self) -> None: ...
+
+    # -- for metrics (`roles/metrics.py`); None where an implementation cannot tell ------------------
+
+    def known_peers(self) -> int | None:
+        """Peers this node knows on the network (may block on the DHT: call it from a thread)."""
+        return None
+
+    def transfer_counts(self) -> TransferCounts | None:
+        """What this node's blob service did for others."""
+        return None
 
     # -- records ---------------------------------------------------------------------------------
 

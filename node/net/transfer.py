@@ -21,7 +21,9 @@ import asyncio
 import logging
 import random
 import struct
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -162,6 +164,21 @@ Accept = Callable[[SubmissionHeader], str | None]
 OnSubmission = Callable[[Verified[SubmissionHeader]], None]
 
 
+REFUSAL_STATUSES = tuple(s.name.lower() for s in Status if s is not Status.OK and s is not Status.NOT_FOUND)
+"""How a pushed submission can be refused (`TransferCounts.refused` keys)."""
+
+
+@dataclass
+class TransferCounts:
+    """What this node's transfer service did for others, for metrics (plain integers, read at any time)."""
+
+    served_bytes: int = 0  # blob bytes streamed to peers that fetched them
+    refused: Counter[str] = field(default_factory=Counter)  # pushed submissions refused, by `REFUSAL_STATUSES`
+
+    def refuse(self, status: Status) -> None:
+        self.refused[status.name.lower()] += 1
+
+
 class Origin(Protocol):
     """Who opened a served stream (hivemind's `StreamInfo`, or an in-memory peer)."""
 
@@ -189,6 +206,7 @@ class TransferService:
         self.active = 0
         self._per_peer: dict[object, int] = {}  # open streams by peer: one peer cannot take every slot
         self._receiving: set[str] = set()
+        self.counts = TransferCounts()
 
     @classmethod
     async def create(
@@ -232,6 +250,8 @@ class TransferService:
         if self.active >= self.limits.max_streams or mine >= self.limits.max_streams_per_peer:
             busy = f"serving {self.active} streams, {mine} of them yours"
             logger.info("%s from %s: BUSY (%s)", name, info.peer_id, busy)
+            if name == "submit":
+                self.counts.refuse(Status.BUSY)
             await try_reply(writer, Status.BUSY, busy, self.limits)
             await hang_up(reader, writer, timeout=1.0)
             return
@@ -265,15 +285,18 @@ class TransferService:
             return
         await reply(writer, Status.OK, size=size, limits=self.limits)
         await send_file(writer, self.store.path(sha256), size, self.limits)
+        self.counts.served_bytes += size
 
     async def _submit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             verified = open_signed(await read_request(reader, self.limits), run_id=self.run_id, expect=SubmissionHeader)
         except ProtocolError as exc:
+            self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=str(exc), limits=self.limits)
             raise
         status, reason = self._admit(verified)
         if status is not Status.OK:
+            self.counts.refuse(status)
             sender = verified.sender_hex[:12]
             logger.info("submission %s... from %s...: %s %s", verified.message_id[:12], sender, status.name, reason)
             await reply(writer, status, reason=reason, limits=self.limits)
@@ -286,9 +309,11 @@ class TransferService:
                 await receive_body(reader, blob, self.limits)
                 await asyncio.get_running_loop().run_in_executor(None, blob.commit)
         except (ProtocolError, TransferError, TimeoutError) as exc:
+            self.counts.refuse(Status.FAILED)
             await try_reply(writer, Status.FAILED, str(exc) or "timed out", self.limits)
             raise
         except OSError as exc:  # our disk (full, read-only): the peer is told, the temp file is gone
+            self.counts.refuse(Status.FAILED)
             await try_reply(writer, Status.FAILED, f"receiver could not store the payload: {exc}", self.limits)
             raise
         finally:
@@ -300,6 +325,7 @@ class TransferService:
         if late:
             sender, message = verified.sender_hex[:12], verified.message_id[:12]
             logger.info("submission %s... from %s...: REJECTED after its body: %s", message, sender, late)
+            self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=late, limits=self.limits)
             return
         self.seen.add(verified.message_id)

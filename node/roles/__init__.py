@@ -14,6 +14,9 @@ Files (in import order):
 - `tasks.py`      the roles of a run from its task (`Task` -> hooks, inputs, services): the one
                   place that knows which task needs what; the roles never ask
 - `status.py`     what `pulse status` shows, read from any `RunView`
+- `export.py`     the model taken home: a Hugging Face folder, its contributor ledger and its check
+- `dashboard/`    the live run page: a board derived from signed records, its HTML, a watcher, a server
+- `metrics.py`    a role's Prometheus endpoint: the event metrics plus the peer's counts and the process
 
 Roles run on any `Peer`: `pulse` gives them the libp2p one, the fast tests the in-memory one.
 """

@@ -12,10 +12,13 @@ cannot apply the chain rejoins from the newest checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Final
 
 import torch
@@ -23,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from node.events import Events, mb
+from node.events import Events, mb, progress
 from node.events.models import CheckpointLoaded, PatchApplied, Scored
 from node.net.peer import Peer
 from protocol import pulsesync
@@ -35,6 +38,7 @@ from protocol.statehash import state_hash
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "safetensors"
+PROGRESS_SECONDS = 0.25  # how often a download's progress bar is updated
 
 
 class Broken(Enum):
@@ -90,22 +94,29 @@ class Chain:
     def __init__(self, peer: Peer, events: Events, me: str | None = None, *, poll: float = 1.0) -> None:
         self.peer, self.events, self.me, self.poll = peer, events, me, poll
         self.held: Held | None = None
+        self.behind = 0  # patches to apply after the last join
 
     async def sync(self) -> Held:
         """Join if holding nothing, then apply every published patch; a broken chain rejoins."""
         fresh = False  # holding a checkpoint just loaded, nothing applied on it yet
-        while True:
-            if self.held is None:
-                self.held, fresh = await self._join(), True
-            step = await self._apply_next(self.held)
-            if step is None:
-                return self.held
-            if isinstance(step, Held):
-                self.held, fresh = step, False
-                continue
-            if fresh:  # even the newest checkpoint does not continue: look again later, not in a tight loop
-                await asyncio.sleep(self.poll)
-            self.held = None
+        with contextlib.ExitStack() as bars:
+            applied: Callable[[float], None] = lambda n: None  # noqa: E731
+            while True:
+                if self.held is None:
+                    self.held, fresh = await self._join(), True
+                    behind = self.behind
+                    if behind > 1:  # a patch chain to replay: show it on a terminal
+                        applied = bars.enter_context(progress(f"patch chain from round {self.held.round}", behind))
+                step = await self._apply_next(self.held)
+                if step is None:
+                    return self.held
+                if isinstance(step, Held):
+                    self.held, fresh = step, False
+                    applied(1)
+                    continue
+                if fresh:  # even the newest checkpoint does not continue: look again later, not in a tight loop
+                    await asyncio.sleep(self.poll)
+                self.held = None
 
     async def _join(self) -> Held:
         """The newest announced checkpoint; waits until the validator has announced one that loads."""
@@ -113,21 +124,22 @@ class Chain:
             current = await self.peer.latest_result_round() + 1
             announcement = await self.peer.latest_checkpoint(current)
             if announcement is not None:
-                held = await self._load(announcement)
+                held = await self._load(announcement, behind=current - announcement.round)
                 if held is not None:
+                    self.behind = current - held.round  # patches published since the checkpoint
                     return held
             await asyncio.sleep(self.poll)
 
-    async def _load(self, a: CheckpointAnnouncement) -> Held | None:
+    async def _load(self, a: CheckpointAnnouncement, behind: int) -> Held | None:
         try:
-            path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
+            path = await fetch_showing(self.peer, a.blob_sha256, a.blob_size, a.round, f"checkpoint of round {a.round}")
             weights = await _cpu(load_checkpoint, path.read_bytes(), a.state_hash)
         except (TransferError, ProtocolError) as exc:
             log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
             return None
         self.peer.hold(a.blob_sha256)
         self.events.emit(
-            CheckpointLoaded(round=a.round, state_hash=a.state_hash, bytes=a.blob_size),
+            CheckpointLoaded(round=a.round, state_hash=a.state_hash, bytes=a.blob_size, behind=max(behind, 0)),
             f"loaded the checkpoint of round {a.round} ({mb(a.blob_size)}), state hash {a.state_hash[:12]} verified",
         )
         return Held(a.round, weights, a.state_hash)
@@ -142,7 +154,9 @@ class Chain:
             return BROKEN
         try:
             path = await self.peer.fetch(result.patch_sha256, result.patch_size, held.round)
+            start = time.monotonic()
             weights = await _cpu(pulsesync.apply, held.weights, path.read_bytes())
+            seconds = time.monotonic() - start
         except TransferError as exc:
             log.warning("patch of round %d not available yet: %s", held.round, exc)
             return None
@@ -156,11 +170,29 @@ class Chain:
         if self.me is not None:
             _report_placement(self.events, result, self.me)
         self.events.emit(
-            PatchApplied(round=held.round, patch_bytes=result.patch_size, state_hash=result.new_state_hash),
+            PatchApplied(
+                round=held.round, patch_bytes=result.patch_size, state_hash=result.new_state_hash, seconds=seconds
+            ),
             f"patch of round {held.round} applied ({mb(result.patch_size)}), "
             f"state hash {result.new_state_hash[:12]} verified",
         )
         return Held(held.round + 1, weights, result.new_state_hash)
+
+
+async def fetch_showing(peer: Peer, sha256: str, size: int, round_: int, what: str) -> Path:
+    """`peer.fetch`, with a progress bar of the bytes received so far (on a terminal only)."""
+    with progress(what, size, unit="bytes") as step:
+        fetching = asyncio.ensure_future(peer.fetch(sha256, size, round_))
+        shown = 0
+        try:
+            while not fetching.done():
+                await asyncio.wait({fetching}, timeout=PROGRESS_SECONDS)
+                received = peer.store.received(sha256)
+                step(max(received - shown, 0))
+                shown = max(shown, received)
+        finally:
+            fetching.cancel()  # a no-op once done; stops the fetch if this task is cancelled
+        return fetching.result()
 
 
 def _report_placement(events: Events, result: RoundResult, me: str) -> None:
@@ -169,7 +201,7 @@ def _report_placement(events: Events, result: RoundResult, me: str) -> None:
     place = next((i for i, s in enumerate(ranked) if s.sender == me), None)
     if place is not None:
         score = ranked[place].score
-        text = f"round {result.round}: scored {_ordinal(place + 1)} of {total} (score {score:.4g}), aggregated"
+        text = f"round {result.round}: scored {ordinal(place + 1)} of {total} (score {score:.4g}), aggregated"
         events.emit(Scored(round=result.round, of=total, place=place + 1, score=score), text)
         return
     reason = next((r.reason for r in result.rejections if r.sender == me), None)
@@ -179,6 +211,6 @@ def _report_placement(events: Events, result: RoundResult, me: str) -> None:
     events.emit(Scored(round=result.round, of=total, reason=reason), text)
 
 
-def _ordinal(n: int) -> str:
+def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"

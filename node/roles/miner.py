@@ -56,6 +56,7 @@ class Miner:
         self.key = trainer.identity.public_hex
         self.chain = Chain(peer, events, self.key, poll=2 * poll)
         self.busy_seconds = 0.0
+        self.train_seconds: dict[int, float] = {}  # round -> seconds its inner steps took (until submitted)
         self.started: float | None = None
         self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, round opened at)
         self.dense_bytes = setup.dense_bytes()
@@ -113,10 +114,11 @@ class Miner:
         if self.setup.manifest.train.overlap:
             self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, held.weights)))
         trainer = self.trainer
+        start = time.monotonic()
         header, payload = await asyncio.get_running_loop().run_in_executor(
             None, trainer.package, r, delta, held.weights, held.state_hash
         )
-        await self._submit(header, payload)
+        await self._submit(header, payload, compress_seconds=time.monotonic() - start)
 
     async def _train(self, round_: int, weights: State) -> State:
         self.started = self.started or time.monotonic()
@@ -124,7 +126,10 @@ class Miner:
         try:
             return await asyncio.get_running_loop().run_in_executor(None, self.trainer.train, round_, weights)
         finally:
-            self.busy_seconds += time.monotonic() - start
+            seconds = time.monotonic() - start
+            self.busy_seconds += seconds
+            self.train_seconds = {r: s for r, s in self.train_seconds.items() if r >= round_ - 1}  # rounds in flight
+            self.train_seconds[round_] = seconds
 
     async def _drop_ahead(self) -> None:
         """Discard training done for a round this miner will not submit (it waits for the model first)."""
@@ -136,7 +141,7 @@ class Miner:
         if not task.cancelled() and task.exception() is not None:
             log.warning("training ahead failed; the steps are discarded: %r", task.exception())
 
-    async def _submit(self, header: SubmissionHeader, payload: bytes) -> None:
+    async def _submit(self, header: SubmissionHeader, payload: bytes, *, compress_seconds: float) -> None:
         peer, r = self.peer, header.round
         sha = peer.store.put(payload)
         if self.payload_sha is not None and self.payload_sha != sha:
@@ -150,8 +155,17 @@ class Miner:
             return
         ratio = self.dense_bytes / max(header.payload_size, 1)
         loss, busy = self.trainer.last_loss, self.busy_fraction
+        trained = self.train_seconds.pop(r, None)
+        step = trained / self.setup.manifest.train.inner_steps if trained is not None else None
         self.events.emit(
-            Submitted(round=r, bytes=header.payload_size, loss=loss, busy_fraction=busy),
+            Submitted(
+                round=r,
+                bytes=header.payload_size,
+                loss=loss,
+                busy_fraction=busy,
+                compress_seconds=compress_seconds,
+                step_seconds=step,
+            ),
             f"round {r}: submitted {mb(header.payload_size)} ({ratio:.0f}x smaller than dense), "
             f"train loss {loss:.4f}, busy {busy:.0%}",
         )

@@ -8,7 +8,8 @@ Round r, as the validator runs it:
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
-   PULSESync patch as a blob and publish the signed round result; report the held-out measure.
+   PULSESync patch as a blob and publish the signed round result; report the held-out measure, and
+   publish it with the round's byte counts and the miners' standings (`RoundMetrics`, for run pages).
 
 What depends on the task comes from two objects: the `Task` (W_0, the Gauntlet's evaluator and
 batch function) and its `RoundHooks` (RL: the rollout pool before a round opens; the held-out loss
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +40,7 @@ from node.run.task import Task
 from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
-from protocol.messages import CheckpointAnnouncement, Heartbeat, SubmissionHeader
+from protocol.messages import CheckpointAnnouncement, Heartbeat, RoundMetrics, Standing, SubmissionHeader
 from protocol.signing import Verified
 from protocol.state import State
 from validator.core import RoundReport, Validator
@@ -214,15 +216,51 @@ class ValidatorService:
         for sub in submissions:
             self.peer.store.remove(hashlib.sha256(sub.payload).hexdigest())
         self.previous_senders = set(self.received)
+        start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
-        self._report(report, submissions, measured, changed)
+        self._report(report, submissions, measured, changed, held_out_seconds=time.monotonic() - start)
+        try:
+            await self.peer.publish(self._metrics(report, submissions, measured))
+        except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
+            log.warning("round %d metrics not stored in the DHT: %s", r, exc)
+
+    def _metrics(self, report: RoundReport, submissions: list[Submission], measured: HeldOut) -> RoundMetrics:
+        """The round's figures for run pages, each within its field's bounds (a diverged loss is left out)."""
+        named = [s.sender for s in report.result.selected] + [r.sender for r in report.result.rejections]
+        ratings, indicators = self.validator.ratings, self.validator.book.indicators
+        loss, reward = measured.loss, measured.reward
+        return RoundMetrics(
+            run_id=self.setup.run_id,
+            round=report.round,
+            held_out_loss=loss if loss is not None and 0 <= loss <= 1e6 else None,
+            held_out_reward=reward if reward is not None and math.isfinite(reward) else None,
+            submissions=len(submissions),
+            received_bytes=sum(len(s.payload) for s in submissions),
+            dense_bytes=self.dense_bytes * len(submissions),
+            standings=tuple(
+                Standing(
+                    sender=key,
+                    rating=min(max(ratings.ordinal(key), -1e6), 1e6),
+                    indicator=min(max(indicators.get(key, 0.0), -1.0), 1.0),
+                )
+                for key in dict.fromkeys(named)
+            ),
+        )
 
     def _recent_states(self) -> dict[int, str]:
         """Round -> state hash for the rounds the validator's book still names (newest is this round's)."""
         states = self.validator.book.states
         return {self.round - len(states) + 1 + i: h for i, h in enumerate(states)}
 
-    def _report(self, report: RoundReport, submissions: list[Submission], measured: HeldOut, changed: float) -> None:
+    def _report(
+        self,
+        report: RoundReport,
+        submissions: list[Submission],
+        measured: HeldOut,
+        changed: float,
+        *,
+        held_out_seconds: float | None = None,
+    ) -> None:
         sent = sum(len(s.payload) for s in submissions)
         selected = report.selected()
         ranked = sorted(report.result.selected, key=lambda s: -s.score)
@@ -241,6 +279,10 @@ class ValidatorService:
             rejections={r.sender: r.reason for r in report.result.rejections},
             state_hash=report.state_hash,
             seconds=report.seconds,
+            ignored=[o.reason for o in report.outcomes if o.status == "ignored"],
+            decide_seconds=report.decide_seconds,
+            encode_seconds=report.encode_seconds,
+            held_out_seconds=held_out_seconds if measured.measured else None,
         )
         held_out = f", held-out {measured.describe()}" if measured.measured else ""
         self.events.emit(

@@ -4,17 +4,20 @@ Starts a bootstrap peer (`pulse dht`), a validator, N miners and a follower with
 `configs/tiny.toml` that names a fresh validator key, runs R rounds and stops everyone. Every
 role appends JSON lines to `DIR/events/<name>.jsonl` (`node.events`); the demo reads them back as
 typed events (`read_events`) to draw the table, and at the end writes `DIR/summary.json`,
-`DIR/loss.png` and `DIR/bytes.png`.
+`DIR/loss.png`, `DIR/bytes.png` and `DIR/leaderboard.png`. The validator's state folder stays at
+`DIR/validator` (`pulse export`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,10 +77,9 @@ class Swarm:
         self.procs.append(proc)
         return proc
 
-    def start_bootstrap(self, timeout: float = 60.0) -> None:
-        proc = self.spawn(
-            "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0"]
-        )
+    def start_bootstrap(self, timeout: float = 60.0, extra: Sequence[str] = ()) -> None:
+        args = ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0", *extra]
+        proc = self.spawn("bootstrap", "bootstrap", args)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = proc.log.read_text(errors="replace")
@@ -89,8 +91,18 @@ class Swarm:
             time.sleep(0.2)
         raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
 
-    def start_role(self, name: str, role: str, key: Path | None, *, state: str | None = None) -> Proc:
-        """Start `pulse <role>`; `state` names its state folder (default: `name`; a restart reuses one)."""
+    def start_role(
+        self,
+        name: str,
+        role: str,
+        key: Path | None,
+        *,
+        state: str | None = None,
+        state_dir: Path | None = None,
+        extra: Sequence[str] = (),
+    ) -> Proc:
+        """Start `pulse <role>`; its state folder is `state_dir`, else `work/<state>` (default: `work/<name>`;
+        a restart reuses one). `extra` flags come last (a later flag overrides an earlier one)."""
         args = [
             role,
             "--config",
@@ -102,7 +114,7 @@ class Swarm:
             "--events",
             str(self.out / "events" / f"{name}.jsonl"),
             "--state-dir",
-            str(self.work / (state or name)),
+            str(state_dir or self.work / (state or name)),
             "--host",
             "/ip4/127.0.0.1/tcp/0",
             "--initial-peers",
@@ -110,7 +122,22 @@ class Swarm:
         ]
         if key is not None:
             args += ["--key", str(key)]
-        return self.spawn(name, role, args)
+        return self.spawn(name, role, [*args, *extra])
+
+    def start_dashboard(self, port: int = 0, timeout: float = 60.0) -> tuple[Proc, str]:
+        """Start `pulse dashboard` on the run; returns it and the page's URL once it serves."""
+        args = ["dashboard", "--config", str(self.out / "run.toml"), "--port", str(port), "--poll", "1"]
+        args += ["--refresh", "2", "--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *self.bootstrap]
+        proc = self.spawn("dashboard", "dashboard", args)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(r" at (http://\S+)", proc.log.read_text(errors="replace"))
+            if found:
+                return proc, found.group(1)
+            if proc.popen.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"the dashboard did not start; see {proc.log}")
 
     def stop(self, proc: Proc) -> None:
         """Ctrl+C a role; SIGKILL its whole process group if it does not exit in time."""
@@ -203,7 +230,19 @@ def summarize(log: EventLog, rounds: int) -> dict[str, Any]:
         # PULSESync patches against shipping the whole BF16 state every round
         "sync_ratio_vs_dense": sum(e.state_bytes for e in closed) / patch if patch else None,
         "peak_rss_mb": rss,
+        "places_per_round": places([e.scores for e in closed], {key: name for name, key in log.keys().items()}),
     }
+
+
+def places(scores: Sequence[Mapping[str, float]], names: Mapping[str, str]) -> dict[str, list[int | None]]:
+    """Each miner's place in every round (1: the highest final score among the aggregated), None when
+    it was not aggregated; `scores` holds each round's aggregated miners by key."""
+    out: dict[str, list[int | None]] = {}
+    for i, round_scores in enumerate(scores):
+        ranked = sorted(round_scores, key=lambda key: (-round_scores[key], key))
+        for place, key in enumerate(ranked, start=1):
+            out.setdefault(names.get(key, key[:8]), [None] * len(scores))[i] = place
+    return dict(sorted(out.items()))
 
 
 def plot(summary: dict[str, Any], out: Path) -> None:
@@ -235,4 +274,30 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "bytes.png", dpi=120)
+    plt.close(fig)
+
+    if summary["places_per_round"]:
+        leaderboard_plot(summary["places_per_round"], out / "leaderboard.png")
+
+
+def leaderboard_plot(places_per_round: Mapping[str, Sequence[int | None]], path: Path) -> None:
+    """The leaderboard over rounds: each miner's place among the aggregated (1 at the top); a gap
+    where it was not aggregated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    deepest = 1
+    for name, row in places_per_round.items():
+        ys = [float("nan") if p is None else p for p in row]  # NaN breaks the line: not aggregated
+        ax.plot(range(len(row)), ys, marker="o", label=name)
+        deepest = max([deepest, *(p for p in row if p is not None)])
+    ax.set_ylim(deepest + 0.5, 0.5)
+    ax.set_yticks(range(1, deepest + 1))
+    ax.set(xlabel="round", ylabel="place (by final score)", title="Leaderboard over rounds")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from node.commands.cli import main
 from node.commands.roles import DEFAULT_CONFIG
 
 pytestmark = pytest.mark.swarm
@@ -24,8 +25,15 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert summary["bytes_ratio_vs_dense"] > 17
     assert 0 < summary["miner_busy_fraction"] <= 1
     assert set(summary["peak_rss_mb"]) >= {"validator", "miner", "follow"}
-    for name in ("summary.json", "loss.png", "bytes.png"):
+    for name in ("summary.json", "loss.png", "bytes.png", "leaderboard.png"):
         assert (tmp_path / name).stat().st_size > 0
+    places = summary["places_per_round"]  # every aggregated miner has a place in its rounds
+    assert set(places) <= {"miner0", "miner1"} and all(len(row) == 2 for row in places.values())
+    assert any(p == 1 for row in places.values() for p in row)
+    # the validator's state folder stays, and exports
+    out = tmp_path / "model"
+    flags = ["--state-dir", str(tmp_path / "validator"), "--config", str(tmp_path / "run.toml"), "--out", str(out)]
+    assert main(["export", *flags]) == 0 and main(["export", "--verify", str(out)]) == 0
 
 
 def test_demo_rl_json_summary(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from node.events import steps
 from node.learn.basecache import InvalidCache, default_cache_dir, read_cached_state, write_cached_state
 from node.learn.model import GPT, GPTConfig, build_gpt
 from node.learn.rl.config import RLConfig
@@ -98,7 +99,7 @@ def train_sft(model: GPT, cfg: RLConfig, seed: int) -> float:
     data_seed = derive_seed("rl-warm-start", seed)
     model.train()
     recent: list[float] = []
-    for step in range(cfg.warm_start_steps):
+    for step in steps(range(cfg.warm_start_steps), "RL warm start: supervised steps (cached once)"):
         for group in opt.param_groups:
             group["lr"] = optim.lr_at(step)
         tokens, mask = completion_tensors(sft_examples(data_seed, step, BATCH_SIZE, cfg), model.cfg.block_size)
