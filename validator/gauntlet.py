@@ -55,6 +55,7 @@ from validator.scoring import (
     RoundEvaluation,
     RoundSecret,
     Sketch,
+    copy_groups,
     copy_owners,
     moving_average,
 )
@@ -122,27 +123,7 @@ class Inspection:
     median: float
     directions: StateDict | None  # sum of update / norm over the distinct admissible updates
     kept: int  # how many updates that sum holds
-
-
-class References:
-    """Each candidate's reference update (scoring.py): the mean direction of the OTHER updates.
-
-    An admissible update u is in the sum of directions once, whatever its copies, so its reference
-    is (directions - u / |u|) / (kept - 1) at the median norm. With no other distinct admissible
-    update (a lone miner, or one update among inadmissible ones) there is none: the indicator is
-    then the plain own-data check (scoring.py). With two, each is judged against the other: if that
-    other trained on its data (a thief), its own-data advantage is matched and it may get -1 that round.
-    """
-
-    def __init__(self, inspection: Inspection) -> None:
-        self.directions, self.kept, self.median = inspection.directions, inspection.kept, inspection.median
-
-    def leaving_out(self, update: State, norm: float) -> StateDict | None:
-        others = self.kept - 1
-        if self.directions is None or others < 1 or norm <= 0:
-            return None
-        scale = self.median / others
-        return {name: (t - update[name] / norm).mul_(scale) for name, t in self.directions.items()}
+    copies: dict[str, tuple[str, ...]]  # payload hash -> the other distinct payloads of its copy group
 
 
 class RoundPipeline:
@@ -159,7 +140,7 @@ class RoundPipeline:
         """Inspect, evaluate, mark copies, rate, select: the round's outcomes and the next standing."""
         inspection = self.inspect(screened.candidates, secret)
         evaluated = self.evaluate(inspection, secret, run_id, round_)
-        self.mark_copies(evaluated)
+        self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
         selected, finals, reasons = select(self.cfg, evaluated, after.ratings.ordinal, after.indicators)
         outcomes, scored, rejections = outcomes_and_result(
@@ -211,8 +192,18 @@ class RoundPipeline:
         for a in out:
             original = first[a.candidate.header.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
-        kept = sum(1 for a in distinct if a.problem is None and a.norm > 0)
-        return Inspection(out, median, directions if kept else None, kept)
+        admissible = [a for a in distinct if a.problem is None and a.norm > 0]
+        return Inspection(out, median, directions if admissible else None, len(admissible), self._copies(admissible))
+
+    def _copies(self, admissible: Sequence[Assessment]) -> dict[str, tuple[str, ...]]:
+        """Each admissible payload's near copies among the others (`copy_groups`), by payload hash."""
+        items = [(a.candidate.header.payload_sha256, a.sketch) for a in admissible if a.sketch is not None]
+        copies: dict[str, tuple[str, ...]] = {}
+        for members in copy_groups(items, self.cfg.copy_overlap, self.cfg.copy_cosine):
+            hashes = [items[i][0] for i in members]
+            for h in hashes:
+                copies[h] = tuple(other for other in hashes if other != h)
+        return copies
 
     def _measure(self, a: Assessment, offset: int) -> StateDict | None:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
@@ -244,26 +235,56 @@ class RoundPipeline:
         assigned = {a.index: self._assigned_batches(a.sender, secret, run_id, round_) for a in todo}
         randoms = [self.batch_fn(seed) for seed in secret.random_seeds(cfg.random_batches)]
         ev = RoundEvaluation(self.evaluator, self.weights, cfg.eval_step, randoms, assigned)
-        references = References(inspection)
         for a in todo:
-            update = self.decode(a.candidate.payload)
+            update, reference = self._update_and_reference(a, inspection)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
-            reference = references.leaving_out(update, a.norm)
             a.gains = ev.gains(a.index, update, scale, reference)
             a.indicator = a.gains.indicator(cfg.indicator_margin)
             del update, reference
         inspection.directions = None  # no longer needed: free it before the aggregate
         return todo
 
+    def _update_and_reference(self, a: Assessment, inspection: Inspection) -> tuple[StateDict, StateDict | None]:
+        """`a`'s decoded update and its reference update: the mean direction of the OTHER distinct
+        admissible updates at the median norm (leave-one-out, scoring.py), leaving out its near copies
+        too, which are the same work. None when no other update is left (a lone miner): the
+        indicator is then the plain own-data check. Never two decoded updates alive at once: the
+        copies are taken out of the sum before `a`'s own update is decoded."""
+        digest = a.candidate.header.payload_sha256
+        copies = inspection.copies.get(digest, ())
+        others = inspection.kept - 1 - len(copies)
+        if inspection.directions is None or others < 1 or a.norm <= 0:
+            return self.decode(a.candidate.payload), None
+        reference = {name: t.clone() for name, t in inspection.directions.items()}
+        norms = {x.candidate.header.payload_sha256: (x.norm, x.candidate.payload) for x in inspection.assessments}
+        for h in copies:
+            norm, payload = norms[h]
+            _accumulate(reference, self.decode(payload), -1.0 / norm)
+        update = self.decode(a.candidate.payload)
+        _accumulate(reference, update, -1.0 / a.norm)
+        for t in reference.values():
+            t.mul_(inspection.median / others)
+        return update, reference
+
     def _assigned_batches(self, miner: str, secret: RoundSecret, run_id: str, round_: int) -> list[Batch]:
         """The sample of `miner`'s assigned batches the validator scores it on (secret, per round)."""
         batches = self.cfg.assignment_batches
         seeds = Assignment(run_id, round_, miner, batches).seeds
-        return [self.batch_fn(seeds[j]) for j in secret.assigned_indices(miner, batches, self.cfg.scored_assigned_batches)]
+        return [
+            self.batch_fn(seeds[j]) for j in secret.assigned_indices(miner, batches, self.cfg.scored_assigned_batches)
+        ]
 
-    def mark_copies(self, evaluated: Sequence[Assessment]) -> None:
+    def mark_copies(self, evaluated: Sequence[Assessment], standing: Standing) -> None:
+        decay = self.cfg.indicator_decay
         items = [
-            CopyCandidate(a.index, a.candidate.header.payload_sha256, a.sketch, a.gains.margin, a.indicator)
+            CopyCandidate(
+                a.index,
+                a.candidate.header.payload_sha256,
+                a.sketch,
+                a.gains.margin,
+                a.indicator,
+                moving_average(standing.indicators.get(a.sender, 0.0), a.indicator, decay),
+            )
             for a in evaluated
             if a.sketch is not None and a.gains is not None
         ]
@@ -290,11 +311,13 @@ def select(
     finals: dict[int, float] = {}
     reasons: dict[int, str] = {}
     eligible: list[Assessment] = []
-    for a in evaluated:
-        if a.copy or a.gains is None:
-            continue
+    ranked = [a for a in evaluated if not a.copy and a.gains is not None]
+    # a lone update is ranked against nobody: its rating says nothing (a newcomer's ordinal is 0, so
+    # its final score would be 0 and a run's first miner never trained), so its final is its average
+    alone = len(ranked) == 1
+    for a in ranked:
         average = averages[a.sender]
-        final = finals[a.index] = ordinal(a.sender) * max(average, 0.0)
+        final = finals[a.index] = (1.0 if alone else ordinal(a.sender)) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:
             reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
         elif average < cfg.min_indicator_average:

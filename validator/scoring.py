@@ -205,18 +205,13 @@ class CopyCandidate:
     sketch: Sketch
     margin: float
     indicator: int
+    average: float = 0.0  # the miner's indicator moving average with this round's indicator in it
 
 
-def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -> dict[int, int]:
-    """index -> index of the submission it copies, for every copy among `items`.
-
-    Submissions with the same payload hash, or whose sketches overlap by at least `overlap` with
-    cosine at least `cosine`, form a group. Its owner is, among the members whose indicator is +1
-    this round (the update helps their own data), the one with the largest margin; if there is
-    none, the earliest. The rest are copies. Templar penalizes the later uploader; asking the
-    data first means a thief that trains on its victim's assignment and uploads first does not
-    turn its victim into the copy.
-    """
+def copy_groups(items: Sequence[tuple[str, Sketch]], overlap: float, cosine: float) -> list[list[int]]:
+    """Positions in `items` ((payload SHA-256, sketch) pairs) that are copies of each other, one list
+    per group of two or more, ascending: the same payload hash, or sketches that overlap by at least
+    `overlap` with cosine at least `cosine` (transitively)."""
     parent = list(range(len(items)))
 
     def root(i: int) -> int:
@@ -225,23 +220,39 @@ def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -
             i = parent[i]
         return i
 
-    for j, later in enumerate(items):
+    for j, (later_hash, later) in enumerate(items):
         for i in range(j):
-            earlier = items[i]
-            same = earlier.payload_sha256 == later.payload_sha256
-            if same or (
-                earlier.sketch.overlap(later.sketch) >= overlap and earlier.sketch.cosine(later.sketch) >= cosine
-            ):
+            earlier_hash, earlier = items[i]
+            if earlier_hash == later_hash or (earlier.overlap(later) >= overlap and earlier.cosine(later) >= cosine):
                 parent[root(j)] = root(i)
     groups: dict[int, list[int]] = {}
     for i in range(len(items)):
         groups.setdefault(root(i), []).append(i)
+    return [members for members in groups.values() if len(members) > 1]
+
+
+def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -> dict[int, int]:
+    """index -> index of the submission it copies, for every copy among `items`.
+
+    Submissions in one `copy_groups` group: its owner is the member whose own data the update
+    helps, on the record: among the members with a positive indicator average (this round's
+    indicator in it) or a +1 indicator this round, the one with the highest average, then the +1,
+    then the largest margin; if there is none, the earliest. The rest are copies. Templar penalizes
+    the later uploader; asking the data first means a thief that trains on its victim's
+    assignment and uploads first does not turn its victim into the copy. Asking the record before
+    this round's margin means a copier must beat its victim's history, not one noisy measurement:
+    an honest miner whose margin is below zero in one round (it happens: the own-data advantage
+    of one batch is small) does not lose its update to a near copy that got +1 by chance. Between
+    two keys with no history this is the old rule: the +1 with the largest margin.
+    """
     owners: dict[int, int] = {}
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        trained = [i for i in members if items[i].indicator > 0]
-        owner = max(trained, key=lambda i: (items[i].margin, -i)) if trained else members[0]
+    for members in copy_groups([(c.payload_sha256, c.sketch) for c in items], overlap, cosine):
+        evidence = [i for i in members if items[i].indicator > 0 or items[i].average > 0]
+        owner = (
+            max(evidence, key=lambda i: (items[i].average, items[i].indicator, items[i].margin, -i))
+            if evidence
+            else members[0]
+        )
         for i in members:
             if i != owner:
                 owners[items[i].index] = items[owner].index

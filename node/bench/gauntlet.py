@@ -69,7 +69,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inner-steps", type=int, default=15, help="H AdamW steps per round")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per inner step")
     parser.add_argument(
-        "--assignment-batches", type=int, default=None, help="batches a miner cycles over per round (default: H, a fresh one per step)"
+        "--assignment-batches",
+        type=int,
+        default=None,
+        help="batches a miner cycles over per round (default: H, a fresh one per step)",
     )
     parser.add_argument("--lr", type=float, default=1e-3, help="inner AdamW learning rate")
     parser.add_argument("--top-g", type=int, default=8, help="submissions aggregated per round")

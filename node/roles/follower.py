@@ -1,9 +1,11 @@
 """The follower: bit-identical BF16 weights through PULSESync patches, and what it serves from them.
 
 It joins from the newest checkpoint, then applies every round's patch, verifying each state hash
-(`catchup.Chain`). For each round it holds, it runs its round services: none in a language
-modelling run (an inference worker serves its own requests), the rollout worker in an RL run
-(`rl/worker.py`, generating and publishing the round's rollouts).
+(`catchup.Chain`), and announces itself once a round (a heartbeat listing the patches and the
+checkpoint it re-serves, so fetchers can spread over it, and `pulse status` lists it). For each round
+it holds, it runs its round services: none in a language modelling run (an inference worker serves
+its own requests), the rollout worker in an RL run (`rl/worker.py`, generating and publishing the
+round's rollouts). Stopping at `rounds`, it announces the state it ends on.
 """
 
 from __future__ import annotations
@@ -45,11 +47,16 @@ class Follower:
             Started(sender=key, peer_id=self.peer.peer_id), f"follower {key[:12]} joined, peer id {self.peer.peer_id}"
         )
         held = await self.chain.sync()
+        announced: int | None = None
         while rounds is None or held.round < rounds:
+            if announced != held.round:  # its heartbeat lists the patches it re-serves to fetchers
+                await self.peer.heartbeat(held.round, held.state_hash)
+                announced = held.round
             for service in self.services:
                 await service.serve(held)
             await asyncio.sleep(self.poll)
             held = await self.chain.sync()
+        await self.peer.heartbeat(held.round, held.state_hash)  # the validator lingers until it sees this
         self.events.emit(
             Final(round=held.round, state_hash=held.state_hash),
             f"holding the state of round {held.round}, hash {held.state_hash[:12]}",
