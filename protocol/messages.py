@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from protocol.errors import MalformedPayload, SizeLimitExceeded
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """The one protocol version: bump it on any change to a wire schema or the signing preimage."""
 
 MAX_ROUND = 2**62
@@ -77,6 +77,7 @@ class WireModel(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
+            where = ascii(where)[1:-1][:80]  # a key the peer chose: escaped, so it cannot forge a log line
             raise MalformedPayload(f"{cls.KIND}: {where}: {first['msg']}") from exc
         if message.canonical_bytes() != data:
             raise MalformedPayload(f"{cls.KIND}: body is not in canonical form")

@@ -37,6 +37,7 @@ from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol import pulsesync
+from protocol.errors import NetworkError
 from protocol.identity import Identity
 from protocol.messages import HEAD_ROUND, CheckpointAnnouncement, RoundResult, RunHead, WireModel
 from protocol.state import StateDict
@@ -62,7 +63,7 @@ def fabricate_chain(net: MemoryNetwork, folder: Path, open_round: int, patches: 
     weights: StateDict = {"w": torch.randn(64, 64, generator=gen).to(torch.bfloat16)}
     c = open_round - patches
     data = checkpoint_bytes(weights)
-    validator.hold(sha := validator.store.put(data))
+    validator.hold(sha := validator.store.put(data), c, "checkpoint")
     checkpoint = CheckpointAnnouncement(
         run_id=RUN, round=c, state_hash=state_hash(weights), blob_sha256=sha, blob_size=len(data),
         format=CHECKPOINT_FORMAT,
@@ -71,7 +72,7 @@ def fabricate_chain(net: MemoryNetwork, folder: Path, open_round: int, patches: 
     for r in range(c, open_round):
         new = {"w": (weights["w"].float() + 0.01 * torch.randn(64, 64, generator=gen)).to(torch.bfloat16)}
         patch = pulsesync.encode(weights, new)
-        validator.hold(validator.store.put(patch))
+        validator.hold(validator.store.put(patch), r)
         records.append(
             RoundResult(
                 run_id=RUN,
@@ -107,7 +108,7 @@ def fabricate_chain(net: MemoryNetwork, folder: Path, open_round: int, patches: 
 
 def join_reads(folder: Path, open_round: int) -> int:
     """The DHT reads a new follower makes to reach W_open_round of a run whose early records are gone."""
-    net = MemoryNetwork(RunRecords(RUN, frozenset({VALIDATOR.public_hex}), 3600.0, 5))
+    net = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
     final = fabricate_chain(net, folder / "validator", open_round, patches=3)
     peer = net.join(key("joiner"), folder / "joiner", role="follower")
     reads = 0
@@ -133,8 +134,8 @@ def test_a_joiner_finds_the_run_without_its_first_records_in_constant_reads(tmp_
 
 
 def test_the_newest_validator_head_wins(tmp_path: Path) -> None:
-    """Heads are signed with their time; a reader keeps the newest, and only a validator's counts."""
-    net = MemoryNetwork(RunRecords(RUN, frozenset({VALIDATOR.public_hex}), 3600.0, 5))
+    """Heads are signed with their time; a reader keeps the newest, and only a validator's is stored."""
+    net = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
     validator = net.join(VALIDATOR, tmp_path / "v", role="validator")
     stranger = net.join(key("stranger"), tmp_path / "s", role="miner")
     checkpoint = CheckpointAnnouncement(
@@ -148,8 +149,10 @@ def test_the_newest_validator_head_wins(tmp_path: Path) -> None:
         )  # fmt: skip
 
     async def main() -> RunHead | None:
+        await validator.publish(head(5, 50))
         await validator.publish(head(7, 100))
-        await stranger.publish(head(99, 200))  # not a validator: ignored
+        with pytest.raises(NetworkError, match="no peer stored head"):  # not a validator: refused at store time
+            await stranger.publish(head(99, 200))
         return await stranger.head()
 
     found = asyncio.run(main())
@@ -249,7 +252,7 @@ def test_a_node_that_finds_no_validator_says_so(tmp_path: Path) -> None:
     """Another run id (a manifest that differs from the validator's), or a manifest with no validator:
     the follower used to wait in silence after 'joined'."""
     for validators in ({VALIDATOR.public_hex}, frozenset()):
-        net = MemoryNetwork(RunRecords(RUN, frozenset(validators), 3600.0, 5))
+        net = MemoryNetwork(RunRecords(RUN, tuple(validators), 3600.0, 5))
         events = Events("follow", tmp_path / f"{len(validators)}.jsonl")
         follower = Follower(net.join(key("lonely"), tmp_path / "f", role="follower"), events, poll=0.05)
         follower.chain.quiet_seconds = 0.3

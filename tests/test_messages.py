@@ -29,6 +29,7 @@ from protocol.messages import (
     MAX_REJECTIONS,
     MAX_ROUND,
     MAX_SELECTED,
+    PROTOCOL_VERSION,
     CheckpointAnnouncement,
     Heartbeat,
     PoolEntry,
@@ -254,6 +255,7 @@ def _moved(signed: SignedMessage, **changes: object) -> SignedMessage:
         ({"round": 4}, InvalidSignature),
         ({"kind": "heartbeat"}, MalformedPayload),
         ({"sender": Identity.generate().public_key}, InvalidSignature),
+        ({"expires_ms": 2**40}, InvalidSignature),  # freshness is signed: nobody can extend a record's life
     ],
 )
 def test_signature_is_bound_to_its_domain(changes: dict[str, object], error: type[Exception]) -> None:
@@ -276,14 +278,14 @@ def test_signature_from_another_run_never_verifies_here() -> None:
 
 def test_signature_from_another_version_never_verifies() -> None:
     me = Identity.generate()
-    signed = replace(sign(me, submission(me)), version=2)
+    signed = replace(sign(me, submission(me)), version=PROTOCOL_VERSION + 1)
     with pytest.raises(UnknownVersion):
         SignedMessage.from_bytes(signed.to_bytes())
-    # A signature made under version 0, presented as version 1, does not verify.
-    legacy = replace(sign(me, submission(me)), version=0, signature=b"")
+    # A signature made under an older version, presented as this one, does not verify.
+    legacy = replace(sign(me, submission(me)), version=PROTOCOL_VERSION - 1, signature=b"")
     legacy = replace(legacy, signature=me.sign(legacy.preimage()))
     with pytest.raises(InvalidSignature):
-        replace(legacy, version=1).open(run_id=RUN, expect=SubmissionHeader)
+        replace(legacy, version=PROTOCOL_VERSION).open(run_id=RUN, expect=SubmissionHeader)
 
 
 def test_body_and_envelope_must_agree_on_sender() -> None:
@@ -313,7 +315,7 @@ def test_framing_errors() -> None:
         SignedMessage.from_bytes(b"XXXX" + data[4:])
     with pytest.raises(SizeLimitExceeded):
         SignedMessage.from_bytes(data + b"\x00" * MAX_ENVELOPE_BYTES)
-    body_len_at = 4 + 3 + len("submission") + 32 + 8 + 32  # magic, version+kind len, kind, run, round, key
+    body_len_at = 4 + 3 + len("submission") + 32 + 8 + 8 + 32  # magic, version+kind len, kind, run, round, expires, key
     huge_len = data[:body_len_at] + struct.pack(">I", 2**31) + data[body_len_at + 4 :]
     with pytest.raises(SizeLimitExceeded, match="body"):
         SignedMessage.from_bytes(huge_len)

@@ -89,7 +89,7 @@ class Workers:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.network = MemoryNetwork(RunRecords(RUN, frozenset({VALIDATOR.public_hex}), 3600.0, 5))
+        self.network = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
         self.validator = self.network.join(VALIDATOR, root / "validator", role="validator")
         self.peers: dict[str, MemoryPeer] = {}
 
@@ -101,7 +101,7 @@ class Workers:
                 worker, self.root / worker.public_hex[:8], role="follower"
             )
         data = rollouts.encode(batch) if data is None else data
-        peer.hold(peer.store.put(data))
+        peer.hold(peer.store.put(data), batch.round, "other")
         await peer.heartbeat(batch.round, batch.state_hash)
         await peer.publish(announce(batch, data))
 

@@ -24,7 +24,6 @@ from node.run.setup import RunSetup
 from node.run.trainer import Trainer
 from protocol.errors import ProtocolError, TransferError
 from protocol.messages import SubmissionHeader
-from protocol.signing import sign
 from protocol.state import State
 
 log = logging.getLogger(__name__)
@@ -119,7 +118,7 @@ class Miner:
         header, payload = await asyncio.get_running_loop().run_in_executor(
             None, trainer.package, r, delta, held.weights, held.state_hash
         )
-        await self._submit(header, payload, compress_seconds=time.monotonic() - start)
+        await self._submit(header, payload, deadline, compress_seconds=time.monotonic() - start)
 
     async def _train(self, round_: int, weights: State) -> State:
         self.started = self.started or time.monotonic()
@@ -142,15 +141,19 @@ class Miner:
         if not task.cancelled() and task.exception() is not None:
             log.warning("training ahead failed; the steps are discarded: %r", task.exception())
 
-    async def _submit(self, header: SubmissionHeader, payload: bytes, *, compress_seconds: float) -> None:
+    async def _submit(
+        self, header: SubmissionHeader, payload: bytes, deadline: float, *, compress_seconds: float
+    ) -> None:
+        """Push the payload (a busy validator is asked again until the round's `deadline`), then
+        announce the header in the DHT."""
         peer, r = self.peer, header.round
         sha = peer.store.put(payload)
         if self.payload_sha is not None and self.payload_sha != sha:
             peer.store.remove(self.payload_sha)  # one payload held at a time: the latest stays fetchable
         self.payload_sha = sha
-        signed = sign(self.trainer.identity, header)
+        signed = peer.sign(header)
         try:
-            await peer.submit(signed, peer.store.path(sha))
+            await peer.submit(signed, peer.store.path(sha), deadline=deadline)
         except (TransferError, ProtocolError) as exc:
             self.events.emit(Missed(round=r, reason=str(exc)), f"round {r}: submission not taken: {exc}")
             return

@@ -108,7 +108,7 @@ class ValidatorService:
         self.dense_bytes = setup.dense_bytes()
         # refuse an oversize payload from its header, before its body is read or stored
         self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
-        peer.take_submissions(self._accept, self._on_submission)
+        peer.take_submissions(self._accept, self._on_submission, self._favoured)
 
     def _open_state(self) -> Validator:
         s, task = self.setup, self.task
@@ -133,6 +133,10 @@ class ValidatorService:
         if header.payload_size > self.max_payload:
             return f"oversize: {header.payload_size} bytes announced, the cap is {self.max_payload}"
         return None
+
+    def _favoured(self, header: SubmissionHeader) -> bool:
+        """Miners whose updates helped (a positive indicator average) may use the reserved upload slots."""
+        return self.validator.book.indicators.get(header.sender, 0.0) > 0.0
 
     def _on_submission(self, verified: Verified[SubmissionHeader]) -> None:
         header = verified.message
@@ -232,7 +236,7 @@ class ValidatorService:
     async def _republish(self) -> None:
         """After a restart: the last result again (DHT records may have expired or never landed)."""
         if self.validator.last_result is not None and self.validator.last_patch is not None:
-            self.peer.hold(self.peer.store.put(self.validator.last_patch))
+            self.peer.hold(self.peer.store.put(self.validator.last_patch), self.round - 1)
             await self.peer.publish_signed(self.validator.last_result)
 
     async def _open(self, *, checkpoint: bool) -> None:
@@ -253,7 +257,7 @@ class ValidatorService:
     async def _announce_checkpoint(self, r: int) -> None:
         data = checkpoint_bytes(self.validator.weights)
         sha = self.peer.store.put(data)
-        self.peer.hold(sha)
+        self.peer.hold(sha, r, "checkpoint")
         announcement = CheckpointAnnouncement(
             run_id=self.setup.run_id,
             round=r,
@@ -291,7 +295,7 @@ class ValidatorService:
         report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
         changed = changed_fraction(before, self.validator.weights)
         sha = self.peer.store.put(report.patch)
-        self.peer.hold(sha)
+        self.peer.hold(sha, r)
         try:
             await self.peer.publish_signed(report.envelope)
         except NetworkError as exc:
