@@ -316,6 +316,7 @@ def select(
     # its final score would be 0 and a run's first miner never trained), so its final is its average
     alone = len(ranked) == 1
     for a in ranked:
+        assert a.gains is not None  # `ranked` holds the evaluated ones only
         average = averages[a.sender]
         final = finals[a.index] = (1.0 if alone else ordinal(a.sender)) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:

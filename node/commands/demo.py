@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         ) as live:
             while time.monotonic() < deadline:
                 live.update(_table(read_events(out / "events"), args.rounds))
-                if all(w.popen.poll() is not None for w in workers) or validator.popen.poll() is not None:
+                if all(w.popen.poll() is not None for w in workers):
+                    break
+                if validator.popen.poll() not in (None, 0):  # it failed; after its last round it stops by itself
                     break
                 time.sleep(0.5)
         ok = all(w.popen.poll() == 0 for w in workers)
