@@ -72,6 +72,7 @@ class Assessment:
     indicator: int = 0
     problem: str | None = None
     copy: bool = False
+    alone: bool = False  # no other admissible update to build its reference from (see `select`)
 
     @property
     def index(self) -> int:
@@ -159,6 +160,8 @@ class RoundPipeline:
         """Indicator averages of the evaluated, and one rating match: evaluated by score, the rest last."""
         indicators = dict(standing.indicators)
         for a in evaluated:
+            if a.alone:  # its indicator is the plain check, too noisy to count (scoring.py): not recorded
+                continue
             indicators[a.sender] = moving_average(indicators.get(a.sender, 0.0), a.indicator, self.cfg.indicator_decay)
         ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
         last = [a.sender for a in inspection.assessments if a.problem is not None]
@@ -240,6 +243,7 @@ class RoundPipeline:
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
             a.gains = ev.gains(a.index, update, scale, reference)
             a.indicator = a.gains.indicator(cfg.indicator_margin)
+            a.alone = reference is None
             del update, reference
         inspection.directions = None  # no longer needed: free it before the aggregate
         return todo
@@ -312,16 +316,16 @@ def select(
     reasons: dict[int, str] = {}
     eligible: list[Assessment] = []
     ranked = [a for a in evaluated if not a.copy and a.gains is not None]
-    # a lone update is ranked against nobody: its rating says nothing (a newcomer's ordinal is 0, so
-    # its final score would be 0 and a run's first miner never trained), so its final is its average
-    alone = len(ranked) == 1
     for a in ranked:
         assert a.gains is not None  # `ranked` holds the evaluated ones only
-        average = averages[a.sender]
-        final = finals[a.index] = (1.0 if alone else ordinal(a.sender)) * max(average, 0.0)
+        average = averages.get(a.sender, 0.0)
+        # a lone update (no other admissible one this round) has no reference to measure its own-data
+        # gain against and nobody to be ranked with: its score alone decides. A run starts with one
+        # miner; it used to get indicator -1 every round and never trained.
+        final = finals[a.index] = a.gains.random if a.alone else ordinal(a.sender) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:
             reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
-        elif average < cfg.min_indicator_average:
+        elif not a.alone and average < cfg.min_indicator_average:
             reasons[a.index] = (
                 f"indicator average {average:.3f} below {cfg.min_indicator_average} (this round {a.indicator:+d})"
             )

@@ -22,11 +22,12 @@ would BE g: margin 0 and indicator -1 every round, so a lone miner never trained
 GPT this difference-in-differences separates honest miners from thieves far better than
 comparing gain(A, g) with gain(R, g) alone (`pulse bench gauntlet`).
 
-With no other admissible update there is no reference (ref_i = 0) and the indicator is that plain
-comparison: gain(A, g) - gain(R, g) > 0. Alone, there is nobody's work to take and no other
-update to measure against; the plain check still asks that the update helps its own data more
-than random data, which an honest lone miner passes in most rounds and an update trained on other
-data passes about as often as chance (README, "How submissions are judged").
+With no other admissible update there is no reference (ref_i = 0): the indicator is then the plain
+comparison gain(A, g) - gain(R, g) > 0, which with a fresh batch every inner step is mostly batch
+difficulty (an honest lone miner fails it about every other round). So it is reported but neither
+recorded in the miner's moving average nor a gate: a lone update is aggregated when its score (its
+gain on the validator's secret random batches) is positive (`gauntlet.select`). Alone, there is
+nobody's work to take; whatever helps random data helps the run.
 
 Copies: a `Sketch` keeps an update's nonzero values at every stride-th coordinate (offset chosen
 per round by the validator), a few kilobytes, so a round compares all pairs without holding

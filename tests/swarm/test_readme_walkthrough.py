@@ -13,6 +13,7 @@ still stop it, with no daemon error on its output (it used to run on, SIGINT ign
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -112,6 +113,9 @@ class Shell:
         self.procs.append(popen)
         return popen
 
+    def ready(self, name: str) -> bool:
+        return "ready" in self.log(name)
+
     def log(self, name: str) -> str:
         return (self.folder / "logs" / f"{name}.log").read_text(errors="replace")
 
@@ -125,6 +129,10 @@ class Shell:
             except subprocess.TimeoutExpired:
                 os.killpg(popen.pid, signal.SIGKILL)
                 popen.wait(5)
+
+
+def exited(popens: list[subprocess.Popen[bytes]]) -> bool:
+    return all(p.poll() is not None for p in popens)
 
 
 @pytest.fixture
@@ -163,7 +171,7 @@ def test_the_readme_walkthrough_runs_as_written(shell: Shell) -> None:
         elif verb == "dht":
             name = next(names)
             started[name] = shell.start(command, name, ignore_sigint=True)
-            assert poll(lambda name=name: "ready" in shell.log(name), 90.0), shell.log(name)
+            assert poll(functools.partial(shell.ready, name), 90.0), shell.log(name)
             printed = [
                 line
                 for line in shell.log(name).splitlines()
@@ -176,9 +184,7 @@ def test_the_readme_walkthrough_runs_as_written(shell: Shell) -> None:
             started[name] = shell.start(command, name)
         elif verb == "status":
             roles = [started[n] for n in ("validator", "miner", "follower")]
-            assert poll(lambda roles=roles: all(p.poll() is not None for p in roles), WAIT), {
-                n: shell.log(n)[-2000:] for n in started
-            }
+            assert poll(functools.partial(exited, roles), WAIT), {n: shell.log(n)[-2000:] for n in started}
             assert [p.returncode for p in roles] == [0, 0, 0], {n: shell.log(n)[-2000:] for n in started}
             status = shell.run(command)
         else:
