@@ -127,7 +127,9 @@ class ValidatorService:
 
     def _accept(self, header: SubmissionHeader) -> str | None:
         if self.closed or header.round != self.round:
-            return f"round {header.round} is not open (the open round is {self.round}, closed={self.closed})"
+            if header.round == self.round:
+                return f"round {header.round} has closed: the validator is scoring it"
+            return f"round {header.round} is not open (the open round is {self.round})"
         if header.sender in self.received:
             return "one submission per miner per round"
         if header.payload_size > self.max_payload:
@@ -375,11 +377,15 @@ class ValidatorService:
             held_out_seconds=held_out_seconds if measured.measured else None,
         )
         held_out = f", held-out {measured.describe()}" if measured.measured else ""
+        received = (
+            f"{mb(sent)} received ({self.dense_bytes * len(submissions) / sent:.0f}x smaller than dense)"
+            if sent
+            else "nothing received"
+        )
         self.events.emit(
             event,
             f"round {report.round} closed: {len(submissions)} submissions, {len(selected)} aggregated, "
-            f"{mb(sent)} received ({self.dense_bytes * max(len(submissions), 1) / max(sent, 1):.0f}x smaller "
-            f"than dense), patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
+            f"{received}, patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
         )
 
     async def shutdown(self) -> None:
