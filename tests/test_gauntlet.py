@@ -374,11 +374,11 @@ def test_one_or_two_miners_train(tmp_path: Path, miners: int) -> None:
     before = swarm.held_out_loss(arena.validator.weights)
     for _ in range(4):
         arena.play()
+    aggregated = sum(len(rec.report.selected()) for rec in arena.records)
+    assert aggregated >= 2 * miners, [o.reason for rec in arena.records for o in rec.report.outcomes]
+    assert swarm.held_out_loss(arena.validator.weights) < before - 0.1
     gains = [o.gains for rec in arena.records for o in rec.report.outcomes if o.gains is not None]
     if miners == 1:
         assert all(g.assigned_ref == g.random_ref == 0.0 for g in gains)  # no reference at all
     else:
         assert all(g.assigned_ref != g.assigned for g in gains)  # the other's update, not its own
-    aggregated = sum(len(rec.report.selected()) for rec in arena.records)
-    assert aggregated >= 2 * miners, [o.reason for rec in arena.records for o in rec.report.outcomes]
-    assert swarm.held_out_loss(arena.validator.weights) < before - 0.1

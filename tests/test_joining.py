@@ -248,21 +248,31 @@ def test_the_validator_stops_after_its_rounds(expired_run: tuple[EventLog, bool,
 # -- nothing to find ------------------------------------------------------------------------------
 
 
-def test_a_node_that_finds_no_validator_says_so(tmp_path: Path) -> None:
-    """Another run id (a manifest that differs from the validator's), or a manifest with no validator:
-    the follower used to wait in silence after 'joined'."""
-    for validators in ({VALIDATOR.public_hex}, frozenset()):
-        net = MemoryNetwork(RunRecords(RUN, tuple(validators), 3600.0, 5))
-        events = Events("follow", tmp_path / f"{len(validators)}.jsonl")
-        follower = Follower(net.join(key("lonely"), tmp_path / "f", role="follower"), events, poll=0.05)
-        follower.chain.quiet_seconds = 0.3
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("other run", "is your manifest the validator's? (run ids differ when one byte differs)"),
+        ("no validator", "the manifest names no validator"),
+        ("no initial peers", "started without --initial-peers"),
+    ],
+)
+def test_a_node_that_finds_no_validator_says_so(tmp_path: Path, case: str, expected: str) -> None:
+    """Another run id (a manifest that differs from the validator's: nothing of its run is visible),
+    a manifest with no validator, no --initial-peers: the node used to wait in silence after 'joined'."""
+    validators = () if case == "no validator" else (VALIDATOR.public_hex,)
+    net = MemoryNetwork(RunRecords(RUN, validators, 3600.0, 5))
+    events = Events("follow", tmp_path / "events" / "f.jsonl")
+    peer = net.join(key("lonely"), tmp_path / "f", role="follower")
+    peer.alone = case == "no initial peers"
+    follower = Follower(peer, events, poll=0.05)
+    follower.chain.quiet_seconds = 0.3
 
-        async def wait(follower: Follower) -> None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(follower.run(1), 1.0)
+    async def wait(follower: Follower) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(follower.run(1), 1.0)
 
-        asyncio.run(wait(follower))
-        said = read_events(tmp_path).events(Quiet)
-        assert said, "no word after a second of finding nothing"
-        expected = "is your manifest the validator's?" if validators else "names no validator"
-        assert expected in said[-1].hint and said[-1].run_id == RUN
+    asyncio.run(wait(follower))
+    said = read_events(tmp_path / "events").events(Quiet)
+    assert said, "no word after a second of finding nothing"
+    assert expected in said[0].hint and said[0].run_id == RUN and said[0].seconds >= 0.3
+    assert len(said) <= 2  # then at doubling intervals, not every poll
