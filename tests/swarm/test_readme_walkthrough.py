@@ -197,6 +197,7 @@ def test_the_readme_walkthrough_runs_as_written(shell: Shell) -> None:
     finals = log.final_hashes()
     assert set(finals) == {"validator", "miner", "follower"} and len(set(finals.values())) == 1, finals
     assert f"round {ROUNDS} is the current round" in status, status
+    assert all(role in status for role in ("validator", "miner", "follower")), status  # followers too
 
     # Ctrl+C from a script: the bootstrap stops, and says nothing of its daemon's errors
     bootstrap = started["bootstrap"]
