@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import importlib
 import logging
@@ -22,10 +23,12 @@ from pathlib import Path
 import pytest
 
 from node.commands.cli import COMMANDS, main
+from node.commands.status import nothing_found
 from node.events import Events
 from node.net.memory import MemoryNetwork
 from node.net.peer import Role
 from node.roles.records import run_records
+from node.roles.status import read_status
 from node.roles.tasks import follower_for, miner_for
 from node.run.manifest import Manifest, load_manifest
 from node.run.presets import preset
@@ -97,3 +100,14 @@ def test_each_commands_help_is_the_one_its_module_registers() -> None:
         importlib.import_module(module).register(subparsers)
     registered = {action.dest: action.help for action in subparsers._choices_actions}
     assert registered == {name: text for name, (_, text) in COMMANDS.items()}
+
+
+def test_status_of_a_run_with_nothing_found_says_why(tmp_path: Path) -> None:
+    """`pulse status` with no peer used to print "round 0 is the open round" and exit 0."""
+    manifest = small_manifest(key("validator"))
+    net = MemoryNetwork(run_records(manifest))
+    status = asyncio.run(read_status(net.join(key("reader"), tmp_path / "r", role="follower")))
+    assert not status.found
+    assert "is your manifest the validator's" in nothing_found(manifest.run_id, True, True)
+    assert "no --initial-peers" in nothing_found(manifest.run_id, True, False)
+    assert "names no validator" in nothing_found(manifest.run_id, False, True)
