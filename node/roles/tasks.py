@@ -47,10 +47,12 @@ def validator_for(
     events: Events,
     *,
     poll: float = POLL_SECONDS,
+    device: str = "cpu",
 ) -> ValidatorService:
-    """The validator service of the run (builds or reopens its state: run it in an executor)."""
-    hooks = round_hooks(task, peer, events, poll)
-    return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll)
+    """The validator service of the run (builds or reopens its state: run it in an executor); its
+    evaluation and held-out measures run on `device` where the task can use one."""
+    hooks = round_hooks(task, peer, events, poll, device)
+    return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll, device=device)
 
 
 def miner_for(
@@ -99,18 +101,19 @@ def warn_if_validator_key(identity: Identity, peer: Peer, role: str) -> None:
 
 
 @singledispatch
-def round_hooks(task: Task, peer: Peer, events: Events, poll: float) -> RoundHooks:
+def round_hooks(task: Task, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
     raise NotImplementedError(f"no validator round hooks for task {task.kind!r}")
 
 
 @round_hooks.register
-def _(task: LMTask, peer: Peer, events: Events, poll: float) -> RoundHooks:
-    return HeldOutLoss(task.setup.new_model(), task.held_out())
+def _(task: LMTask, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
+    held_out = [(x.to(device), y.to(device)) for x, y in task.held_out()]
+    return HeldOutLoss(task.setup.new_model(initial=False).to(device), held_out)  # loads W before measuring
 
 
 @round_hooks.register
-def _(task: RLTask, peer: Peer, events: Events, poll: float) -> RoundHooks:
-    return RLRoundHooks(task, peer, events, task.setup.new_model(), poll=poll)
+def _(task: RLTask, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
+    return RLRoundHooks(task, peer, events, task.setup.new_model(), poll=poll)  # small models: the CPU
 
 
 @singledispatch
