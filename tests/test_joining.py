@@ -150,6 +150,7 @@ def test_the_newest_validator_head_wins(tmp_path: Path) -> None:
 
     async def main() -> RunHead | None:
         await validator.publish(head(5, 50))
+        await asyncio.sleep(0.01)  # a later signed expiry: of one owner's two records, the later-expiring is kept
         await validator.publish(head(7, 100))
         with pytest.raises(NetworkError, match="no peer stored head"):  # not a validator: refused at store time
             await stranger.publish(head(99, 200))
