@@ -60,7 +60,7 @@ from protocol.signing import SignedMessage, sign
 from protocol.statehash import state_hash
 from validator.core import RoundReport, Validator
 from validator.gauntlet import RoundPipeline, Standing
-from validator.intake import Submission
+from validator.intake import Submission, payload_size
 from validator.ratings import RatingRecord, Ratings
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,8 @@ def run_manifest(home: Manifest, model: dict[str, str], steps: int, batch: int, 
     data["data"] = {"kind": "embedded", "cap_bytes": 4 * 2**20, "batch_size": batch, "seq_len": seq}
     data["train"]["inner_steps"] = steps
     data["selection"].update(eval_batch_size=eval_batch, min_indicator_average=0.0, held_out_batches=0)
+    # the preset's fresh batch per step, as far as these steps go (a manifest refuses more)
+    data["selection"]["assignment_batches"] = min(data["selection"]["assignment_batches"], steps)
     return parse_manifest(data, "pulse bench scale")
 
 
@@ -327,7 +329,7 @@ class Bench:
         honest = [m.submission for m in self.miners[:size]]
         copies = []
         for j in range(size - len(honest)):
-            original = self.miners[j % len(self.miners)].submission.payload
+            original = self.miners[j % len(self.miners)].submission.read()
             payload = bytes(bytearray(original))  # its own buffer, as a received copy would have
             ident = identity_for(f"scale/copier/{j}")
             digest = Assignment(self.setup.run_id, 0, ident.public_hex, self.s.run.selection.assignment_batches).digest
@@ -354,7 +356,7 @@ class Bench:
             report = v.run_round(subs)
         stats = self.rec.stats
         record = RoundRecord(
-            size, copies, report, sum(len(s.payload) + len(s.envelope) for s in subs),
+            size, copies, report, sum(payload_size(s.payload) + len(s.envelope) for s in subs),
             stats[f"{prefix}.open"].host_start_mb, stats[f"{prefix}.round"].host_peak_mb,
             stats[f"{prefix}.round"].device_peak_mb, stats[f"{prefix}.round"].seconds,
             {k.split(".", 1)[1]: (v.calls, v.seconds) for k, v in stats.items() if k.startswith(prefix + ".")},

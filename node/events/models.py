@@ -91,6 +91,16 @@ class Final(Event):
     """Miners: seconds training and compressing / wall seconds since the first round trained."""
 
 
+class Quiet(Event):
+    """A node waited `seconds` without finding anything of its run (no head, no checkpoint)."""
+
+    event: Literal["quiet"] = "quiet"
+    seconds: float
+    run_id: str
+    hint: str
+    """The likely reasons, as the log line gives them."""
+
+
 # -- miners --------------------------------------------------------------------------------------
 
 
@@ -215,6 +225,23 @@ class RoundClosed(Event):
     """Seconds the round was open for submissions (from its open to its close)."""
     arrivals: dict[str, float] = {}
     """Seconds after the open at which each sender's submission was stored."""
+    offered: int = 0
+    """Signed headers offered this round (admission, before any body)."""
+    refused: int = 0
+    """Headers refused a seat (each answered with its reason on the stream)."""
+    unseated: int = 0
+    """Seated newcomers that later lost their seat to a lower ticket or an established miner."""
+    established: int = 0
+    """Miners established when the round opened (seated first; the norm gate's reference)."""
+
+
+class Dropped(Event):
+    """A received submission left the round before it closed (its seat went to someone else)."""
+
+    event: Literal["dropped"] = "dropped"
+    round: int
+    sender: str
+    reason: str
 
 
 class Done(Event):
@@ -265,6 +292,7 @@ ROLE_EVENTS = (
     CheckpointLoaded,
     Joined,
     PatchApplied,
+    Quiet,
     Final,
     Training,
     Late,
@@ -275,6 +303,7 @@ ROLE_EVENTS = (
     CheckpointAnnounced,
     RoundOpened,
     Received,
+    Dropped,
     RoundClosed,
     Done,
     PoolWaiting,

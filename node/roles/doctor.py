@@ -112,7 +112,9 @@ async def measure(
     loop = asyncio.get_running_loop()
     step_seconds, payload, compress = await loop.run_in_executor(None, _train_probe, setup, task, steps)
     hash_rate = await loop.run_in_executor(None, _hash_rate)
-    current = await peer.latest_result_round() + 1
+    current, announcement, head = await peer.position()  # the run head: one read at any round
+    if head is not None:
+        peer.validator_peer = head.validator_peer
     beat = await peer.validator_heartbeat(current)
     period = await _round_period(peer, beat, current)
     if beat is None:
@@ -122,7 +124,7 @@ async def measure(
     result = await peer.round_result(current - 1)
     patch_bytes = result.patch_size if result is not None else None
     apply = await loop.run_in_executor(None, _patch_probe, task, patch_bytes)
-    plan = await plan_join(peer, current)
+    plan = await plan_join(peer, current, announcement)
     down, up, probed = await _probe(peer, current, probe_bytes, problems)
     params = sum(t.numel() for t in task.initial_master().values())
     return Measured(

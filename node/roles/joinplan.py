@@ -1,6 +1,6 @@
 """How a node with no weights joins: which checkpoint, which patches, and the bytes each choice costs.
 
-    plan = await plan_join(peer, current)      # None until the validator has announced a checkpoint
+    plan = await plan_join(peer, current, head.checkpoint)   # None until a checkpoint is announced
 
 A joiner needs W_current. It can load any announced checkpoint W_c (c <= current) and apply the
 patches of rounds c .. current-1. Checkpoints are dense and patches sparse, so the newest
@@ -34,12 +34,16 @@ class JoinPlan:
         return len(self.patches)
 
 
-async def plan_join(peer: Peer, current: int) -> JoinPlan | None:
-    """The cheapest way to W_current by bytes still to fetch; None if no usable checkpoint is announced."""
+async def plan_join(peer: Peer, current: int, known: CheckpointAnnouncement | None = None) -> JoinPlan | None:
+    """The cheapest way to W_current by bytes still to fetch; None if no usable checkpoint is announced.
+
+    `known` is a checkpoint already found (the run head's): priced even when its own record is gone.
+    """
     lookback = 2 * peer.run.checkpoint_every + 1
     rounds = range(max(0, current - lookback), current + 1)
     found = await asyncio.gather(*(peer.from_validator(CheckpointAnnouncement, r) for r in rounds))
-    checkpoints = [a for a in found if a is not None and a.round <= current]
+    unique = {a.round: a for a in [*found, known] if a is not None and a.round <= current}
+    checkpoints = list(unique.values())
     if not checkpoints:
         return None
     oldest = min(a.round for a in checkpoints)

@@ -4,8 +4,15 @@ Round r, as the validator runs it:
 
 1. open: publish a heartbeat for r (its `sent_at` starts the deadline clock), and every
    `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob, its piece index
-   (so joiners fetch pieces from many holders at once) and its announcement;
-2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only;
+   (so joiners fetch pieces from many holders at once) and its announcement; then the run's head
+   (`RunHead`: round r, W_r's hash, the latest checkpoint, this peer);
+2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only.
+   Each header is seated or refused before its body is read (`validator.admission`): established
+   miners first, newcomers drawn at random for the seats left, every payload's announced size
+   reserved against the round's byte budget; a refusal is answered with its reason, a newcomer
+   unseated after its body arrived is reported (`Dropped`). Payloads stay on disk, in `inbox/`
+   (apart from the blobs this node serves), until the round decodes them, and are removed when it
+   closes or when they are refused: disk and memory do not grow with the number of senders;
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted, or (adaptive deadlines) once a quorum of
    them has and the target learned from recent arrival times has passed (`deadline.py`; the open
@@ -19,14 +26,24 @@ What depends on the task comes from two objects: the `Task` (W_0, the Gauntlet's
 batch function) and its `RoundHooks` (RL: the rollout pool before a round opens; the held-out loss
 or reward after it closes). The network is the `Peer` the service is given.
 
+Records live `record_ttl_seconds`, but a run and even one round may last longer: while it runs, the
+service re-publishes the head and the round results since the latest checkpoint on a timer (every
+`head_refresh_seconds`), so a node joining at any round finds where the run is and the whole patch
+chain it needs, in a number of reads that does not grow with the round.
+
+With `rounds`, it stops after round `rounds - 1` (holding W_rounds) once every node seen in the last
+round holds that state (its heartbeat says so), or after `linger_seconds`: the last patch stays
+fetchable for them until then.
+
 State lives in `folder/validator` (committed once per round) and patches in `folder/blobs`, so a
-restarted validator resumes at its last committed round and continues the hash chain.
+restarted validator resumes at its last committed round and continues the hash chain. The inbox is
+emptied at start-up: the payloads of a round cut off by a restart are void (the round starts over).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
 import math
 import time
@@ -34,8 +51,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from node.events import Events, mb
-from node.events.models import Baseline, CheckpointAnnounced, Done, Received, RoundClosed, RoundOpened, Started
+from node.events.models import (
+    Baseline,
+    CheckpointAnnounced,
+    Done,
+    Dropped,
+    Received,
+    RoundClosed,
+    RoundOpened,
+    Started,
+)
 from node.learn.train import changed_fraction
+from node.net.blobstore import BlobStore
 from node.net.peer import Peer
 from node.roles.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
 from node.roles.deadline import RoundClock
@@ -45,17 +72,34 @@ from node.run.task import Task
 from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
-from protocol.messages import CheckpointAnnouncement, Heartbeat, RoundMetrics, Standing, SubmissionHeader
+from protocol.messages import (
+    HEAD_ROUND,
+    CheckpointAnnouncement,
+    Heartbeat,
+    RoundMetrics,
+    RoundResult,
+    RunHead,
+    Standing,
+    SubmissionHeader,
+)
 from protocol.pieces import checkpoint_index
 from protocol.signing import Verified
 from protocol.state import State
+from validator.admission import Admission, AdmissionRules
 from validator.core import RoundReport, Validator
-from validator.intake import Submission
+from validator.intake import Submission, payload_size
+from validator.scoring import RoundSecret
 from validator.state import StateStore
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
-SERVE_HEARTBEAT_SECONDS = 5.0
+HEAD_REFRESH_SECONDS = 60.0  # at most; a quarter of the record lifetime when that is shorter
+MIN_LINGER_SECONDS = 30.0
+
+
+def head_refresh_seconds(record_ttl_seconds: float) -> float:
+    """How often the head and the results since the checkpoint are re-published: well within a record's life."""
+    return min(HEAD_REFRESH_SECONDS, record_ttl_seconds / 4)
 
 
 class ValidatorService:
@@ -77,16 +121,31 @@ class ValidatorService:
         self.setup, self.task, self.hooks, self.identity = setup, task, hooks, identity
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
         self.validator = self._open_state(device)
-        self.received: dict[str, Submission] = {}  # by sender, this round
+        self.received: dict[str, Submission] = {}  # by sender, this round; payloads are files in the inbox
         self.arrivals: dict[str, float] = {}  # by sender, this round: seconds after the open
         self.clock = RoundClock(setup.manifest.round)
         self.previous_senders: set[str] = set()
         self.closed = True
         self.opened_at = 0.0
+        self.checkpoint: CheckpointAnnouncement | None = None  # the latest one announced
+        self.since_checkpoint: list[RoundResult] = []  # the results of the rounds since it, in order
+        timing = setup.manifest.round
+        self.refresh_seconds = head_refresh_seconds(timing.record_ttl_seconds)
+        self.linger_seconds = max(timing.deadline_seconds, MIN_LINGER_SECONDS)
         self.dense_bytes = setup.dense_bytes()
+        cfg = setup.manifest.gauntlet()
         # refuse an oversize payload from its header, before its body is read or stored
-        self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
-        peer.take_submissions(self._accept, self._on_submission, self._favoured)
+        self.max_payload = cfg.max_payload_bytes or default_max_bytes(self.validator.weights)
+        self.rules = AdmissionRules(
+            capacity=cfg.max_submissions,
+            newcomer_seats=min(cfg.newcomer_seats, cfg.max_submissions),
+            byte_budget=cfg.round_payload_bytes or 8 * self.max_payload,
+        )
+        self.admission = Admission(self.rules, frozenset(), b"")
+        self.inbox = BlobStore(folder / "inbox")
+        self._empty_inbox()  # a round cut off by a restart starts over: its payloads are void
+        self.inbox.clear_partials()
+        peer.take_submissions(self._accept, self._on_submission, self.inbox, self._favoured)
 
     def _open_state(self, device: str) -> Validator:
         s, task = self.setup, self.task
@@ -105,34 +164,65 @@ class ValidatorService:
     # -- intake (runs on the event loop, called by the transfer service) --------------------------
 
     def _accept(self, header: SubmissionHeader) -> str | None:
+        """A verified header, before its body: None seats it, else the reason it is refused."""
         if self.closed or header.round != self.round:
-            return f"round {header.round} is not open (the open round is {self.round}, closed={self.closed})"
-        if header.sender in self.received:
-            return "one submission per miner per round"
+            if header.round == self.round:
+                return f"round {header.round} has closed: the validator is scoring it"
+            return f"round {header.round} is not open (the open round is {self.round})"
         if header.payload_size > self.max_payload:
             return f"oversize: {header.payload_size} bytes announced, the cap is {self.max_payload}"
-        return None
+        verdict = self.admission.offer(header.sender, header.payload_size)
+        for sender, reason in verdict.unseated:
+            self._drop(sender, reason)
+        return verdict.refusal
 
     def _favoured(self, header: SubmissionHeader) -> bool:
-        """Miners whose updates helped (a positive indicator average) may use the reserved upload slots."""
-        return self.validator.book.indicators.get(header.sender, 0.0) > 0.0
+        """Established miners (admission's first seats) may also use the reserved upload slots."""
+        return header.sender in self.admission.established
 
-    def _on_submission(self, verified: Verified[SubmissionHeader]) -> None:
+    def _on_submission(self, verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        """Its body arrived (verified, at `path` in the inbox): None keeps it for the round."""
         header = verified.message
         if self.closed or header.round != self.round:
-            return
-        payload = self.peer.store.read(header.payload_sha256)
-        self.received[header.sender] = Submission(verified.signed.to_bytes(), payload)
+            refusal: str | None = f"round {header.round} closed while its body arrived"
+        else:
+            refusal = self.admission.arrive(header.sender)
+        if refusal is not None:
+            self._discard(header.payload_sha256)
+            return refusal
+        self.received[header.sender] = Submission(verified.signed.to_bytes(), path)
         self.arrivals[header.sender] = time.time() - self.opened_at
         self.events.emit(
             Received(round=header.round, sender=header.sender, bytes=header.payload_size),
             f"round {header.round}: received {mb(header.payload_size)} from miner {header.sender[:12]}",
         )
+        return None
+
+    def _drop(self, sender: str, reason: str) -> None:
+        """`sender` lost its seat: a received payload leaves the round (one in flight is refused on arrival)."""
+        sub = self.received.pop(sender, None)
+        self.arrivals.pop(sender, None)  # a dropped submission's arrival teaches the deadline nothing
+        if sub is None:
+            log.info("round %d: %s... %s (its body had not arrived)", self.round, sender[:12], reason)
+            return
+        assert isinstance(sub.payload, Path)
+        self._discard(sub.payload.name)
+        text = f"round {self.round}: dropped {sender[:12]}'s submission: {reason}"
+        self.events.emit(Dropped(round=self.round, sender=sender, reason=reason), text)
+
+    def _discard(self, sha256: str) -> None:
+        """Remove a payload from the inbox unless a submission still in the round has the same bytes."""
+        if all(not isinstance(s.payload, Path) or s.payload.name != sha256 for s in self.received.values()):
+            self.inbox.remove(sha256)
+
+    def _empty_inbox(self) -> None:
+        for sha in list(self.inbox):
+            self.inbox.remove(sha)
 
     # -- rounds ----------------------------------------------------------------------------------
 
     async def run(self, rounds: int | None = None) -> None:
-        """Run rounds until `rounds` have completed in total (None: forever); then keep serving blobs."""
+        """Run rounds until `rounds` have completed in total (None: forever), then linger (see above)."""
         key, peer_id = self.identity.public_hex, self.peer.peer_id
         self.events.emit(
             Started(sender=key, round=self.round, peer_id=peer_id),
@@ -144,19 +234,71 @@ class ValidatorService:
             if measured.measured:
                 text = f"held-out {measured.describe()} of the initial weights"
                 self.events.emit(Baseline(loss=measured.loss, reward=measured.reward), text)
-        first = True
-        while rounds is None or self.round < rounds:
-            await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
-            first = False
-            await self._collect()
-            await self._close()
-        self.events.emit(
-            Done(round=self.round, state_hash=self.validator.state_hash),
-            f"completed round {self.round - 1}; serving blobs until stopped",
-        )
+        refresher = asyncio.ensure_future(self._keep_fresh())
+        try:
+            first = True
+            while rounds is None or self.round < rounds:
+                await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
+                first = False
+                await self._collect()
+                await self._close()
+            await self._publish_head()
+            self.events.emit(
+                Done(round=self.round, state_hash=self.validator.state_hash),
+                f"completed round {self.round - 1}; serving the last patch until the nodes of the run hold "
+                f"state {self.validator.state_hash[:12]} (at most {self.linger_seconds:.0f} s)",
+            )
+            await self._linger()
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+
+    async def _linger(self) -> None:
+        """Until every miner or follower seen in the last round announces the final state, or `linger_seconds`."""
+        final, last = self.validator.state_hash, self.round - 1
+        deadline = time.monotonic() + self.linger_seconds
+        while time.monotonic() < deadline:
+            seen = {
+                v.sender_hex
+                for r in (last, self.round)
+                for v in await self.peer.get(Heartbeat, r)
+                if v.message.role in ("miner", "follower")
+            }
+            done = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.state_hash == final}
+            if seen <= done:
+                return
+            await asyncio.sleep(self.poll)
+        log.info("stopping: not every node announced the final state within %.0f s", self.linger_seconds)
+
+    async def _keep_fresh(self) -> None:
+        """Every `refresh_seconds`: the head, and the results since the latest checkpoint (re-signed, so
+        each gets a new lifetime), so that what a joiner needs outlives any record's lifetime."""
         while True:
-            await self.peer.heartbeat(self.round, self.validator.state_hash)
-            await asyncio.sleep(SERVE_HEARTBEAT_SECONDS)
+            await asyncio.sleep(self.refresh_seconds)
+            await self._publish_head()
+            for result in list(self.since_checkpoint):
+                try:
+                    await self.peer.publish(result)
+                except NetworkError as exc:
+                    log.warning("could not refresh the result of round %d: %s", result.round, exc)
+
+    async def _publish_head(self) -> None:
+        if self.checkpoint is None:
+            return
+        head = RunHead(
+            run_id=self.setup.run_id,
+            round=HEAD_ROUND,
+            open_round=self.round,
+            state_hash=self.validator.state_hash,
+            checkpoint=self.checkpoint,
+            validator_peer=self.peer.peer_id,
+            sent_at=int(time.time()),
+        )
+        try:
+            await self.peer.publish(head)
+        except NetworkError as exc:  # joiners search the round results meanwhile; the timer tries again
+            log.warning("could not publish the run's head at round %d: %s", self.round, exc)
 
     async def _cpu(self, measure: Callable[[State], HeldOut]) -> HeldOut:
         return await asyncio.get_running_loop().run_in_executor(None, measure, self.validator.weights)
@@ -171,12 +313,16 @@ class ValidatorService:
         r = self.round
         if checkpoint:
             await self._announce_checkpoint(r)
-        await self.hooks.before_open(r, self.validator.state_hash, self._recent_states())
+        await self.hooks.before_open(r, self.validator.state_hash, self._recent_states(), self.validator.weights)
         self.received, self.arrivals = {}, {}
+        self._empty_inbox()  # nothing of an earlier round stays (a body may have landed after its close)
+        secret = RoundSecret.derive(self.identity, self.setup.run_id, r).key("admission")
+        self.admission = Admission(self.rules, self.validator.established(), secret)
         self.closed = False
         self.opened_at = time.time()
         target = self.clock.target()
         await self.peer.heartbeat(r, self.validator.state_hash, target_seconds=target)
+        await self._publish_head()
         self.events.emit(
             RoundOpened(round=r, state_hash=self.validator.state_hash, target_seconds=target),
             f"round {r} open, state {self.validator.state_hash[:12]}, submissions expected within {target:.1f}s",
@@ -201,9 +347,10 @@ class ValidatorService:
             index_sha256=index_sha,
             index_size=len(index_bytes),
         )
+        self.checkpoint, self.since_checkpoint = announcement, []  # the head names it from now on
         try:
             await self.peer.publish(announcement)
-        except NetworkError as exc:  # joiners use an older or the next checkpoint meanwhile
+        except NetworkError as exc:  # the head names it all the same
             log.warning("checkpoint of round %d not announced: %s", r, exc)
         else:
             text = f"announced the checkpoint of round {r} ({mb(len(data))})"
@@ -226,11 +373,14 @@ class ValidatorService:
         self.closed = True
         open_seconds = time.time() - self.opened_at
         self.clock.record(self.arrivals.values())
-        r, submissions = self.round, list(self.received.values())
+        r, senders, submissions = self.round, list(self.received), list(self.received.values())
+        sent = sum(payload_size(s.payload) for s in submissions)
         loop = asyncio.get_running_loop()
         before = self.validator.weights
         report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
         changed = changed_fraction(before, self.validator.weights)
+        self.received = {}
+        self._empty_inbox()  # every payload of the round is decided: none is kept
         sha = self.peer.store.put(report.patch)
         self.peer.hold(sha, r)
         try:
@@ -239,21 +389,26 @@ class ValidatorService:
             log.warning("round %d result not stored in the DHT yet (%s); retrying once", r, exc)
             await asyncio.sleep(1.0)
             await self.peer.publish_signed(report.envelope)
-        for sub in submissions:
-            self.peer.store.remove(hashlib.sha256(sub.payload).hexdigest())
-        self.previous_senders = set(self.received)
+        self.since_checkpoint.append(report.result)
+        self.previous_senders = set(senders)
         start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
         held_out_seconds = time.monotonic() - start
         self._report(
-            report, submissions, measured, changed, held_out_seconds=held_out_seconds, open_seconds=open_seconds
+            report,
+            len(submissions),
+            sent,
+            measured,
+            changed,
+            held_out_seconds=held_out_seconds,
+            open_seconds=open_seconds,
         )
         try:
-            await self.peer.publish(self._metrics(report, submissions, measured))
+            await self.peer.publish(self._metrics(report, len(submissions), sent, measured))
         except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
             log.warning("round %d metrics not stored in the DHT: %s", r, exc)
 
-    def _metrics(self, report: RoundReport, submissions: list[Submission], measured: HeldOut) -> RoundMetrics:
+    def _metrics(self, report: RoundReport, count: int, sent: int, measured: HeldOut) -> RoundMetrics:
         """The round's figures for run pages, each within its field's bounds (a diverged loss is left out)."""
         named = [s.sender for s in report.result.selected] + [r.sender for r in report.result.rejections]
         ratings, indicators = self.validator.ratings, self.validator.book.indicators
@@ -263,9 +418,9 @@ class ValidatorService:
             round=report.round,
             held_out_loss=loss if loss is not None and 0 <= loss <= 1e6 else None,
             held_out_reward=reward if reward is not None and math.isfinite(reward) else None,
-            submissions=len(submissions),
-            received_bytes=sum(len(s.payload) for s in submissions),
-            dense_bytes=self.dense_bytes * len(submissions),
+            submissions=count,
+            received_bytes=sent,
+            dense_bytes=self.dense_bytes * count,
             standings=tuple(
                 Standing(
                     sender=key,
@@ -284,22 +439,23 @@ class ValidatorService:
     def _report(
         self,
         report: RoundReport,
-        submissions: list[Submission],
+        count: int,
+        sent: int,
         measured: HeldOut,
         changed: float,
         *,
         held_out_seconds: float | None = None,
         open_seconds: float | None = None,
     ) -> None:
-        sent = sum(len(s.payload) for s in submissions)
         selected = report.selected()
         ranked = sorted(report.result.selected, key=lambda s: -s.score)
+        seats = self.admission
         event = RoundClosed(
             round=report.round,
-            submissions=len(submissions),
+            submissions=count,
             selected=len(selected),
             bytes=sent,
-            dense_bytes=self.dense_bytes * len(submissions),
+            dense_bytes=self.dense_bytes * count,
             patch_bytes=len(report.patch),
             state_bytes=self.dense_bytes // 2,  # the BF16 weights, what a dense sync would ship
             loss=measured.loss,
@@ -315,13 +471,19 @@ class ValidatorService:
             held_out_seconds=held_out_seconds if measured.measured else None,
             open_seconds=open_seconds,
             arrivals=dict(self.arrivals),
+            offered=seats.offered,
+            refused=seats.refused,
+            unseated=seats.unseated,
+            established=len(seats.established),
         )
         held_out = f", held-out {measured.describe()}" if measured.measured else ""
+        turned = f" ({seats.refused} refused, {seats.unseated} unseated)" if seats.refused or seats.unseated else ""
+        smaller = f" ({self.dense_bytes * count / sent:.0f}x smaller than dense)" if sent else ""
+        received = f"{mb(sent)} received{smaller}" if sent else "nothing received"
         self.events.emit(
             event,
-            f"round {report.round} closed: {len(submissions)} submissions, {len(selected)} aggregated, "
-            f"{mb(sent)} received ({self.dense_bytes * max(len(submissions), 1) / max(sent, 1):.0f}x smaller "
-            f"than dense), patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
+            f"round {report.round} closed: {count} submissions{turned}, {len(selected)} aggregated, "
+            f"{received}, patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
         )
 
     async def shutdown(self) -> None:
