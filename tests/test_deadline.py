@@ -12,7 +12,7 @@ import torch
 from node.events import EventLog
 from node.events.models import RoundClosed, RoundOpened, Submitted
 from node.roles.catchup import Held
-from node.roles.deadline import RoundClock
+from node.roles.deadline import MIN_MARGIN, RoundClock
 from node.roles.tasks import miner_for, validator_for
 from node.roles.uplink import MIN_FRACTION, Uplink
 from node.run.manifest import Manifest, RoundSection
@@ -30,18 +30,30 @@ def test_the_target_is_the_deadline_until_arrivals_are_known() -> None:
     assert fixed.target() == 60.0  # fixed mode never learns
 
 
-def test_the_target_is_median_plus_k_mads_within_the_bounds() -> None:
-    c = clock(margin_mads=3.0, min_seconds=2.0)
-    c.record([4.0, 5.0, 6.0, 30.0])  # median 5.5, MAD 1.0
-    assert c.target() == pytest.approx(8.5)
-    c.record([0.1] * 40)  # a history of instant arrivals: never below the minimum
-    assert c.target() == 2.0
+def test_the_target_is_median_plus_k_mads_of_the_quorums_arrivals_within_the_bounds() -> None:
+    c = clock(margin_mads=3.0, min_seconds=2.0, quorum=0.75)
+    c.record([4.0, 5.0, 6.0, 30.0])  # the quorum (3 of 4): median 5.0, MAD 1.0
+    assert c.target() == pytest.approx(8.0)
+    of_more = clock(margin_mads=3.0, quorum=0.75)
+    of_more.record([4.0, 5.0, 6.0, 30.0], active=8)  # 8 active, a quorum of 6: all four arrivals count
+    assert of_more.target() == pytest.approx(5.5 + 3.0 * 1.0)
+    instant = clock(min_seconds=2.0)
+    instant.record([0.1] * 40)  # instant arrivals: never below the minimum
+    assert instant.target() == 2.0
     late = clock(margin_mads=3.0)
     late.record([50.0, 70.0, 90.0])
     assert late.target() == 60.0  # never past the deadline
     bad = clock()
     bad.record([float("nan"), -1.0, float("inf")])
     assert bad.target() == 60.0
+
+
+def test_one_slow_round_moves_the_target_by_a_rank_not_by_its_lateness() -> None:
+    c = clock(margin_mads=3.0, quorum=1.0)
+    c.record([9.0, 9.2])  # a cold start
+    c.record([1.0, 1.2])
+    c.record([1.0, 1.2])
+    assert c.target() == pytest.approx(1.1 + 3 * 0.1)  # pooled with the slow round's: 1.2 + 3 x 0.2
 
 
 def test_one_straggler_moves_the_target_by_a_rank_not_by_its_lateness() -> None:
@@ -51,14 +63,34 @@ def test_one_straggler_moves_the_target_by_a_rank_not_by_its_lateness() -> None:
     assert c.target() < 3.0
 
 
+def test_a_quorum_arriving_at_once_still_leaves_a_margin() -> None:
+    c = clock(margin_mads=3.0)
+    c.record([4.0, 4.0, 4.0])  # MAD 0: the margin is the floor, a share of the median
+    assert c.target() == pytest.approx(4.0 * (1 + MIN_MARGIN))
+
+
+def test_a_straggler_landing_just_before_the_target_does_not_pull_it_later() -> None:
+    """A slow miner that shrinks its payload to arrive just before the target, every round: the
+    target stays where the quorum's arrivals put it (were its arrivals learned from, each one would
+    pull the next target later and the rounds would drift back to waiting for it)."""
+    c = clock(margin_mads=3.0, quorum=0.6, history_rounds=8)
+    c.record([1.0, 1.2, 9.0])  # the first round waits for its whole payload
+    first = c.target()
+    assert first == pytest.approx(1.1 + 3 * 0.1)
+    for _ in range(8):
+        c.record([1.0, 1.2, c.target() - 0.01])
+    assert c.target() == pytest.approx(first)
+
+
 def test_when_a_round_closes() -> None:
     c = clock(min_seconds=1.0, quorum=0.75)
-    c.record([2.0, 2.0, 2.0])  # target 2.0
+    c.record([2.0, 2.0, 2.0])  # target 2.5 (median 2.0, the margin floor a quarter of it)
     assert not c.should_close(0.5, received=4, active=4)  # before the minimum
     assert c.should_close(1.5, received=4, active=4)  # everyone is in
     assert not c.should_close(1.5, received=3, active=4)  # a quorum, but before the target
-    assert c.should_close(2.5, received=3, active=4)  # a quorum after the target
-    assert not c.should_close(2.5, received=2, active=4)  # no quorum: wait...
+    assert not c.should_close(2.2, received=3, active=4)
+    assert c.should_close(3.0, received=3, active=4)  # a quorum after the target
+    assert not c.should_close(3.0, received=2, active=4)  # no quorum: wait...
     assert c.should_close(60.0, received=0, active=4)  # ...until the deadline
     fixed = RoundClock(RoundSection(deadline_seconds=60.0))
     assert not fixed.should_close(30.0, received=3, active=4)

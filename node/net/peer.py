@@ -284,7 +284,9 @@ class Peer(RunView):
         except NetworkError as exc:
             log.info("could not store the %s for round %d in the DHT: %s", signed.kind, signed.round, exc)
 
-    async def heartbeat(self, round_: int, state_hash: str | None, *, target_seconds: float | None = None) -> None:
+    async def heartbeat(
+        self, round_: int, state_hash: str | None, *, target_seconds: float | None = None, sent_at: int | None = None
+    ) -> None:
         """Publish 'alive at round r, serving these blobs', after dropping the blobs retention no longer keeps."""
         removed = set(self.keeper.sweep(round_))
         self.held = [sha for sha in self.held if sha not in removed]
@@ -295,7 +297,7 @@ class Peer(RunView):
             peer_id=self.peer_id,
             state_hash=state_hash,
             blobs=tuple(self.held[-MAX_HELD_BLOBS:]),
-            sent_at=int(time.time()),
+            sent_at=int(time.time()) if sent_at is None else sent_at,
             target_seconds=target_seconds,
         )
         try:

@@ -3,20 +3,30 @@
     clock = RoundClock(manifest.round)
     clock.target()                                   # seconds after the open: what miners aim for
     clock.should_close(elapsed, received=5, active=6)
-    clock.record([2.1, 2.4, 3.0, 9.7])               # a closed round's arrival times (seconds after its open)
+    clock.record([2.1, 2.4, 3.0, 9.7], active=5)     # a closed round's arrival times (seconds after its open)
 
 Both modes close at `deadline_seconds` at the latest, never before `min_seconds`, and as soon as
 every active miner (announced for the round, or a sender of the last one) has submitted.
 
 - fixed: nothing else; the target miners aim for is the deadline.
-- adaptive: the target is T = median(A) + k * MAD(A) over A, the arrival times of the last
-  `history_rounds` rounds (k = `margin_mads`), clamped to [min_seconds, deadline_seconds]; with no
-  history yet, T is the deadline. The round also closes once a quorum (`quorum` of the active
-  miners, rounded up) has submitted and T has passed. A straggler that is late every round no
-  longer holds every round up to the deadline: it either sends less (`uplink.py`) or misses.
+- adaptive: over the last `history_rounds` rounds, with A_r the arrival times of round r's quorum,
+  T = M + max(k * S, MIN_MARGIN * M), where M is the median over rounds of median(A_r) and S the
+  median over all arrivals of |a - median(A_r)| (the spread within rounds; k = `margin_mads`),
+  clamped to [min_seconds, deadline_seconds]; with no history yet, T is the deadline. The round
+  also closes once a quorum (`quorum` of the active miners, rounded up) has submitted and T has
+  passed. A straggler that is late every round no longer holds every round up to the deadline: it
+  either sends less (`uplink.py`) or misses.
 
-The median and MAD are robust: one miner that is always late (or one that lies about nothing, as
-arrival times are measured here) moves T by at most one rank, not by its lateness.
+Only the quorum's arrivals (the earliest `quorum` of the round's active miners) are learned from:
+the target says when the miners a round needs are in, so the miners it does not wait for do not
+move it. Otherwise a slow miner that shrinks its payload to land just before T adds an arrival at
+T, which pulls the next T later, which lets it send more and land later still: the target would
+drift after the slowest miner the rounds were meant to stop waiting for. The floor on the margin
+(a share of the median) keeps T off the median itself when the quorum arrives all at once (MAD 0):
+a miner at the median still has room for its upload's jitter. The spread is measured within each
+round, around that round's own median: one slow round (the first, with its cold start) moves M by
+one rank among the rounds, where pooled with the others it would widen the margin by k times its
+lateness for as long as it stays in the history.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from collections.abc import Iterable
 
 from node.run.manifest import RoundSection
 
+MIN_MARGIN = 0.25  # the margin above the median is at least this share of the median
+
 
 class RoundClock:
     def __init__(self, timing: RoundSection) -> None:
@@ -38,19 +50,23 @@ class RoundClock:
     def adaptive(self) -> bool:
         return self.timing.deadline_mode == "adaptive"
 
-    def record(self, arrivals: Iterable[float]) -> None:
-        """The arrival times (seconds after the open) of a closed round's submissions."""
-        self.history.append([a for a in arrivals if math.isfinite(a) and a >= 0])
+    def record(self, arrivals: Iterable[float], *, active: int | None = None) -> None:
+        """The arrival times (seconds after the open) of a closed round's submissions, of `active`
+        miners (default: as many as arrived); the earliest of the round's quorum are kept."""
+        valid = sorted(a for a in arrivals if math.isfinite(a) and a >= 0)
+        active = len(valid) if active is None else max(active, len(valid))
+        self.history.append(valid[: self.quorum(active)])
 
     def target(self) -> float:
         """Seconds after the open by which submissions are expected (what miners budget for)."""
         t = self.timing
-        arrivals = [a for round_ in self.history for a in round_]
-        if not self.adaptive or not arrivals:
+        rounds = [(statistics.median(r), r) for r in self.history if r]
+        if not self.adaptive or not rounds:
             return t.deadline_seconds
-        median = statistics.median(arrivals)
-        mad = statistics.median(abs(a - median) for a in arrivals)
-        return min(max(median + t.margin_mads * mad, t.min_seconds), t.deadline_seconds)
+        median = statistics.median(m for m, _ in rounds)
+        spread = statistics.median(abs(a - m) for m, r in rounds for a in r)
+        margin = max(t.margin_mads * spread, MIN_MARGIN * median)
+        return min(max(median + margin, t.min_seconds), t.deadline_seconds)
 
     def quorum(self, active: int) -> int:
         return max(1, math.ceil(self.timing.quorum * active))

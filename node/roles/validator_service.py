@@ -125,6 +125,7 @@ class ValidatorService:
         self.arrivals: dict[str, float] = {}  # by sender, this round: seconds after the open
         self.clock = RoundClock(setup.manifest.round)
         self.previous_senders: set[str] = set()
+        self.active = 0  # miners active in the open round, as `_collect` last counted them
         self.closed = True
         self.opened_at = 0.0
         self.checkpoint: CheckpointAnnouncement | None = None  # the latest one announced
@@ -314,14 +315,19 @@ class ValidatorService:
         if checkpoint:
             await self._announce_checkpoint(r)
         await self.hooks.before_open(r, self.validator.state_hash, self._recent_states(), self.validator.weights)
-        self.received, self.arrivals = {}, {}
+        self.received, self.arrivals, self.active = {}, {}, len(self.previous_senders)
         self._empty_inbox()  # nothing of an earlier round stays (a body may have landed after its close)
         secret = RoundSecret.derive(self.identity, self.setup.run_id, r).key("admission")
         self.admission = Admission(self.rules, self.validator.established(), secret)
         self.closed = False
         self.opened_at = time.time()
         target = self.clock.target()
-        await self.peer.heartbeat(r, self.validator.state_hash, target_seconds=target)
+        # the heartbeat's clock starts at its signed sent_at, whole seconds: the target it names counts
+        # from there (else miners would budget up to a second less than the round gives them)
+        sent_at = int(self.opened_at)
+        await self.peer.heartbeat(
+            r, self.validator.state_hash, target_seconds=target + (self.opened_at - sent_at), sent_at=sent_at
+        )
         await self._publish_head()
         self.events.emit(
             RoundOpened(round=r, state_hash=self.validator.state_hash, target_seconds=target),
@@ -365,6 +371,7 @@ class ValidatorService:
                 continue
             announced = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.role == "miner"}
             active = announced | self.previous_senders | set(self.received)
+            self.active = len(active)
             if self.clock.should_close(time.time() - self.opened_at, received=len(self.received), active=len(active)):
                 return
         log.info("round %d: deadline reached with %d submissions", self.round, len(self.received))
@@ -372,7 +379,7 @@ class ValidatorService:
     async def _close(self) -> None:
         self.closed = True
         open_seconds = time.time() - self.opened_at
-        self.clock.record(self.arrivals.values())
+        self.clock.record(self.arrivals.values(), active=self.active)  # the quorum's arrivals teach the clock
         r, senders, submissions = self.round, list(self.received), list(self.received.values())
         sent = sum(payload_size(s.payload) for s in submissions)
         loop = asyncio.get_running_loop()
