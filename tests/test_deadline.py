@@ -120,6 +120,7 @@ def adaptive_manifest() -> Manifest:
                 "checkpoint_every": 10,
                 "deadline_mode": "adaptive",
                 "quorum": 0.6,
+                "min_seconds": 1.0,  # a floor on the target, as a run sets one: room for a shrunk payload
                 "margin_mads": 3.0,
             },
             "selection": {**SELECTION, "held_out_batches": 0},

@@ -134,12 +134,13 @@ class RoundSection(BaseModel):
     """Shortest a round stays open, even when every recent miner has already submitted."""
     deadline_mode: Literal["fixed", "adaptive"] = "fixed"
     """'fixed': a round waits for every active miner up to `deadline_seconds`; 'adaptive': it also
-    closes once `quorum` of them have submitted and a target learned from recent arrival times
-    (median + `margin_mads` x MAD) has passed, never outside [min_seconds, deadline_seconds]."""
+    closes once `quorum` of them have submitted and a target learned from the arrival times of
+    recent rounds' quorums (`roles/deadline.py`) has passed, never outside [min_seconds, deadline_seconds]."""
     quorum: float = Field(default=0.75, gt=0, le=1)
     """Adaptive: the share of the active miners whose submissions let a round close at its target."""
     margin_mads: float = Field(default=3.0, ge=0, le=100)
-    """Adaptive: the target is the median arrival time plus this many median absolute deviations."""
+    """Adaptive: the target is the quorums' median arrival time plus this many median absolute
+    deviations (measured within rounds)."""
     history_rounds: int = Field(default=8, ge=1, le=1000)
     """Adaptive: how many recent rounds' arrival times the target is learned from."""
     checkpoint_every: int = Field(default=5, ge=1, le=10_000)
