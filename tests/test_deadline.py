@@ -101,7 +101,7 @@ def test_the_uplink_sizes_the_payload_to_the_time_left() -> None:
     assert uplink.fraction(1.0) == 1.0  # nothing measured yet: the whole payload
     uplink.measured(1_000_000, 10.0, 1.0)  # 100 kB/s, payloads of 1 MB
     assert uplink.fraction(100.0) == 1.0
-    assert uplink.fraction(5.0) == pytest.approx(0.4)  # 5 s x 100 kB/s x 0.8 safety
+    assert uplink.fraction(5.0) == pytest.approx(0.25)  # 5 s x 100 kB/s x 0.5 safety
     assert uplink.fraction(0.0) == MIN_FRACTION
     uplink.measured(250_000, 2.5, 0.25)  # a quarter payload at the same rate: the full size stays 1 MB
     assert uplink.full_bytes == pytest.approx(1_000_000)

@@ -15,7 +15,9 @@ fewer values per chunk, and what it leaves out stays in the error-feedback buffe
 
 from __future__ import annotations
 
-SAFETY = 0.8  # aim to be done with this share of the time left
+SAFETY = 0.5  # aim to be done with this share of the time left: a push also has a fixed cost the
+# rate leaves out (its stream, the validator's checks, which weigh most on a small shrunk payload), and
+# a round whose quorum is in closes at its target, so a payload landing just before it is often late
 MIN_FRACTION = 1 / 64  # SparseLoCo at k=64 then sends one value per chunk
 SMOOTHING = 0.5  # weight of the newest measurement
 MIN_TIMED_BYTES = 16 * 1024  # smaller pushes are mostly latency: they say little about the rate
