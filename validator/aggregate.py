@@ -18,8 +18,11 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from protocol.state import State, StateDict
+
+P = TypeVar("P")  # a payload, or whatever `decode` turns into an update
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,8 @@ def clip_scales(norms: Sequence[float]) -> tuple[float, list[float]]:
 
 
 def aggregate(
-    payloads: Sequence[bytes],
-    decode: Callable[[bytes], State],
+    payloads: Sequence[P],
+    decode: Callable[[P], State],
     *,
     norms: Sequence[float] | None = None,
 ) -> Aggregate:

@@ -2,24 +2,27 @@
 
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
-    inspect                decode one at a time: finite, norm, sketch; the round's median norm;
+    inspect                decode each distinct payload once (spill.py keeps it on disk for the
+                           rest of the round): finite, norm, sketch; the round's median norm;
                            norm far above the median -> rejected, near zero -> free rider
-    evaluate (scoring.py)  decode one at a time again: gains on A and R, indicator
+    evaluate (scoring.py)  read back one at a time: gains on A and R, indicator
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
                            by score, everyone else last
     select                 final = ordinal x max(indicator average, 0); the top G of the eligible
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
-    aggregate              decode the selected one at a time, clip to their median norm, mean
+    aggregate              read back the selected one at a time, clip to their median norm, mean
     then (core.py)         outer step, BF16, PULSESync patch, signed RoundResult, commit (state.py)
 
 `decide` changes nothing: it reads the miners' `Standing` of round r and returns the next one in
 its `Decision`, which the validator commits with the new weights or not at all.
 
-Memory: payloads stay compressed; at most one decoded update is alive at a time, beside the
+Memory: payloads stay compressed; at most one decoded update is in use at a time, beside the
 round's reference update and the aggregate, so a round's peak does not grow with the number of
-miners beyond their compressed bytes.
+miners beyond their compressed bytes. Decoded updates read back are memory-mapped from their spill
+file (at most `cfg.decoded_spill_bytes` of them on disk, deleted by `close` when the round ends;
+what does not fit is decoded again), so decoding costs one decode per distinct payload, not three.
 
 Every submission gets exactly one `Outcome` in the local report. The signed result names every
 submission whose sender is proven (see intake.py): aggregated with its final score, or rejected
@@ -33,6 +36,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from protocol.assignment import Assignment
@@ -45,6 +49,7 @@ from validator.aggregate import aggregate, global_norm
 from validator.config import GauntletConfig
 from validator.intake import Candidate, Screened, reason_text
 from validator.ratings import Ratings
+from validator.spill import DecodedSpill
 from validator.scoring import (
     BatchFn,
     CopyCandidate,
@@ -124,10 +129,28 @@ class Inspection:
 class RoundPipeline:
     """One round's decision and aggregate, from the weights W_r; keeps nothing between rounds."""
 
-    def __init__(self, cfg: GauntletConfig, weights: State, evaluator: Evaluator, batch_fn: BatchFn) -> None:
+    def __init__(
+        self,
+        cfg: GauntletConfig,
+        weights: State,
+        evaluator: Evaluator,
+        batch_fn: BatchFn,
+        spill_dir: Path | None = None,
+    ) -> None:
         self.cfg, self.weights, self.evaluator, self.batch_fn = cfg, weights, evaluator, batch_fn
         self.codec = build_codec(cfg.codec, cfg.codec_options)
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
+        self.spill = DecodedSpill(spill_dir, cfg.decoded_spill_bytes)
+
+    def close(self) -> None:
+        """Delete the round's spilled updates."""
+        self.spill.close()
+
+    def __enter__(self) -> RoundPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def decide(
         self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
@@ -163,6 +186,15 @@ class RoundPipeline:
     def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
 
+    def update_of(self, a: Assessment) -> StateDict:
+        """The decoded update of `a`'s payload: read back from the spill, else decoded (and spilled)."""
+        key = a.candidate.header.payload_sha256
+        update = self.spill.get(key)
+        if update is None:
+            update = self.decode(a.candidate.payload)
+            self.spill.put(key, update)
+        return update
+
     def inspect(self, candidates: Sequence[Candidate], secret: RoundSecret) -> Inspection:
         """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits."""
         offset = secret.sketch_offset(self.cfg.sketch_stride)
@@ -183,7 +215,7 @@ class RoundPipeline:
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median)
             if a.problem is not None and a.norm > 0 and directions is not None:
-                directions = _accumulate(directions, self.decode(a.candidate.payload), -1.0 / a.norm)
+                directions = _accumulate(directions, self.update_of(a), -1.0 / a.norm)
         for a in out:
             original = first[a.candidate.header.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
@@ -195,8 +227,9 @@ class RoundPipeline:
 
     def _measure(self, a: Assessment, offset: int) -> StateDict | None:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
+        key = a.candidate.header.payload_sha256
         try:
-            update = self.decode(a.candidate.payload)
+            update = self.spill.get(key) or self.decode(a.candidate.payload)
         except ProtocolError as exc:
             a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
             return None
@@ -205,6 +238,7 @@ class RoundPipeline:
             a.problem = "update norm overflows"
             return None
         a.sketch = Sketch.of(update, self.cfg.sketch_stride, offset)
+        self.spill.put(key, update)  # read back by the steps after (a second put is a no-op)
         return update
 
     def _norm_problem(self, norm: float, median: float) -> str | None:
@@ -215,7 +249,7 @@ class RoundPipeline:
         return None
 
     def evaluate(self, inspection: Inspection, secret: RoundSecret, run_id: str, round_: int) -> list[Assessment]:
-        """Gains and indicator of every admissible candidate, decoding one at a time."""
+        """Gains and indicator of every admissible candidate, one decoded update at a time."""
         todo = [a for a in inspection.assessments if a.problem is None]
         if not todo:
             return []
@@ -230,7 +264,7 @@ class RoundPipeline:
         ev = RoundEvaluation(self.evaluator, self.weights, self.cfg.eval_step, randoms, assigned, inspection.reference)
         inspection.reference = None  # no longer needed: free it before decoding the rest
         for a in todo:
-            update = self.decode(a.candidate.payload)
+            update = self.update_of(a)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
             a.gains = ev.gains(a.index, update, scale)
             a.indicator = a.gains.indicator(self.cfg.indicator_margin)
@@ -252,7 +286,7 @@ class RoundPipeline:
     def aggregate(self, selected: Sequence[Assessment]) -> StateDict | None:
         if not selected:
             return None
-        result = aggregate([a.candidate.payload for a in selected], self.decode, norms=[a.norm for a in selected])
+        result = aggregate(list(selected), self.update_of, norms=[a.norm for a in selected])
         return result.update
 
 
