@@ -49,7 +49,6 @@ from validator.aggregate import aggregate, global_norm
 from validator.config import GauntletConfig
 from validator.intake import Candidate, Screened, reason_text
 from validator.ratings import Ratings
-from validator.spill import DecodedSpill
 from validator.scoring import (
     BatchFn,
     CopyCandidate,
@@ -61,6 +60,7 @@ from validator.scoring import (
     copy_owners,
     moving_average,
 )
+from validator.spill import DecodedSpill
 
 
 @dataclass

@@ -26,7 +26,6 @@ import torch
 
 from protocol.state import State, StateDict
 
-
 _ALIGN = 64
 
 
