@@ -15,6 +15,7 @@ own pieces here, and the roles themselves never ask which task they run.
 
 from __future__ import annotations
 
+import logging
 from functools import singledispatch
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from node.run.trainer import Trainer
 from protocol.identity import Identity
 
 POLL_SECONDS = 0.5
+
+log = logging.getLogger(__name__)
 
 
 def validator_for(
@@ -62,6 +65,7 @@ def miner_for(
     device: str = "cpu",
     poll: float = POLL_SECONDS,
 ) -> Miner:
+    warn_if_validator_key(identity, peer, "miner")
     trainer, inputs = trainer_and_inputs(task, identity, peer, device)
     return Miner(setup, peer, events, trainer, inputs, poll=poll)
 
@@ -76,7 +80,21 @@ def follower_for(
     device: str = "cpu",
     poll: float = POLL_SECONDS,
 ) -> Follower:
+    warn_if_validator_key(identity, peer, "follower")
     return Follower(peer, events, round_services(task, identity, peer, events, device), poll=poll)
+
+
+def warn_if_validator_key(identity: Identity, peer: Peer, role: str) -> None:
+    """A miner or follower that signs with one of the run's validator keys: almost always the
+    validator's key file used by mistake (two nodes on one machine, one default key path). It runs,
+    but everything it signs is signed as that validator."""
+    if identity.public_hex in peer.run.validators:
+        log.warning(
+            "this %s signs with %s..., one of the run's VALIDATOR keys: give it its own key file "
+            "(`pulse keygen --out miner.key`, then --key miner.key)",
+            role,
+            identity.public_hex[:16],
+        )
 
 
 # -- per task ------------------------------------------------------------------------------------
