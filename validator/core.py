@@ -152,7 +152,7 @@ class Validator:
         start = time.perf_counter()
         spill = self.store.directory / SPILL_FOLDER
         if spill.exists():
-            shutil.rmtree(spill)  # what a crashed round left behind
+            shutil.rmtree(spill)  # what a crashed round left behind (a finished round removes it)
         with RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill) as pipeline:
             screened = screen(submissions, self.context(pipeline), self.seen)
             secret = RoundSecret.derive(self.identity, self.run_id, self.round)

@@ -4,7 +4,7 @@ A round reads each admissible update three times (inspect, evaluate, aggregate).
 expensive part (seconds per update at 0.5B parameters), so each distinct payload is decoded once
 and its tensors are written, in the exact dtype the decoder yields, to one file per payload:
 
-    spill = DecodedSpill(directory, budget_bytes)
+    spill = DecodedSpill(folder, budget_bytes)     # the folder is the spill's own: close removes it
     spill.put(key, update)          # after the one decode; False when the budget is spent
     update = spill.get(key)         # memory-mapped tensors, or None: decode again
     spill.close()                   # deletes every file: the round is over
@@ -17,7 +17,6 @@ bounded by `budget_bytes` (what does not fit is decoded again when needed, as be
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +47,8 @@ class DecodedSpill:
         self.entries: dict[str, _Entry] = {}
         self.folder: Path | None = None
         if directory is not None and budget_bytes > 0:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            self.folder = Path(tempfile.mkdtemp(prefix="decoded-", dir=directory))
+            self.folder = Path(directory)
+            self.folder.mkdir(parents=True, exist_ok=True)
 
     def put(self, key: str, update: State) -> bool:
         """Write `update` under `key` (once); False when there is no room left in the budget."""
