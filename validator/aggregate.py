@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from protocol.state import State, StateDict
 
-P = TypeVar("P")  # a payload, or whatever `decode` turns into an update
+P = TypeVar("P")  # a payload, or whatever `decode` reads one from
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,14 @@
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
     inspect                decode each distinct payload once (spill.py keeps it on disk for the
-                           rest of the round): finite, norm, sketch; the round's median norm;
+                           rest of the round): finite, norm, sketch; the median norm of the
+                           established miners' payloads (of all, when none sent one);
                            norm far above the median -> rejected, near zero -> free rider
     evaluate (scoring.py)  read back one at a time: gains on A and R, and those of the update's
                            reference (the mean direction of the others): indicator
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
-                           by score, everyone else last
+                           by score, everyone else last; the rounds each miner gained in
     select                 final = ordinal x max(indicator average, 0); the top G of the eligible
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
@@ -37,7 +38,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -110,6 +111,9 @@ class Standing:
 
     ratings: Ratings
     indicators: Mapping[str, float]  # moving average of each miner's indicator
+    gained: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Rounds (oldest first, within the last `established_window`) in which each miner's update
+    gained on random data: who is established (`established`)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,7 @@ class RoundPipeline:
         self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
     ) -> Decision:
         """Inspect, evaluate, mark copies, rate, select: the round's outcomes and the next standing."""
-        inspection = self.inspect(screened.candidates, secret)
+        inspection = self.inspect(screened.candidates, secret, established(self.cfg, standing, round_))
         evaluated = self.evaluate(inspection, secret, run_id, round_)
         self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
@@ -190,24 +194,37 @@ class RoundPipeline:
         ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
         last = [a.sender for a in inspection.assessments if a.problem is not None]
         last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
-        return Standing(standing.ratings.rate(round_, ranked, last), indicators)
+        gains = [a.sender for a in evaluated if not a.copy and a.gains and a.gains.random > self.cfg.min_score]
+        gained = record_gains(standing.gained, gains, round_, self.cfg.established_window)
+        ratings = standing.ratings.rate(round_, ranked, last)
+        # a key that never sent a useful update and sits matches out is forgotten (it would come
+        # back as a newcomer, as a fresh key does for free): junk keys do not pile up in the book
+        idle = [m for m, r in ratings.records.items() if round_ - r.last_round > self.cfg.missing_rounds]
+        forget = {m for m in idle if m not in gained}
+        kept = {m: v for m, v in indicators.items() if m not in forget}
+        return Standing(ratings.without(forget), kept, gained)
 
     def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
 
     def update_of(self, a: Assessment) -> StateDict:
-        return self.read(a.candidate.header.payload_sha256, a.candidate.payload)
-
-    def read(self, digest: str, payload: bytes) -> StateDict:
-        """The decoded update of `payload`: read back from the spill, else decoded (and spilled)."""
+        """`a`'s decoded update: read back from the spill, else its payload (read only then) decoded
+        and spilled."""
+        digest = a.candidate.header.payload_sha256
         update = self.spill.get(digest)
         if update is None:
-            update = self.decode(payload)
+            update = self.decode(a.candidate.payload)
             self.spill.put(digest, update)
         return update
 
-    def inspect(self, candidates: Sequence[Candidate], secret: RoundSecret) -> Inspection:
-        """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits."""
+    def inspect(
+        self, candidates: Sequence[Candidate], secret: RoundSecret, established: frozenset[str] = frozenset()
+    ) -> Inspection:
+        """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits.
+
+        The limits are multiples of the median norm of the `established` miners' payloads (of every
+        payload when none of them sent one): a majority of fresh keys must not move the reference
+        that decides whether the honest updates are "99x the median" or free riders."""
         offset = secret.sketch_offset(self.cfg.sketch_stride)
         first: dict[str, Assessment] = {}  # payload hash -> its first submission
         out: list[Assessment] = []
@@ -222,7 +239,8 @@ class RoundPipeline:
                 directions = _accumulate(directions, update, 1.0 / a.norm)
             del update  # invariant: one decoded update alive at a time
         distinct = [a for a in first.values() if a.problem is None]
-        median = statistics.median(a.norm for a in distinct) if distinct else 0.0
+        reference_norms = [a.norm for a in distinct if a.sender in established] or [a.norm for a in distinct]
+        median = statistics.median(reference_norms) if reference_norms else 0.0
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median)
             if a.problem is not None and a.norm > 0 and directions is not None:
@@ -247,7 +265,9 @@ class RoundPipeline:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
         key = a.candidate.header.payload_sha256
         try:
-            update = self.spill.get(key) or self.decode(a.candidate.payload)
+            update = self.spill.get(key)
+            if update is None:
+                update = self.decode(a.candidate.payload)
         except ProtocolError as exc:
             a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
             return None
@@ -297,10 +317,9 @@ class RoundPipeline:
         if inspection.directions is None or others < 1 or a.norm <= 0:
             return self.update_of(a), None
         reference = {name: t.clone() for name, t in inspection.directions.items()}
-        norms = {x.candidate.header.payload_sha256: (x.norm, x.candidate.payload) for x in inspection.assessments}
+        by_hash = {x.candidate.header.payload_sha256: x for x in inspection.assessments}
         for h in copies:
-            norm, payload = norms[h]
-            _accumulate(reference, self.read(h, payload), -1.0 / norm)
+            _accumulate(reference, self.update_of(by_hash[h]), -1.0 / by_hash[h].norm)
         update = self.update_of(a)
         _accumulate(reference, update, -1.0 / a.norm)
         for t in reference.values():
@@ -414,6 +433,28 @@ def outcomes_and_result(
         if o.status == "rejected"
     )
     return ordered, scored, rejections
+
+
+def record_gains(
+    gained: Mapping[str, tuple[int, ...]], senders: Sequence[str], round_: int, window: int
+) -> dict[str, tuple[int, ...]]:
+    """`gained` plus `round_` for each of `senders`, keeping the rounds within the last `window` (and
+    a miner's newest one however old: a key that was ever useful is remembered, `established`
+    counts only recent rounds)."""
+    oldest = round_ - window + 1
+    out = {m: tuple(r for r in rounds if r >= oldest) or rounds[-1:] for m, rounds in gained.items()}
+    for m in senders:
+        out[m] = (*out.get(m, ()), round_)
+    return out
+
+
+def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozenset[str]:
+    """Miners whose updates gained on random data in at least `established_rounds` of the
+    `established_window` rounds before `round_`."""
+    oldest = round_ - cfg.established_window
+    return frozenset(
+        m for m, rounds in standing.gained.items() if sum(1 for r in rounds if r >= oldest) >= cfg.established_rounds
+    )
 
 
 def _accumulate(total: StateDict | None, update: State, scale: float) -> StateDict:

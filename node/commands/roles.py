@@ -142,9 +142,7 @@ def run(role: str, args: argparse.Namespace) -> int:
             else:
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"pulse-{role}-")))
         try:
-            return asyncio.run(
-                _main(role, setup, identity, folder, config, events, args.rounds, args.device, metrics)
-            )
+            return asyncio.run(_main(role, setup, identity, folder, config, events, args.rounds, args.device, metrics))
         except (ConfigError, NetworkError) as exc:
             print(f"pulse {role}: {exc}", file=sys.stderr)
             return 1

@@ -5,7 +5,7 @@
     peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
     await peer.submit(signed, payload_path, deadline=t)   # push to the validator; BUSY: again until t
-    peer.take_submissions(accept, on_submission, favoured)   # the validator: take pushed submissions
+    peer.take_submissions(accept, on_submission, inbox, favoured)   # the validator: take pushed submissions
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
   latest result). `pulse status` needs nothing more.
@@ -199,10 +199,13 @@ class Peer(RunView):
         """One push of a submission to `validator`: `PeerBusy` if it has no slot, `TransferError` if refused."""
 
     @abstractmethod
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
+    def take_submissions(
+        self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None
+    ) -> None:
         """Take pushed submissions (the validator): `accept` decides on each header, `on_submission`
-        gets each stored one, `favoured` senders may use the reserved slots. Until a role calls
-        this, a peer refuses every push."""
+        gets each stored one, its payload in `inbox` (apart from the blobs this node serves);
+        `favoured` senders may use the reserved slots. Until a role calls this, a peer refuses every
+        push."""
 
     @abstractmethod
     async def shutdown(self) -> None: ...
