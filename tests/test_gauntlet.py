@@ -147,20 +147,25 @@ def test_sketch_overlap_and_cosine() -> None:
     assert Sketch.of(u, stride=2, offset=1).positions.tolist() == [0, 1, 2]  # a[1], a[3], a[5]
 
 
-def test_copy_owner_is_the_one_whose_own_data_gains() -> None:
+def test_copy_owner_is_the_member_on_record() -> None:
     sk = Sketch.of({"a": torch.ones(4)}, 1, 0)
 
     def item(i: int, margin: float, indicator: int, payload: str = "p") -> CopyCandidate:
         return CopyCandidate(i, payload, sk, margin, indicator)
 
-    assert copy_owners([item(0, -0.1, -1), item(1, 0.3, 1)], 0.5, 0.9) == {0: 1}  # thief first, victim second
-    assert copy_owners([item(0, 0.2, 1), item(1, 0.1, 1), item(2, 0.3, 1)], 0.5, 0.9) == {0: 2, 1: 2}
-    assert copy_owners([item(0, -0.1, -1), item(1, -0.2, -1)], 0.5, 0.9) == {1: 0}  # no evidence: earliest
+    # nobody on record: one round's margin cannot tell author from copier, so every member is a copy
+    assert copy_owners([item(0, -0.1, -1), item(1, 0.3, 1)], 0.5, 0.9) == {0: 1, 1: 0}
+    assert copy_owners([item(0, 0.2, 1), item(1, 0.1, 1), item(2, 0.3, 1)], 0.5, 0.9) == {0: 2, 1: 0, 2: 1}
     distinct = Sketch.of({"a": torch.tensor([1.0, 0, 0, 0])}, 1, 0)
     assert copy_owners([item(0, 0.1, 1), CopyCandidate(1, "q", distinct, 0.1, 1)], 0.5, 0.9) == {}
     # the record first: a miner with a history keeps its update against a near copy that got +1 by chance
-    established, lucky = CopyCandidate(0, "p", sk, -0.01, -1, 0.3), CopyCandidate(1, "p", sk, 0.02, 1, 0.05)
-    assert copy_owners([established, lucky], 0.5, 0.9) == {1: 0}
+    established = CopyCandidate(0, "p", sk, -0.01, -1, 0.3, prior=0.35)
+    lucky = CopyCandidate(1, "p", sk, 0.02, 1, 0.05)
+    assert copy_owners([lucky, established], 0.5, 0.9) == {1: 0}
+    # between two on record, the better record owns it, whatever this round's margins say
+    victim = CopyCandidate(0, "p", sk, -0.2, -1, 0.4, prior=0.5)
+    copier = CopyCandidate(1, "p", sk, 0.3, 1, 0.2, prior=0.1)
+    assert copy_owners([victim, copier], 0.5, 0.9) == {1: 0}
 
 
 def test_round_secret_is_private_but_stable() -> None:
@@ -349,7 +354,8 @@ def test_every_reason_the_validator_gives_has_its_metrics_class(
         "behind": {"behind", "unknown_base"},
         "copycat": {"copy", "indicator"},
         "thief": {"copy", "indicator", "not_positive", "rank"},
-        "honest": {"indicator", "no_gain", "not_positive", "rank"},
+        # a copied honest miner before it has a record: the whole copy group is refused
+        "honest": {"copy", "indicator", "no_gain", "not_positive", "rank"},
     }
     classes = [
         (rec.kinds[o.index], reason_class(o.reason))

@@ -344,6 +344,7 @@ class RoundPipeline:
                 a.gains.margin,
                 a.indicator,
                 moving_average(standing.indicators.get(a.sender, 0.0), a.indicator, decay),
+                standing.indicators.get(a.sender, 0.0),
             )
             for a in evaluated
             if a.sketch is not None and a.gains is not None
