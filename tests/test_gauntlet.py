@@ -367,6 +367,45 @@ def test_every_reason_the_validator_gives_has_its_metrics_class(
     assert {"norm", "undecodable", "free_rider", "copy", "indicator"} <= {c for _, c in classes}
 
 
+def test_a_round_decodes_each_payload_once_and_spills_within_its_budget(tmp_path: Path) -> None:
+    """With a spill folder, inspect, evaluate and aggregate decode each distinct payload once and read
+    it back from disk; the decision and the aggregate are those of decoding every time; `close`
+    deletes the files; a budget too small for one update decodes again, as without a spill."""
+    swarm = make_swarm()
+    v = swarm.validator(tmp_path / "v")
+    view = RoundView(0, v.weights, v.state_hash, None)
+    subs = [s for s in (m.submit(view) for m in swarm.honest(4)) if s is not None]
+    screened = screen(subs, v.context(RoundPipeline(swarm.cfg, v.weights, v.evaluator, v.batch_fn)), v.seen)
+    secret = RoundSecret.derive(identity_for("validator"), RUN_ID, 0)
+
+    def run(budget: int, spill: Path | None) -> tuple[Decision, dict[str, torch.Tensor] | None, int]:
+        calls = 0
+
+        class Counting(RoundPipeline):
+            def decode(self, payload: bytes) -> dict[str, torch.Tensor]:
+                nonlocal calls
+                calls += 1
+                return super().decode(payload)
+
+        cfg = swarm.cfg.model_copy(update={"decoded_spill_bytes": budget})
+        with Counting(cfg, v.weights, v.evaluator, v.batch_fn, spill) as pipeline:
+            decision = pipeline.decide(screened, secret, v.standing(), run_id=RUN_ID, round_=0)
+            inspection = pipeline.inspect(screened.candidates, secret)
+            update = pipeline.aggregate([a for a in inspection.assessments if a.problem is None])
+            spilled = len(list(spill.iterdir())) if spill is not None else 0
+            assert spilled == (4 if budget == 2**30 else 0)  # one file per distinct payload, if it fits
+        assert spill is None or not spill.exists()  # closed: nothing left
+        return decision, update, calls
+
+    plain, plain_update, plain_calls = run(0, None)
+    spilled, spilled_update, spilled_calls = run(2**30, tmp_path / "spill")  # decide, inspect, aggregate
+    tight, _, tight_calls = run(1, tmp_path / "tight")
+    assert spilled_calls == 4 and plain_calls > 2 * spilled_calls and tight_calls == plain_calls
+    assert spilled.outcomes == plain.outcomes == tight.outcomes
+    assert plain_update is not None and spilled_update is not None
+    assert all(torch.equal(plain_update[n], spilled_update[n]) for n in plain_update)
+
+
 # --- few miners -------------------------------------------------------------------------------
 
 
