@@ -134,6 +134,9 @@ class GauntletConfig(UpdateRules, SelectionRules):
     # -- persistence -------------------------------------------------------------------------
     keep_rounds: int = Field(default=2, ge=1)
     """Committed round folders kept on disk (the newest is the one a restart resumes from)."""
+    decoded_spill_bytes: int = Field(default=32 * 2**30, ge=0)
+    """Disk for a round's decoded updates (spill.py, deleted when the round ends), so each payload is
+    decoded once, not once per step; updates beyond it are decoded again when needed. 0 = no spill."""
 
     @model_validator(mode="after")
     def _seats_fit(self) -> Self:

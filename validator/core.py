@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from validator.ratings import Ratings
 from validator.scoring import BatchFn, Evaluator, RoundSecret
 from validator.state import Book, CrashHook, Snapshot, StateStore
 
+SPILL_FOLDER = "decoded"  # a round's decoded updates (validator/spill.py), gone when it ends
 log = logging.getLogger(__name__)
 
 
@@ -148,14 +150,19 @@ class Validator:
         if self._broken:
             raise RuntimeError("a previous round failed midway: reopen the validator from disk")
         start = time.perf_counter()
-        pipeline = RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn)
-        screened = screen(submissions, self.context(pipeline), self.seen)
-        secret = RoundSecret.derive(self.identity, self.run_id, self.round)
-        decision = pipeline.decide(screened, secret, self.standing(), run_id=self.run_id, round_=self.round)
-        decided = time.perf_counter()
+        spill = self.store.directory / SPILL_FOLDER
+        if spill.exists():
+            shutil.rmtree(spill)  # what a crashed round left behind (a finished round removes it)
+        with RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill) as pipeline:
+            screened = screen(submissions, self.context(pipeline), self.seen)
+            secret = RoundSecret.derive(self.identity, self.run_id, self.round)
+            decision = pipeline.decide(screened, secret, self.standing(), run_id=self.run_id, round_=self.round)
+            decided = time.perf_counter()
 
-        self._broken = True  # from here the master changes before the commit
-        new_weights, new_hash = self._step(pipeline.aggregate(decision.selected))
+            self._broken = True  # from here the master changes before the commit
+            update = pipeline.aggregate(decision.selected)
+        new_weights, new_hash = self._step(update)
+        del update
         stepped = time.perf_counter()
         patch = pulsesync.encode(self.weights, new_weights, old_hash=self.state_hash, new_hash=new_hash)
         encoded = time.perf_counter()
