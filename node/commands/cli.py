@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("node.commands.demo", "run a whole swarm on loopback and report on it"),
     "status": ("node.commands.status", "show the run's current round, active nodes and latest scores"),
+    "doctor": (
+        "node.commands.doctor",
+        "measure this machine and its links to the run, and forecast whether it keeps up",
+    ),
     "export": (
         "node.commands.export",
         "write the run's current model as a Hugging Face folder, with the signed ledger of who trained it",

@@ -8,6 +8,11 @@ signed header and payload to the validator (`Peer.submit`). It holds its model, 
 one error buffer, the BF16 global weights and the payload it is sending: nothing grows with the
 number of peers. Busy fraction = seconds spent training and compressing / wall seconds since the
 first round it trained.
+
+Deadlines: the validator's open heartbeat names the round's target (`roles/deadline.py`). A miner
+times every push (`uplink.py`); when its whole payload would arrive after the target, it sends the
+share that fits (fewer values per chunk, the rest kept in its error feedback), which the validator
+decodes and checks by the run's codec rules like any other payload.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from node.events import Events, mb
 from node.events.models import Final, Late, Missed, Started, Submitted, Training
 from node.net.peer import Peer
 from node.roles.catchup import Chain, Held
+from node.roles.uplink import Uplink
 from node.run.setup import RunSetup
 from node.run.trainer import Trainer
 from protocol.errors import ProtocolError, TransferError
@@ -61,6 +67,8 @@ class Miner:
         self.dense_bytes = setup.dense_bytes()
         self.ahead: tuple[int, asyncio.Task[State]] | None = None  # training for a later round, running
         self.payload_sha: str | None = None  # the last payload sent, kept fetchable until the next one
+        self.uplink = Uplink()
+        self.compress_seconds: float | None = None  # the last compression's
 
     @property
     def busy_fraction(self) -> float:
@@ -96,6 +104,8 @@ class Miner:
             return
         self.submitted.add(opened)
         deadline = opened[2] + self.setup.manifest.round.deadline_seconds
+        target = opened[2] + (beat.target_seconds if beat is not None and beat.target_seconds else 0.0)
+        target = target if target > opened[2] else deadline
         if time.time() > deadline:
             self.events.emit(Late(round=r), f"round {r} is past its deadline: waiting for round {r + 1}")
             return
@@ -114,11 +124,13 @@ class Miner:
         if self.setup.manifest.train.overlap:
             self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, held.weights)))
         trainer = self.trainer
+        fraction = self.uplink.fraction(target - time.time() - (self.compress_seconds or 0.0))
         start = time.monotonic()
         header, payload = await asyncio.get_running_loop().run_in_executor(
-            None, trainer.package, r, delta, held.weights, held.state_hash
+            None, trainer.package, r, delta, held.weights, held.state_hash, fraction
         )
-        await self._submit(header, payload, deadline, compress_seconds=time.monotonic() - start)
+        self.compress_seconds = time.monotonic() - start
+        await self._submit(header, payload, deadline, compress_seconds=self.compress_seconds, fraction=fraction)
 
     async def _train(self, round_: int, weights: State) -> State:
         self.started = self.started or time.monotonic()
@@ -142,7 +154,13 @@ class Miner:
             log.warning("training ahead failed; the steps are discarded: %r", task.exception())
 
     async def _submit(
-        self, header: SubmissionHeader, payload: bytes, deadline: float, *, compress_seconds: float
+        self,
+        header: SubmissionHeader,
+        payload: bytes,
+        deadline: float,
+        *,
+        compress_seconds: float,
+        fraction: float = 1.0,
     ) -> None:
         """Push the payload (a busy validator is asked again until the round's `deadline`), then
         announce the header in the DHT."""
@@ -152,11 +170,14 @@ class Miner:
             peer.store.remove(self.payload_sha)  # one payload held at a time: the latest stays fetchable
         self.payload_sha = sha
         signed = peer.sign(header)
+        start = time.monotonic()
         try:
             await peer.submit(signed, peer.store.path(sha), deadline=deadline)
         except (TransferError, ProtocolError) as exc:
             self.events.emit(Missed(round=r, reason=str(exc)), f"round {r}: submission not taken: {exc}")
             return
+        upload = time.monotonic() - start
+        self.uplink.measured(header.payload_size, upload, fraction)
         ratio = self.dense_bytes / max(header.payload_size, 1)
         loss, busy = self.trainer.last_loss, self.busy_fraction
         trained = self.train_seconds.pop(r, None)
@@ -169,8 +190,11 @@ class Miner:
                 busy_fraction=busy,
                 compress_seconds=compress_seconds,
                 step_seconds=step,
+                upload_seconds=upload,
+                fraction=fraction,
             ),
-            f"round {r}: submitted {mb(header.payload_size)} ({ratio:.0f}x smaller than dense), "
+            f"round {r}: submitted {mb(header.payload_size)} ({ratio:.0f}x smaller than dense"
+            f"{f', {fraction:.0%} of a full payload to fit the round' if fraction < 1 else ''}) in {upload:.1f}s, "
             f"train loss {loss:.4f}, busy {busy:.0%}",
         )
         await peer.announce(signed)  # the header also goes into the DHT (DESIGN.md section 3)
