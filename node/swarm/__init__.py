@@ -8,4 +8,6 @@
 - `fakeminers.py`  in-process fake miners for the Gauntlet (the real miner's step), and one class per attack
 - `campaign/`      the attack and fault campaign: hostile miner processes, faults, the ledger
                    (`pulse bench attacks`, and the swarm tier's campaign test)
+
+`demo-loss-60.png` is the held-out loss of a 60-round `pulse demo`, shown in the README.
 """
