@@ -32,6 +32,7 @@ from protocol.messages import (
     WireModel,
 )
 from protocol.signing import sign
+from tests.helpers import commitments
 
 VALIDATOR = Identity.from_seed(b"v" * 32)
 MINERS = [Identity.from_seed(bytes([i]) * 32).public_hex for i in range(1, 4)]
@@ -57,6 +58,7 @@ def result(r: int, base: str | None = None, reason: str = "undecodable: NonFinit
         patch_sha256=h(f"p{r}"),
         patch_size=1000 + r,
         new_state_hash=h(f"w{r + 1}"),
+        **commitments(str(r)),
     )
 
 
@@ -152,7 +154,7 @@ def test_page_shows_round_loss_points_and_rejections_escaped() -> None:
 
 
 def test_watcher_reads_validator_records_only_and_catches_late_metrics(tmp_path: Path) -> None:
-    network = MemoryNetwork(RunRecords(RUN.run_id, RUN.validators, record_ttl_seconds=3600, checkpoint_every=5))
+    network = MemoryNetwork(RunRecords(RUN.run_id, tuple(RUN.validators), record_ttl_seconds=3600, checkpoint_every=5))
 
     def put(identity: Identity, message: WireModel) -> None:
         assert network.store(sign(identity, message), time.time() + 3600)

@@ -23,7 +23,7 @@ VALIDATOR = Identity.generate()
 
 
 def network(run_id: str = RUN, ttl: float = 3600.0) -> MemoryNetwork:
-    return MemoryNetwork(RunRecords(run_id, frozenset({VALIDATOR.public_hex}), ttl, 5))
+    return MemoryNetwork(RunRecords(run_id, (VALIDATOR.public_hex,), ttl, 5))
 
 
 def beat(peer: MemoryPeer, round_: int = 1) -> Heartbeat:

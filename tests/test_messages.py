@@ -29,8 +29,11 @@ from protocol.messages import (
     MAX_REJECTIONS,
     MAX_ROUND,
     MAX_SELECTED,
+    PROTOCOL_VERSION,
+    BlobRef,
     CheckpointAnnouncement,
     Heartbeat,
+    OuterStep,
     PoolEntry,
     PoolRejection,
     Rejection,
@@ -83,6 +86,11 @@ def worst_round_result() -> RoundResult:
         patch_sha256=key,
         patch_size=2**40,
         new_state_hash=key,
+        master_before=key,
+        master_after=key,
+        outer=OuterStep(lr=-1.2345678901234567e-300 + 1e6, momentum=0.12345678901234567, nesterov=True, steps=2**62),
+        evidence=BlobRef(sha256=key, size=2**40),
+        master_checkpoint=BlobRef(sha256=key, size=2**40),
     )
 
 
@@ -276,14 +284,14 @@ def test_signature_from_another_run_never_verifies_here() -> None:
 
 def test_signature_from_another_version_never_verifies() -> None:
     me = Identity.generate()
-    signed = replace(sign(me, submission(me)), version=2)
+    signed = replace(sign(me, submission(me)), version=PROTOCOL_VERSION + 1)
     with pytest.raises(UnknownVersion):
         SignedMessage.from_bytes(signed.to_bytes())
-    # A signature made under version 0, presented as version 1, does not verify.
-    legacy = replace(sign(me, submission(me)), version=0, signature=b"")
+    # A signature made under an older version, presented as this one, does not verify.
+    legacy = replace(sign(me, submission(me)), version=PROTOCOL_VERSION - 1, signature=b"")
     legacy = replace(legacy, signature=me.sign(legacy.preimage()))
     with pytest.raises(InvalidSignature):
-        replace(legacy, version=1).open(run_id=RUN, expect=SubmissionHeader)
+        replace(legacy, version=PROTOCOL_VERSION).open(run_id=RUN, expect=SubmissionHeader)
 
 
 def test_body_and_envelope_must_agree_on_sender() -> None:

@@ -186,7 +186,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_a_role_endpoint_serves_event_network_and_process_metrics_on_loopback(tmp_path: Path) -> None:
     validator_key = Identity.generate()
-    net = MemoryNetwork(RunRecords(RUN, frozenset({validator_key.public_hex}), 3600.0, 5))
+    net = MemoryNetwork(RunRecords(RUN, (validator_key.public_hex,), 3600.0, 5))
     holder = net.join(validator_key, tmp_path / "validator", role="validator")
     reader = net.join(Identity.generate(), tmp_path / "reader", role="follower")
     metrics = NodeMetrics.serve(0, "127.0.0.1", role="validator", run_id=RUN, key=validator_key.public_hex)

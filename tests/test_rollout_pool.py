@@ -89,7 +89,7 @@ class Workers:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.network = MemoryNetwork(RunRecords(RUN, frozenset({VALIDATOR.public_hex}), 3600.0, 5))
+        self.network = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
         self.validator = self.network.join(VALIDATOR, root / "validator", role="validator")
         self.peers: dict[str, MemoryPeer] = {}
 

@@ -5,8 +5,13 @@
 Norms are global L2 norms over all tensors (float64). Each update is scaled by
 min(1, median / norm), so no single submission counts for more than a typical one, and the
 scaled updates are averaged. At most one decoded update is held at a time: without precomputed
-norms the payloads are decoded twice (a norm pass, then a sum pass). Sums run in float64 in the
-given order, so the result is deterministic for a given input order.
+norms the payloads are decoded twice (a norm pass, then a sum pass).
+
+Bit-reproducible: given the norms, the clip factors are computed in Python from them, and the sum
+is elementwise (a product, then an addition, each correctly rounded) in float64 in the given
+order, so the mean has the same bytes on every CPU and thread count. The norms themselves are
+reductions (summation order may vary with threads in the last bits); a round result commits to
+the norms it used, and an auditor recomputes the aggregate from those (`audit.py`).
 
 Payloads reaching this point were already validated (decoded once by the round logic); a decode
 error here propagates as the `ProtocolError` it is.

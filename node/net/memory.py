@@ -195,8 +195,8 @@ class MemoryPeer(Peer):
 
         return await first_holder(holders, sha256, one)
 
-    async def submit(self, signed: SignedMessage, payload: Path) -> None:
-        validator = self.validator_peer
+    async def submit(self, signed: SignedMessage, payload: Path, *, to: str | None = None) -> None:
+        validator = to or self.validator_peer
         if validator is None:
             raise TransferError("the validator's peer id is unknown")
         async with self.network.open(self.peer_id, validator, SUBMIT) as stream:

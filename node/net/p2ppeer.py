@@ -103,10 +103,11 @@ class P2PPeer(Peer):
         except ProtocolError as exc:
             raise TransferError(f"blob {sha256[:12]}... failed its checks: {exc}") from exc
 
-    async def submit(self, signed: SignedMessage, payload: Path) -> None:
-        if self.validator_peer is None:
+    async def submit(self, signed: SignedMessage, payload: Path, *, to: str | None = None) -> None:
+        validator = to or self.validator_peer
+        if validator is None:
             raise TransferError("the validator's peer id is unknown")
-        await call_submit(self.p2p, PeerID.from_base58(self.validator_peer), signed, payload)
+        await call_submit(self.p2p, PeerID.from_base58(validator), signed, payload)
 
     def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
         self.service.accept, self.service.on_submission = accept, on_submission

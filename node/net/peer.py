@@ -1,9 +1,10 @@
 """What a role needs of the network: one interface, two implementations.
 
     result = await peer.round_result(r)        # the validator's signed verdict for round r, or None
+    found = await peer.counted_result(r, base) # the result of round r that counts for a node holding `base`
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"
-    await peer.submit(signed, payload_path)    # push a submission to the run's validator
+    await peer.submit(signed, payload_path, to=peer_id)   # push a submission to a validator
     peer.take_submissions(accept, on_submission)   # the validator: take pushed submissions
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
@@ -16,6 +17,12 @@ Everything here is written once on top of a few transport primitives (`_get`, `_
 streams, `memory.MemoryPeer` with an in-process network for the fast test tier. Both check every
 record's signature with `dht.PulseRecordValidator` and every blob against its SHA-256. Only records
 signed by one of the run's validator keys count as round results and checkpoints.
+
+The chain rule (a manifest may list several validators, in priority order): the result of round r
+that counts is, among the run's validators' results for r that start from the state the counted
+result of round r-1 produced, the one whose signer comes first in the list. Every node applies the
+same rule to the same records, so the run does not fork: two results for one round happen only
+when a standby took over from a validator that then published late, and the rule picks one.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ class RunRecords:
     """What the network layer needs to know of a run (the roles make it from the manifest)."""
 
     run_id: str
-    validators: frozenset[str]  # public keys (hex) whose round results and checkpoints count
+    validators: tuple[str, ...]  # public keys (hex) whose round results and checkpoints count, in priority order
     record_ttl_seconds: float  # how long this node's DHT records live
     checkpoint_every: int  # how far back the newest checkpoint can be
 
@@ -76,13 +83,25 @@ class RunView(ABC):
             return []
 
     async def from_validator(self, kind: type[M], round_: int) -> M | None:
-        for verified in await self.get(kind, round_):
-            if verified.sender_hex in self.run.validators:
-                return verified.message
-        return None
+        """The record of the first validator in priority order that has one (reads list them first)."""
+        found = [v for v in await self.get(kind, round_) if v.sender_hex in self.run.validators]
+        found.sort(key=lambda v: self.run.validators.index(v.sender_hex))
+        return found[0].message if found else None
+
+    async def from_validators(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        """Every validator's `kind` record of `round_`, in the validators' priority order."""
+        found = [v for v in await self.get(kind, round_) if v.sender_hex in self.run.validators]
+        return sorted(found, key=lambda v: self.run.validators.index(v.sender_hex))
 
     async def round_result(self, round_: int) -> RoundResult | None:
         return await self.from_validator(RoundResult, round_)
+
+    async def counted_result(self, round_: int, base: str) -> Verified[RoundResult] | None:
+        """The result of `round_` that counts for a node holding the state `base` (the chain rule above)."""
+        for verified in await self.from_validators(RoundResult, round_):
+            if verified.message.base_state_hash == base:
+                return verified
+        return None
 
     async def latest_result(self, start: int = 0) -> tuple[int, RoundResult | None]:
         """(the last round with a round result, searched from `start`, that result); (start - 1, None) if none.
@@ -140,8 +159,9 @@ class Peer(RunView):
         """Blob `sha256` (at most `size` bytes, hash-checked) from one of `holders` into `store`."""
 
     @abstractmethod
-    async def submit(self, signed: SignedMessage, payload: Path) -> None:
-        """Push a signed submission header and its payload to the validator; `TransferError` if not taken."""
+    async def submit(self, signed: SignedMessage, payload: Path, *, to: str | None = None) -> None:
+        """Push a signed submission header and its payload to the validator at peer id `to` (default:
+        the one of the last validator heartbeat read); `TransferError` if not taken."""
 
     @abstractmethod
     def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
@@ -169,6 +189,10 @@ class Peer(RunView):
             self.validator_peer = beat.peer_id
             return beat
         return None
+
+    async def validator_heartbeats(self, round_: int) -> list[Verified[Heartbeat]]:
+        """Every validator's heartbeat for `round_` (the active one's and the standbys'), in priority order."""
+        return [v for v in await self.from_validators(Heartbeat, round_) if v.message.role == "validator"]
 
     async def publish(self, message: WireModel) -> None:
         """Sign and store `message`; `NetworkError` if no peer took it after two retries."""

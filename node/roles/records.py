@@ -9,7 +9,7 @@ from node.run.manifest import Manifest
 def run_records(manifest: Manifest) -> RunRecords:
     return RunRecords(
         run_id=manifest.run_id,
-        validators=frozenset(manifest.validators),
+        validators=tuple(manifest.validators),
         record_ttl_seconds=manifest.round.record_ttl_seconds,
         checkpoint_every=manifest.round.checkpoint_every,
     )
