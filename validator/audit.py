@@ -17,9 +17,9 @@ is on). For each round's signed result it checks, in this order (a `Finding` nam
               codec and the sender's data assignment, from a key that is not a validator's, once;
               a rejection whose reason the header alone decides (codec, base state, size,
               assignment) is rechecked
-    payloads  each aggregated payload decodes; its float64 norm is the one committed (up to
-              summation order); the norm gate holds against the committed median; the clip
-              factors are min(1, median of the norms / norm), exactly
+    payloads  each aggregated payload decodes; its norm is the one committed, bit for bit; the
+              norm gate holds against the committed median; the clip factors are
+              min(1, median of the norms / norm), exactly
     step      the clipped mean, in the committed order, then the outer step (both bit-reproducible,
               `aggregate.py`, `outer.py`), give the committed FP32 state hash and the BF16 state
               hash; the published book continues from them
@@ -34,7 +34,6 @@ round's state any more, and the caller reloads its last committed snapshot.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -55,10 +54,6 @@ from validator.evidence import Aggregated, RoundEvidence, public_book
 from validator.outer import OuterOptimizer
 from validator.scoring import RoundSecret
 from validator.state import Book, Snapshot
-
-NORM_RTOL = 1e-7
-"""Relative difference allowed between a recomputed norm and the committed one: a float64 sum of
-squares differs only in its last bits with the summation order (thread count)."""
 
 PREFIX = "momentum/"
 
@@ -333,7 +328,7 @@ def _recompute(
             report.add("payload", f"an aggregated payload does not decode: {type(exc).__name__}: {exc}")
             return
         for entry, norm in zip(evidence.aggregated, measured, strict=True):
-            if not math.isclose(norm, entry.norm, rel_tol=NORM_RTOL, abs_tol=1e-300):
+            if norm != entry.norm:  # norms are bit-reproducible (`aggregate.global_norm`)
                 report.add("norm", f"{entry.sender[:12]}: committed norm {entry.norm!r}, the payload's is {norm!r}")
         replica.outer.step(mean.update)
         del mean

@@ -1,15 +1,17 @@
 """The roles of a run, built from its task: the one place that maps a `Task` to what each role runs.
 
     service = validator_for(setup, task, identity, folder, peer, events)   # + RoundHooks of the task
+    role = validator_role_for(setup, task, identity, folder, peer, events) # active or standby (`standby.py`)
     miner = miner_for(setup, task, identity, peer, events)                 # + the trainer's RoundInputs
     follower = follower_for(setup, task, identity, peer, events)           # + the task's RoundServices
 
-| task | validator's round hooks                    | miner's round inputs     | follower's round services |
-|------|--------------------------------------------|--------------------------|---------------------------|
-| lm   | held-out loss (`hooks.py`)                 | none                     | none                      |
-| rl   | pool, held-out reward (`rl/validation.py`) | the pool (`rl/miner.py`) | rollouts (`rl/worker.py`) |
+| task | validator's round hooks                    | miner's round inputs     | follower's round services | standby |
+|------|--------------------------------------------|--------------------------|---------------------------|---------|
+| lm   | held-out loss (`hooks.py`)                 | none                     | none                      | yes     |
+| rl   | pool, held-out reward (`rl/validation.py`) | the pool (`rl/miner.py`) | rollouts (`rl/worker.py`) | no      |
 
-Each column is a `functools.singledispatch` function on the task's class: a new task registers its
+Each column is a `functools.singledispatch` function on the task's class (the last, `takes_over`:
+whether a standby validator may close a round another validator opened): a new task registers its
 own pieces here, and the roles themselves never ask which task they run.
 """
 
@@ -20,12 +22,14 @@ from pathlib import Path
 
 from node.events import Events
 from node.net.peer import Peer
+from node.roles.auditor import Auditor
 from node.roles.follower import Follower, RoundService
 from node.roles.hooks import HeldOutLoss, RoundHooks
 from node.roles.miner import Miner, RoundInputs
 from node.roles.rl.miner import PoolInputs
 from node.roles.rl.validation import RLRoundHooks
 from node.roles.rl.worker import RolloutWorker
+from node.roles.standby import ValidatorRole
 from node.roles.validator_service import ValidatorService
 from node.run.setup import RunSetup
 from node.run.task import LMTask, RLTask, Task
@@ -48,6 +52,21 @@ def validator_for(
     """The validator service of the run (builds or reopens its state: run it in an executor)."""
     hooks = round_hooks(task, peer, events, poll)
     return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll)
+
+
+def validator_role_for(
+    setup: RunSetup,
+    task: Task,
+    identity: Identity,
+    folder: Path,
+    peer: Peer,
+    events: Events,
+    *,
+    poll: float = POLL_SECONDS,
+) -> ValidatorRole:
+    """The validator of the run, active or standby (`standby.py`): what `pulse validator` runs."""
+    hooks = round_hooks(task, peer, events, poll)
+    return ValidatorRole(setup, task, hooks, identity, folder, peer, events, poll=poll, can_take_over=takes_over(task))
 
 
 def miner_for(
@@ -73,8 +92,11 @@ def follower_for(
     *,
     device: str = "cpu",
     poll: float = POLL_SECONDS,
+    audit: Path | None = None,
 ) -> Follower:
-    return Follower(peer, events, round_services(task, identity, peer, events, device), poll=poll)
+    """`audit`: a folder for an auditor's FP32 replica; the follower then holds only verified states."""
+    weights = Auditor(setup, peer, events, audit, task.initial_master, poll=2 * poll) if audit else None
+    return Follower(peer, events, round_services(task, identity, peer, events, device), poll=poll, weights=weights)
 
 
 # -- per task ------------------------------------------------------------------------------------
@@ -93,6 +115,18 @@ def _(task: LMTask, peer: Peer, events: Events, poll: float) -> RoundHooks:
 @round_hooks.register
 def _(task: RLTask, peer: Peer, events: Events, poll: float) -> RoundHooks:
     return RLRoundHooks(task, peer, events, task.setup.new_model(), poll=poll)
+
+
+@singledispatch
+def takes_over(task: Task) -> bool:
+    """Whether a standby may close a round another validator opened: an RL round's rollout pool is the
+    opener's (a standby would need it to score), so RL standbys audit and do not take rounds over."""
+    return True
+
+
+@takes_over.register
+def _(task: RLTask) -> bool:
+    return False
 
 
 @singledispatch

@@ -8,8 +8,16 @@ Round r, as the validator runs it:
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
-   PULSESync patch as a blob and publish the signed round result; report the held-out measure, and
-   publish it with the round's byte counts and the miners' standings (`RoundMetrics`, for run pages).
+   PULSESync patch, the round's evidence and (every `checkpoint_every` rounds) the FP32 state as
+   blobs and publish the signed round result; report the held-out measure, and publish it with the
+   round's byte counts and the miners' standings (`RoundMetrics`, for run pages). The aggregated
+   payloads stay fetchable for `keep_payload_rounds` rounds, so anyone can recompute the round.
+
+With several validators in the manifest (`standby.py` runs this service when this validator is
+the active one), it checks before publishing and at every opening that no other validator's result
+counts for its round (the chain rule, `node/net/peer.py`); if one does, it raises `Superseded` and
+continues as a standby. A standby that takes a round over hands it the submissions it collected
+(`take_over`).
 
 What depends on the task comes from two objects: the `Task` (W_0, the Gauntlet's evaluator and
 batch function) and its `RoundHooks` (RL: the rollout pool before a round opens; the held-out loss
@@ -38,10 +46,17 @@ from node.roles.hooks import HeldOut, RoundHooks
 from node.run.setup import RunSetup
 from node.run.task import Task
 from protocol.codec import default_max_bytes
-from protocol.errors import ConfigError, NetworkError
+from protocol.errors import ConfigError, NetworkError, Superseded
 from protocol.identity import Identity
-from protocol.messages import CheckpointAnnouncement, Heartbeat, RoundMetrics, Standing, SubmissionHeader
-from protocol.signing import Verified
+from protocol.messages import (
+    CheckpointAnnouncement,
+    Heartbeat,
+    RoundMetrics,
+    RoundResult,
+    Standing,
+    SubmissionHeader,
+)
+from protocol.signing import SignedMessage, Verified
 from protocol.state import State
 from validator.core import RoundReport, Validator
 from validator.intake import Submission
@@ -75,6 +90,7 @@ class ValidatorService:
         self.closed = True
         self.opened_at = 0.0
         self.dense_bytes = setup.dense_bytes()
+        self.kept: dict[int, list[str]] = {}  # round -> aggregated payloads and evidence, kept fetchable
         # refuse an oversize payload from its header, before its body is read or stored
         self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
         peer.take_submissions(self._accept, self._on_submission)
@@ -131,6 +147,7 @@ class ValidatorService:
                 self.events.emit(Baseline(loss=measured.loss, reward=measured.reward), text)
         first = True
         while rounds is None or self.round < rounds:
+            await self._check_counted()
             await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
             first = False
             await self._collect()
@@ -147,10 +164,47 @@ class ValidatorService:
         return await asyncio.get_running_loop().run_in_executor(None, measure, self.validator.weights)
 
     async def _republish(self) -> None:
-        """After a restart: the last result again (DHT records may have expired or never landed)."""
-        if self.validator.last_result is not None and self.validator.last_patch is not None:
-            self.peer.hold(self.peer.store.put(self.validator.last_patch))
-            await self.peer.publish_signed(self.validator.last_result)
+        """After a restart: the last result again (DHT records may have expired or never landed), and
+        the blobs it names that this validator can make again."""
+        v = self.validator
+        if v.last_result is None or v.last_patch is None:
+            return
+        self.peer.hold(self.peer.store.put(v.last_patch))
+        if v.last_evidence is not None:
+            self.peer.hold(self.peer.store.put(v.last_evidence))
+        result = SignedMessage.from_bytes(v.last_result)
+        named = RoundResult.from_canonical(result.body).master_checkpoint
+        if named is not None and not self.peer.store.has(named.sha256):
+            data = await asyncio.get_running_loop().run_in_executor(None, v.fp32_checkpoint)
+            if self.peer.store.put(data) == named.sha256:  # the committed master is the state after that round
+                self.peer.hold(named.sha256)
+        await self.peer.publish_signed(v.last_result)
+
+    async def take_over(self, received: dict[str, Submission]) -> None:
+        """Close the open round with the submissions a standby collected (its validator published no
+        result in time); the caller then `run`s the service from the next round."""
+        self.received = dict(received)
+        self.closed = False
+        self.opened_at = time.time()
+        await self._close()
+
+    async def _check_counted(self) -> None:
+        """Before opening round r: the result that counts for round r-1 is this validator's, or nobody's
+        yet (`Superseded` otherwise: a higher-priority validator's late result, or a standby's takeover)."""
+        v = self.validator
+        if v.round == 0 or v.last_result is None or len(v.book.states) < 2:
+            return
+        mine = SignedMessage.from_bytes(v.last_result)
+        counted = await self.peer.counted_result(v.round - 1, v.book.states[-2])
+        if counted is not None and counted.message_id != mine.message_id:
+            raise Superseded(v.round - 1, counted.sender_hex)
+
+    async def _check_unclaimed(self, round_: int, base: str) -> None:
+        """Before publishing round r: no other validator published one already (a standby took the round
+        over while this one was slow): publishing too would make nodes that applied it switch back."""
+        for other in await self.peer.from_validators(RoundResult, round_):
+            if other.sender_hex != self.identity.public_hex and other.message.base_state_hash == base:
+                raise Superseded(round_, other.sender_hex)
 
     async def _open(self, *, checkpoint: bool) -> None:
         r = self.round
@@ -202,19 +256,17 @@ class ValidatorService:
         self.closed = True
         r, submissions = self.round, list(self.received.values())
         loop = asyncio.get_running_loop()
-        before = self.validator.weights
+        before, base = self.validator.weights, self.validator.state_hash
         report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
         changed = changed_fraction(before, self.validator.weights)
-        sha = self.peer.store.put(report.patch)
-        self.peer.hold(sha)
+        self._store_blobs(report, submissions)
+        await self._check_unclaimed(r, base)
         try:
             await self.peer.publish_signed(report.envelope)
         except NetworkError as exc:
             log.warning("round %d result not stored in the DHT yet (%s); retrying once", r, exc)
             await asyncio.sleep(1.0)
             await self.peer.publish_signed(report.envelope)
-        for sub in submissions:
-            self.peer.store.remove(hashlib.sha256(sub.payload).hexdigest())
         self.previous_senders = set(self.received)
         start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
@@ -223,6 +275,26 @@ class ValidatorService:
             await self.peer.publish(self._metrics(report, submissions, measured))
         except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
             log.warning("round %d metrics not stored in the DHT: %s", r, exc)
+
+    def _store_blobs(self, report: RoundReport, submissions: list[Submission]) -> None:
+        """The patch, evidence and FP32 checkpoint as served blobs; the aggregated payloads kept for
+        `keep_payload_rounds` rounds (with the evidence), the others removed now."""
+        hold = self.peer.hold
+        hold(self.peer.store.put(report.patch))
+        if report.master_checkpoint is not None:
+            hold(self.peer.store.put(report.master_checkpoint))
+        aggregated = {s.payload_sha256 for s in report.result.selected}
+        for sub in submissions:
+            sha = hashlib.sha256(sub.payload).hexdigest()
+            if sha not in aggregated:
+                self.peer.store.remove(sha)
+        kept = [self.peer.store.put(report.evidence), *sorted(aggregated)]
+        for sha in kept:
+            hold(sha)
+        self.kept[report.round] = kept
+        for old in [r for r in self.kept if r <= report.round - self.setup.manifest.round.payload_rounds]:
+            for sha in self.kept.pop(old):
+                self.peer.store.remove(sha)
 
     def _metrics(self, report: RoundReport, submissions: list[Submission], measured: HeldOut) -> RoundMetrics:
         """The round's figures for run pages, each within its field's bounds (a diverged loss is left out)."""
