@@ -120,7 +120,8 @@ class BlobHashMismatch(ProtocolError):
 
 
 class InvalidRecord(ProtocolError):
-    """A DHT record breaks a rule of its key: stored under the wrong key, or an absurd expiration."""
+    """A DHT record breaks a rule of its key: wrong key, a kind its signer may not write, over its
+    size cap, or an expiration other than the signed one."""
 
 
 # -- the network: peers and daemons that fail, refuse or go silent -----------------------------
@@ -140,3 +141,7 @@ class TransferTimeout(TransferError):
 
 class BlobNotFound(TransferError):
     """The peer (or the local store) does not hold the requested blob."""
+
+
+class PeerBusy(TransferError):
+    """The peer has no free slot right now (it answered BUSY): trying again later may succeed."""

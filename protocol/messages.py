@@ -29,7 +29,8 @@ from protocol.errors import MalformedPayload, SizeLimitExceeded
 
 PROTOCOL_VERSION = 2
 """The one protocol version: bump it on any change to a wire schema or the signing preimage.
-(2: a round result commits to what recomputing its step needs: `RoundResult.evidence` and the rest.)"""
+(2: every envelope carries signed freshness, `expires_ms`; a round result commits to what
+recomputing its step needs: `RoundResult.evidence` and the rest.)"""
 
 MAX_ROUND = 2**62
 MAX_BLOB_BYTES = 2**40  # 1 TiB: larger than any payload, small enough to rule out overflow games
@@ -78,6 +79,7 @@ class WireModel(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
+            where = ascii(where)[1:-1][:80]  # a key the peer chose: escaped, so it cannot forge a log line
             raise MalformedPayload(f"{cls.KIND}: {where}: {first['msg']}") from exc
         if message.canonical_bytes() != data:
             raise MalformedPayload(f"{cls.KIND}: body is not in canonical form")

@@ -3,15 +3,22 @@
 Preimage (what the sender signs; integers big-endian, variable fields length-prefixed):
 
     b"pulse/signed-message\\x00" | version u16 | len u8, kind | run id (32 bytes) | round u64
-    | sender key (32 bytes) | len u32, canonical body
+    | expires u64 | sender key (32 bytes) | len u32, canonical body
 
 A signature made for another protocol version, run, kind, round or sender never verifies,
 because each of them is in the preimage. The message id is the SHA-256 of the preimage: it
 names the message independently of how the envelope travelled, so a replay has the same id.
 
+`expires` is the signed freshness of a record: the unix time in milliseconds until which the
+signer wants it kept (0: not meant for the DHT, e.g. a header pushed over a stream). A DHT
+record must expire exactly then (`node/net/dht.py`), so nobody can keep an owner's old record
+alive longer than it asked, and of two records of one owner the one signed later (expiring
+later) wins on every peer, by hivemind's own rule (the later expiration is kept).
+
 Envelope (what travels; the same fields framed, then the signature):
 
-    b"PLSM" | version u16 | len u8, kind | run id | round u64 | sender | len u32, body | signature (64)
+    b"PLSM" | version u16 | len u8, kind | run id | round u64 | expires u64 | sender | len u32, body
+    | signature (64)
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ class SignedMessage:
     body: bytes  # canonical body bytes
     signature: bytes
     version: int = PROTOCOL_VERSION
+    expires_ms: int = 0  # signed freshness: unix milliseconds the signer wants the record kept until
+
+    @property
+    def expires_at(self) -> float:
+        """`expires_ms` in seconds, the DHT expiration a record of this message must carry."""
+        return self.expires_ms / 1000
 
     @property
     def sender_hex(self) -> str:
@@ -61,6 +74,14 @@ class SignedMessage:
     def message_id(self) -> str:
         return hashlib.sha256(self.preimage()).hexdigest()
 
+    @property
+    def statement_id(self) -> str:
+        """What was said and by whom, whatever its freshness: the same for a record signed afresh
+        (a republished round result) as for the original; two results for one round differ in it."""
+        return hashlib.sha256(
+            b"".join([self.kind.encode("ascii"), bytes.fromhex(self.run_id), self.sender, self.body])
+        ).hexdigest()
+
     def to_bytes(self) -> bytes:
         return MAGIC + self._fields() + self.signature
 
@@ -71,7 +92,7 @@ class SignedMessage:
                 struct.pack(">HB", self.version, len(kind)),
                 kind,
                 bytes.fromhex(self.run_id),
-                struct.pack(">Q", self.round),
+                struct.pack(">QQ", self.round, self.expires_ms),
                 self.sender,
                 struct.pack(">I", len(self.body)),
                 self.body,
@@ -94,7 +115,7 @@ class SignedMessage:
             raise MalformedPayload(f"message kind {kind_bytes!r} is not a valid kind name")
         kind = kind_bytes.decode("ascii")
         run_id = bytes(reader.raw(32)).hex()
-        (round_,) = reader.unpack(">Q")
+        round_, expires_ms = reader.unpack(">QQ")
         sender = bytes(reader.raw(PUBLIC_KEY_BYTES))
         (body_len,) = reader.unpack(">I")
         if body_len > MAX_BODY_BYTES:
@@ -102,7 +123,7 @@ class SignedMessage:
         body = bytes(reader.raw(body_len))
         signature = bytes(reader.raw(SIGNATURE_BYTES))
         reader.expect_end()
-        return cls(kind, run_id, round_, sender, body, signature, version)
+        return cls(kind, run_id, round_, sender, body, signature, version, expires_ms)
 
     def open(self, *, run_id: str, expect: type[M]) -> M:
         """Verify and parse: wrong run, unknown kind, bad signature or bad body all raise.
@@ -137,9 +158,15 @@ class Verified(Generic[M]):
     def message_id(self) -> str:
         return self.signed.message_id
 
+    @property
+    def statement_id(self) -> str:
+        return self.signed.statement_id
 
-def sign(identity: Identity, message: WireModel) -> SignedMessage:
-    """Sign `message` under its own kind, run and round."""
+
+def sign(identity: Identity, message: WireModel, *, expires_ms: int = 0) -> SignedMessage:
+    """Sign `message` under its own kind, run and round, to be kept until `expires_ms` (see above)."""
+    if not 0 <= expires_ms < 2**63:
+        raise ValueError(f"expires_ms {expires_ms} is not a unix time in milliseconds")
     unsigned = SignedMessage(
         kind=message.KIND,
         run_id=message.run_id,
@@ -147,6 +174,7 @@ def sign(identity: Identity, message: WireModel) -> SignedMessage:
         sender=identity.public_key,
         body=message.canonical_bytes(),
         signature=b"",
+        expires_ms=expires_ms,
     )
     return replace(unsigned, signature=identity.sign(unsigned.preimage()))
 
@@ -159,7 +187,11 @@ def open_signed(data: bytes, *, run_id: str, expect: type[M]) -> Verified[M]:
 
 def open_any(data: bytes, *, run_id: str) -> Verified[WireModel]:
     """Like `open_signed`, for a kind taken from the envelope (it must be a known kind)."""
-    signed = SignedMessage.from_bytes(data)
+    return open_parsed(SignedMessage.from_bytes(data), run_id=run_id)
+
+
+def open_parsed(signed: SignedMessage, *, run_id: str) -> Verified[WireModel]:
+    """`open_any` for an envelope already parsed (its framing checked by `SignedMessage.from_bytes`)."""
     expect = MESSAGE_TYPES.get(signed.kind)
     if expect is None:
         raise MalformedPayload(f"unknown message kind {signed.kind!r}")

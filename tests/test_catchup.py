@@ -40,7 +40,7 @@ def test_a_chain_broken_at_the_newest_checkpoint_waits_before_rejoining(tmp_path
     weights = {"w": torch.ones(4, 4, dtype=torch.bfloat16)}
     data = checkpoint_bytes(weights)
     sha = validator.store.put(data)
-    validator.hold(sha)
+    validator.hold(sha, 0, "checkpoint")
     checkpoint = CheckpointAnnouncement(
         run_id=RUN, round=0, state_hash=state_hash(weights), blob_sha256=sha, blob_size=len(data),
         format=CHECKPOINT_FORMAT,

@@ -20,13 +20,14 @@ from pydantic import BaseModel, ValidationError
 
 from node.learn.model import GPTConfig
 from node.net.netconfig import NetConfig
+from node.net.retention import Retention
 from node.net.streams import TransferLimits
 from node.run.manifest import Manifest, parse_manifest
 from protocol.errors import ConfigError
 from validator.config import GauntletConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-ROOTS: tuple[type[BaseModel], ...] = (Manifest, GauntletConfig, NetConfig, TransferLimits)
+ROOTS: tuple[type[BaseModel], ...] = (Manifest, GauntletConfig, NetConfig, TransferLimits, Retention)
 
 
 def models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -111,8 +112,9 @@ def test_an_int_for_a_bool_fails_naming_the_field(path: tuple[str, ...]) -> None
     ("model", "field", "value"),
     [
         (GPTConfig, "n_layer", 4.0),
-        (TransferLimits, "max_streams", 16.0),
+        (TransferLimits, "max_fetch_streams", 16.0),
         (TransferLimits, "max_blob_bytes", "1024"),
+        (Retention, "keep_rounds", 8.0),
         (NetConfig, "use_relay", 1),
         (NetConfig, "identity_path", "p2p.id"),
         (GauntletConfig, "top_g", 8.0),

@@ -7,13 +7,13 @@ import asyncio
 import hashlib
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from node.net.dht import sign_for
 from node.net.memory import MemoryNetwork
 from node.net.peer import RunRecords
 from node.roles.dashboard.board import MAX_NODES, RunFacts, Seen, build_board
@@ -31,7 +31,6 @@ from protocol.messages import (
     SubmissionHeader,
     WireModel,
 )
-from protocol.signing import sign
 from tests.helpers import commitments
 
 VALIDATOR = Identity.from_seed(b"v" * 32)
@@ -156,15 +155,15 @@ def test_page_shows_round_loss_points_and_rejections_escaped() -> None:
 def test_watcher_reads_validator_records_only_and_catches_late_metrics(tmp_path: Path) -> None:
     network = MemoryNetwork(RunRecords(RUN.run_id, tuple(RUN.validators), record_ttl_seconds=3600, checkpoint_every=5))
 
-    def put(identity: Identity, message: WireModel) -> None:
-        assert network.store(sign(identity, message), time.time() + 3600)
+    def put(identity: Identity, message: WireModel) -> bool:
+        return network.store(sign_for(identity, message, 3600))
 
     impostor = Identity.generate()
     for r in range(3):
-        put(VALIDATOR, result(r))
-        put(impostor, metrics(r, 0.01))  # signed, but not by a validator of the run
-    put(VALIDATOR, metrics(0, 5.0))
-    put(VALIDATOR, beat("validator", 3, 100))
+        assert put(VALIDATOR, result(r))
+        assert not put(impostor, metrics(r, 0.01))  # signed, but not by a validator of the run: refused
+    assert put(VALIDATOR, metrics(0, 5.0))
+    assert put(VALIDATOR, beat("validator", 3, 100))
     put(Identity.from_seed(b"\x01" * 32), header(MINERS[0], 3))
     watcher = Watcher(network.join(Identity.generate(), tmp_path, role="follower"), RUN, history=2)
     asyncio.run(watcher.poll())

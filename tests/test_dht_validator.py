@@ -1,4 +1,5 @@
-"""The DHT record validator and the network options, in-process (the swarm tier runs them for real)."""
+"""The DHT record validator, the store budget and the network options, in-process (the swarm
+tier runs them for real)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,28 @@ import msgpack
 import pytest
 from hivemind.dht.validation import DHTRecord
 
-from node.net.dht import MAX_DHT_VALUE_BYTES, PulseRecordValidator, dht_key_id
+from node.net.dht import PulseRecordValidator, dht_key_id, sign_for
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
+from node.net.records import MAX_DHT_VALUE_BYTES, POLICIES, RecordRules, StoreBudget
 from protocol.errors import ConfigError, InvalidRecord, InvalidSignature, MalformedPayload, WrongRun
 from protocol.identity import Identity
-from protocol.messages import SubmissionHeader
+from protocol.messages import (
+    MAX_HELD_BLOBS,
+    MESSAGE_TYPES,
+    CheckpointAnnouncement,
+    Heartbeat,
+    RoundResult,
+    SubmissionHeader,
+    WireModel,
+)
 from protocol.signing import SignedMessage, sign
 
 RUN = hashlib.sha256(b"validator-run").hexdigest()
 PEER = "/ip4/127.0.0.1/tcp/4000/p2p/12D3KooWJDZW5oetBduTcnsaAHQat9C9sTKdmejTcWTReSBr8CHv"
+
+
+VALIDATOR = Identity.generate()
+RULES = RecordRules(RUN, (VALIDATOR.public_hex,), max_ttl=3600)
 
 
 def signed_header(identity: Identity, round_: int = 1, run_id: str = RUN) -> SignedMessage:
@@ -35,7 +49,7 @@ def signed_header(identity: Identity, round_: int = 1, run_id: str = RUN) -> Sig
         data_digest="c" * 64,
         sender=identity.public_hex,
     )
-    return sign(identity, header)
+    return sign_for(identity, header, 60)
 
 
 def record(
@@ -46,14 +60,14 @@ def record(
         key=key or dht_key_id(signed.run_id, signed.kind, signed.round),
         subkey=msgpack.packb(owner or signed.sender, use_bin_type=True),
         value=msgpack.packb(signed.to_bytes(), use_bin_type=True),
-        expiration_time=time.time() + 60,
+        expiration_time=signed.expires_at,
     )
     return replace(base, **changes)
 
 
 @pytest.fixture
 def validator() -> PulseRecordValidator:
-    return PulseRecordValidator(RUN, max_ttl=3600)
+    return PulseRecordValidator(RULES)
 
 
 def test_valid_record_passes(validator: PulseRecordValidator) -> None:
@@ -62,6 +76,10 @@ def test_valid_record_passes(validator: PulseRecordValidator) -> None:
     assert validator.validate(rec)
     assert validator.check(rec).sender_hex == me.public_hex
     assert validator.sign_value(rec) == rec.value and validator.strip_value(rec) == rec.value
+
+
+def header_of(signed: SignedMessage) -> SubmissionHeader:
+    return SubmissionHeader.from_canonical(signed.body)
 
 
 def _bad_records() -> dict[str, tuple[DHTRecord, type[Exception]]]:
@@ -75,7 +93,9 @@ def _bad_records() -> dict[str, tuple[DHTRecord, type[Exception]]]:
         "unsigned": (replace(record(good), subkey=msgpack.packb(None)), InvalidSignature),
         "short_owner": (replace(record(good), subkey=msgpack.packb(b"x" * 31, use_bin_type=True)), InvalidSignature),
         "oversized": (replace(record(good), value=b"\xc6" + b"\x00" * MAX_DHT_VALUE_BYTES), InvalidRecord),
-        "far_future": (record(good, expiration_time=time.time() + 10 * 86400), InvalidRecord),
+        "far_future": (record(sign_for(me, header_of(good), 10 * 86400)), InvalidRecord),
+        "re_timed": (record(good, expiration_time=good.expires_at + 3000), InvalidRecord),  # pinning a record
+        "no_expiry": (record(sign(me, header_of(good))), InvalidRecord),
         "nan_expiration": (record(good, expiration_time=math.nan), InvalidRecord),
         "not_msgpack": (replace(record(good), value=b"\xc1"), MalformedPayload),
         "msgpack_int": (replace(record(good), value=msgpack.packb(7)), MalformedPayload),
@@ -93,6 +113,105 @@ def test_bad_records_are_rejected(validator: PulseRecordValidator, case: str) ->
     assert not validator.validate(rec)
     with pytest.raises(error):
         validator.check(rec)
+
+
+# -- who may write what, and how much a peer keeps --------------------------------------------------
+
+
+def result(round_: int = 1) -> RoundResult:
+    h = hashlib.sha256(str(round_).encode()).hexdigest()
+    return RoundResult(
+        run_id=RUN, round=round_, selected=(), rejections=(), base_state_hash=h, patch_sha256=h, patch_size=1,
+        new_state_hash=h,
+    )  # fmt: skip
+
+
+def beat(identity: Identity, round_: int = 1, blobs: int = 0) -> Heartbeat:
+    return Heartbeat(
+        run_id=RUN, round=round_, role="miner", peer_id="1" * 46, state_hash=None,
+        blobs=tuple(hashlib.sha256(f"{i}".encode()).hexdigest() for i in range(blobs)), sent_at=1,
+    )  # fmt: skip
+
+
+def test_validator_only_kinds_are_refused_from_anyone_else(validator: PulseRecordValidator) -> None:
+    """A flood of fresh keys signing round results for a predictable round is refused at store
+    time, so the validator's own result is the only one under its key."""
+    junk = record(sign_for(Identity.generate(), result(), 60))
+    with pytest.raises(InvalidRecord, match="validators only"):
+        validator.check(junk)
+    assert validator.validate(record(sign_for(VALIDATOR, result(), 60)))
+    checkpoint = CheckpointAnnouncement(
+        run_id=RUN, round=1, state_hash="a" * 64, blob_sha256="b" * 64, blob_size=1, format="safetensors"
+    )
+    assert not validator.validate(record(sign_for(Identity.generate(), checkpoint, 60)))
+    assert validator.validate(record(sign_for(VALIDATOR, checkpoint, 60)))
+
+
+def test_every_kind_has_a_policy_its_largest_message_fits() -> None:
+    assert set(MESSAGE_TYPES) <= set(POLICIES), "a new record kind needs a row in node.net.records.POLICIES"
+    me = Identity.generate()
+    largest: dict[str, WireModel] = {
+        "heartbeat": beat(me, blobs=MAX_HELD_BLOBS),
+        "submission": header_of(signed_header(me)),
+    }
+    for kind, message in largest.items():
+        packed = msgpack.packb(sign_for(me, message, 60).to_bytes(), use_bin_type=True)
+        RULES.check_size(kind, len(packed))
+    with pytest.raises(InvalidRecord, match="heartbeat value"):
+        RULES.check_size("heartbeat", POLICIES["heartbeat"].max_value_bytes + 1)
+    with pytest.raises(InvalidRecord, match="no storage policy"):
+        RULES.policy("not_a_kind")
+
+
+def _admit(budget: StoreBudget, signed: SignedMessage) -> bool:
+    key = dht_key_id(RUN, signed.kind, signed.round)
+    return budget.admit(key, signed.sender, signed.to_bytes(), signed.expires_at).stored
+
+
+def test_a_key_keeps_a_bounded_number_of_open_signers_and_always_the_validators() -> None:
+    small = {**POLICIES, "heartbeat": replace(POLICIES["heartbeat"], max_signers=3)}
+    rules = RecordRules(RUN, (VALIDATOR.public_hex,), policies=small)
+    budget = StoreBudget(rules)
+    flood = [sign_for(Identity.generate(), beat(Identity.generate()), 60) for _ in range(10)]
+    kept = [_admit(budget, s) for s in flood]
+    assert kept == [True] * 3 + [False] * 7
+    assert _admit(budget, sign_for(VALIDATOR, beat(VALIDATOR), 60))  # the key is full, the validator still fits
+    assert _admit(budget, flood[0])  # an owner already kept may store its newer record
+
+
+def test_one_signer_keeps_its_newest_rounds_only() -> None:
+    budget = StoreBudget(RULES, max_per_signer=4)
+    me = Identity.generate()
+    for r in range(10):
+        assert _admit(budget, sign_for(me, beat(me, r), 60))
+    assert len(budget) == 4
+    key = dht_key_id(RUN, "heartbeat", 10)
+    admitted = budget.admit(key, me.public_key, sign_for(me, beat(me, 10), 60).to_bytes(), time.time() + 60)
+    assert admitted.evict == ((dht_key_id(RUN, "heartbeat", 6), me.public_key),)  # its lowest round kept so far
+
+
+def test_open_records_of_fresh_keys_stay_within_the_byte_budget() -> None:
+    budget = StoreBudget(RULES, max_open_bytes=20_000)
+    evicted = []
+    for r in range(200):
+        me = Identity.generate()
+        signed = sign_for(me, beat(me, r), 60)
+        admitted = budget.admit(dht_key_id(RUN, "heartbeat", r), me.public_key, signed.to_bytes(), signed.expires_at)
+        assert admitted.stored
+        evicted += admitted.evict
+    assert budget.bytes <= 20_000 and len(budget) < 200
+    assert evicted[0] == (dht_key_id(RUN, "heartbeat", 0), evicted[0][1])  # the oldest stored went first
+    for r in range(50):  # the validator's records are outside the budget: a flood never pushes them out
+        assert _admit(budget, sign_for(VALIDATOR, beat(VALIDATOR, 1000 + r), 60))
+    assert budget.bytes <= 20_000
+
+
+def test_reads_look_at_the_validators_first_and_at_a_bounded_number() -> None:
+    junk = sorted(Identity.generate().public_key for _ in range(300))
+    order = RULES.read_order([*junk, VALIDATOR.public_key], "round_result")
+    assert order == [VALIDATOR.public_key]  # nobody else writes round results: nothing else is read
+    order = RULES.read_order([*junk, VALIDATOR.public_key], "heartbeat")
+    assert order[0] == VALIDATOR.public_key and len(order) == 1 + POLICIES["heartbeat"].max_signers
 
 
 # -- network options -----------------------------------------------------------------------------

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import time
 from pathlib import Path
 
 import pytest
 
+from node.net.dht import sign_for
 from node.net.memory import MemoryNetwork, MemoryPeer
 from node.net.peer import RunRecords
 from protocol.errors import TransferError
@@ -35,13 +35,14 @@ def beat(peer: MemoryPeer, round_: int = 1) -> Heartbeat:
 def test_records_are_checked_as_a_dht_peer_checks_them(tmp_path: Path) -> None:
     net = network()
     peer = net.join(Identity.generate(), tmp_path / "a", role="miner")
-    signed = sign(peer.identity, beat(peer))
-    assert net.store(signed, expiration=time.time() + 60)
+    signed = sign_for(peer.identity, beat(peer), 60)
+    assert net.store(signed)
     forged = dataclasses.replace(signed, signature=bytes([signed.signature[0] ^ 1]) + signed.signature[1:])
-    assert not net.store(forged, expiration=time.time() + 60)  # the signature does not verify
+    assert not net.store(forged)  # the signature does not verify
     other = network(hashlib.sha256(b"another run").hexdigest())
-    assert not other.store(signed, expiration=time.time() + 60)  # signed for another run
-    assert not net.store(signed, expiration=time.time() + 10 * 86_400)  # an expiration beyond the record TTL cap
+    assert not other.store(signed)  # signed for another run
+    assert not net.store(sign_for(peer.identity, beat(peer, 2), 10 * 86_400))  # an expiry beyond the record TTL cap
+    assert not net.store(sign(peer.identity, beat(peer, 3)))  # signed without an expiry: not a DHT record
 
     found: list[Verified[Heartbeat]] = asyncio.run(peer.get(Heartbeat, 1))
     assert [v.sender_hex for v in found] == [peer.identity.public_hex]
@@ -71,7 +72,7 @@ def test_blobs_come_from_a_holder_and_are_hash_checked(tmp_path: Path) -> None:
     async def main() -> bytes:
         with pytest.raises(TransferError):  # nobody lists it yet
             await reader.fetch(sha, len(data), 1)
-        holder.hold(sha)
+        holder.hold(sha, 1)
         await holder.heartbeat(1, None)
         with pytest.raises(TransferError):  # the holder refuses more than the announced size
             await reader.fetch(sha, len(data) - 1, 1)

@@ -262,6 +262,7 @@ def _moved(signed: SignedMessage, **changes: object) -> SignedMessage:
         ({"round": 4}, InvalidSignature),
         ({"kind": "heartbeat"}, MalformedPayload),
         ({"sender": Identity.generate().public_key}, InvalidSignature),
+        ({"expires_ms": 2**40}, InvalidSignature),  # freshness is signed: nobody can extend a record's life
     ],
 )
 def test_signature_is_bound_to_its_domain(changes: dict[str, object], error: type[Exception]) -> None:
@@ -321,7 +322,7 @@ def test_framing_errors() -> None:
         SignedMessage.from_bytes(b"XXXX" + data[4:])
     with pytest.raises(SizeLimitExceeded):
         SignedMessage.from_bytes(data + b"\x00" * MAX_ENVELOPE_BYTES)
-    body_len_at = 4 + 3 + len("submission") + 32 + 8 + 32  # magic, version+kind len, kind, run, round, key
+    body_len_at = 4 + 3 + len("submission") + 32 + 8 + 8 + 32  # magic, version+kind len, kind, run, round, expires, key
     huge_len = data[:body_len_at] + struct.pack(">I", 2**31) + data[body_len_at + 4 :]
     with pytest.raises(SizeLimitExceeded, match="body"):
         SignedMessage.from_bytes(huge_len)

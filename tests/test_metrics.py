@@ -196,7 +196,7 @@ def test_a_role_endpoint_serves_event_network_and_process_metrics_on_loopback(tm
         Events("validator", sinks=[metrics.events.record]).emit(RoundOpened(round=2, state_hash=H1), "open")
         data = b"pulse patch" * 300
         sha = holder.store.put(data)
-        holder.hold(sha)
+        holder.hold(sha, 2)
         payload = b"payload" * 10
         header = SubmissionHeader.for_payload(
             run_id=RUN, round_=2, base_hash=H1, payload=payload, codec="dense", data_digest="0" * 64,

@@ -101,7 +101,7 @@ class Workers:
                 worker, self.root / worker.public_hex[:8], role="follower"
             )
         data = rollouts.encode(batch) if data is None else data
-        peer.hold(peer.store.put(data))
+        peer.hold(peer.store.put(data), batch.round, "other")
         await peer.heartbeat(batch.round, batch.state_hash)
         await peer.publish(announce(batch, data))
 

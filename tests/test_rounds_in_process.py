@@ -41,6 +41,7 @@ from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.identity import Identity
+from protocol.messages import Heartbeat, RoundResult
 from tests.helpers import apoll
 
 ROUNDS = 3
@@ -157,6 +158,7 @@ async def play_lm(h: Harness) -> None:
         await h.until("the checkpoint of round 2", lambda log: log.has(CheckpointAnnounced, "validator", 2))
         work.append(h.start_follower("late"))
         await asyncio.wait_for(asyncio.gather(*work), TIMEOUT)
+        await followers_announce_what_they_hold(h)
 
         # a follower whose state is not the validator's round-1 state: the chain breaks at once
         me = key("stale")
@@ -166,6 +168,15 @@ async def play_lm(h: Harness) -> None:
         await asyncio.wait_for(stale.run(ROUNDS), TIMEOUT)
     finally:
         await h.stop()
+
+
+async def followers_announce_what_they_hold(h: Harness) -> None:
+    """A follower's heartbeat lists the patches it applied, so fetchers can spread over it too."""
+    me = key("follower").public_hex
+    for r in range(1, ROUNDS):
+        result = h.network.get(RoundResult, r - 1)[0].message
+        beats = [v.message for v in h.network.get(Heartbeat, r) if v.sender_hex == me]
+        assert beats and result.patch_sha256 in beats[0].blobs, f"round {r}: follower heartbeat {beats}"
 
 
 async def play_rl(h: Harness) -> None:

@@ -8,7 +8,6 @@ what the handler replies, so no libp2p daemon is needed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import hashlib
 import struct
@@ -99,6 +98,11 @@ def test_a_trickling_body_is_cut_at_the_minimum_rate(tmp_path: Path) -> None:
     assert not BlobStore(tmp_path).partial_files()
 
 
+class FakeInfo:
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+
+
 def _service(tmp_path: Path, verdicts: list[str | None], got: list[Verified[SubmissionHeader]]) -> TransferService:
     answers = iter(verdicts)
     return TransferService(
@@ -114,9 +118,7 @@ async def _submit(service: TransferService, envelope: bytes, payload: bytes) -> 
     reader, writer = asyncio.StreamReader(), RecordingWriter()
     reader.feed_data(_request(envelope) + payload)
     reader.feed_eof()
-    # the disk-full case re-raises for `_serve` to log; the reply is what the peer sees
-    with contextlib.suppress(OSError):
-        await service._submit(reader, writer)  # type: ignore[arg-type]
+    await service.rpc_submit(FakeInfo("miner"), reader, writer)  # type: ignore[arg-type]
     return writer
 
 
@@ -131,6 +133,7 @@ def test_a_round_that_closes_while_the_body_arrives_refuses_it_with_a_reason(tmp
 
 
 def test_two_bodies_from_one_sender_give_one_submission_and_one_refusal(tmp_path: Path) -> None:
+    """A signer has one body in flight at a time: the second push of a key is BUSY, not a second upload."""
     got: list[Verified[SubmissionHeader]] = []
     me = Identity.generate()
     received: set[str] = set()
@@ -153,7 +156,10 @@ def test_two_bodies_from_one_sender_give_one_submission_and_one_refusal(tmp_path
         payloads = [b"a" * 500, b"b" * 500]
         for reader, payload in zip(readers, payloads, strict=True):
             reader.feed_data(_request(_submission(me, payload)))
-        tasks = [asyncio.ensure_future(service._submit(r, w)) for r, w in zip(readers, writers, strict=True)]  # type: ignore[arg-type]
+        tasks = [
+            asyncio.ensure_future(service.rpc_submit(FakeInfo(f"p{i}"), r, w))  # type: ignore[arg-type]
+            for i, (r, w) in enumerate(zip(readers, writers, strict=True))
+        ]
         await asyncio.sleep(0.05)
         for reader, payload in zip(readers, payloads, strict=True):
             reader.feed_data(payload)
@@ -165,7 +171,7 @@ def test_two_bodies_from_one_sender_give_one_submission_and_one_refusal(tmp_path
     first, second = asyncio.run(main())
     assert len(got) == 1 and got[0].message.payload_sha256 == hashlib.sha256(b"a" * 500).hexdigest()
     assert first.replies()[-1] == (Status.OK, "")
-    assert second.replies()[-1] == (Status.REJECTED, "one submission per miner per round")
+    assert second.replies() == [(Status.BUSY, "a submission of this key is already arriving")]
 
 
 def test_a_full_disk_while_receiving_is_a_failed_reply_and_leaves_nothing(
@@ -186,31 +192,27 @@ def test_a_full_disk_while_receiving_is_a_failed_reply_and_leaves_nothing(
     assert not store.partial_files() and not list(store)
 
 
-class FakeInfo:
-    def __init__(self, peer_id: str) -> None:
-        self.peer_id = peer_id
-
-
 def test_one_peer_cannot_take_every_stream_slot(tmp_path: Path) -> None:
-    """A flood of streams from one peer (a sybil's many keys on one host) is answered BUSY past
-    `max_streams_per_peer`, while another peer is still served."""
+    """A flood of streams from one peer id is answered BUSY past `max_streams_per_peer`, while
+    another peer is still served."""
     service = TransferService(
         p2p=Any,  # type: ignore[arg-type]
         store=BlobStore(tmp_path / "store"),
         run_id=RUN,
-        limits=TransferLimits(max_streams=16, max_streams_per_peer=4, open_timeout=0.5),
+        limits=TransferLimits(max_streams_per_peer=4, open_timeout=0.5),
     )
     release = asyncio.Event()
-    served: list[str] = []
+    served: list[bytes] = []
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        served.append("x")
+    async def handler(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(request)
         await release.wait()
 
     async def stream(peer: str) -> RecordingWriter:
         reader, writer = asyncio.StreamReader(), RecordingWriter()
+        reader.feed_data(_request(b"F"))
         reader.feed_eof()
-        await service._serve("submit", handler, FakeInfo(peer), reader, writer)  # type: ignore[arg-type]
+        await service._serve("fetch", handler, FakeInfo(peer), reader, writer)  # type: ignore[arg-type]
         return writer
 
     async def main() -> tuple[list[RecordingWriter], RecordingWriter]:

@@ -8,8 +8,8 @@ attack every round, so every attack is met), then one swarm with every fault. Th
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
 counts only attacks visible in the payload), `crashes` (validator or honest processes that exited
 non-zero), `unaccounted_submissions` (pushes or received submissions without exactly one logged
-outcome, rounds closed twice), `final_loss_*` (the validator's held-out loss after the last round),
-`faults_recovered` / `faults_total`.
+outcome, rounds closed twice, network attacks whose defence failed), `final_loss_*` (the
+validator's held-out loss after the last round), `faults_recovered` / `faults_total`.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def _result(
             m["outscored"],
             m["aggregated"],
             m["rounds_until_excluded"],
-            m["unaccounted"],
+            m["unaccounted"] + m["breached"],  # a network attack whose defence failed
         ]
         for a, m in merged.items()
     ]

@@ -17,6 +17,7 @@ COMMANDS = [
     "node.commands.roles",
     "node.commands.demo",
     "node.commands.status",
+    "node.commands.receipt",
     "node.commands.export",
     "node.commands.dashboard",
     "node.commands.bench",

@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         manifest = load_manifest(args.config)
-        dht = PulseDHT.start(net_config_from_args(args), run_id=manifest.run_id, identity=Identity.generate())
+        dht = PulseDHT.start(net_config_from_args(args), run_records(manifest).rules(), Identity.generate())
     except (ConfigError, NetworkError) as exc:
         print(f"pulse status: {exc}", file=sys.stderr)
         return 2

@@ -43,10 +43,28 @@ class AttackSkipped(Event):
     reason: str
 
 
+class NetAttack(Event):
+    """One attack on the network layer (DHT records, stream slots, pushes to non-validators) and
+    what the targets did about it, as the hostile process observed it."""
+
+    event: Literal["net_attack"] = "net_attack"
+    round: int
+    attack: str
+    sender: str
+    target: str
+    """Who was attacked: 'dht', 'validator', 'miner' or 'follower'."""
+    outcome: str
+    """'refused' (every target refused), 'dropped' (the target hung up in time), 'breached' (it
+    did not: a defence failed), or 'skipped' (nothing to attack this round)."""
+    detail: str
+    seconds: float = 0.0
+    """For stream attacks: the longest a stream was held open before the target hung up."""
+
+
 class HostileDone(Event):
     event: Literal["hostile_final"] = "hostile_final"
     round: int
     state_hash: str
 
 
-CAMPAIGN_EVENTS = (AttackSent, Uploading, AttackSkipped, HostileDone)
+CAMPAIGN_EVENTS = (AttackSent, Uploading, AttackSkipped, NetAttack, HostileDone)

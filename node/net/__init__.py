@@ -3,12 +3,18 @@
 Files (in import order):
 
 - `keyfile.py`    identity key files on disk: atomic, mode 0600, never overwritten, checked on load
-- `netconfig.py`  network start-up options (initial peers, listen/announce addrs, relays, identity)
-- `dht.py`        signed records on hivemind's DHT and the record validator every peer runs
+- `netconfig.py`  network start-up options (initial peers, listen/announce addrs, relays, identity;
+                  the libp2p identity file written 0600 from the start)
+- `records.py`    the store-time rules of a run's records: a policy per kind (who writes it, its
+                  size, signers per key), the signed expiry, and the store budget of one peer
+- `dhtprocess.py` what runs inside hivemind's DHT process: the bounded storage, a pipe that waits
+- `dht.py`        signed records on hivemind's DHT, the record validator every peer runs, restarts
 - `blobstore.py`  content-addressed blobs on disk (SHA-256 names, verified atomic writes)
-- `streams.py`    blob stream framing, limits and byte pumps (bounded reads, hashing off the loop)
-- `transfer.py`   `rpc_fetch`/`rpc_submit` handlers and `call_fetch`/`call_submit` clients (the
-                  conversations run on any stream: libp2p or in memory)
+- `retention.py`  which blobs a node keeps: the last rounds, the newest checkpoints, a disk budget
+- `streams.py`    blob stream framing, limits and byte pumps (bounded reads, minimum rates both ways)
+- `fetching.py`   one blob from many claimed holders: proven ones first, hedged, one deadline
+- `transfer.py`   `rpc_fetch`/`rpc_submit` handlers with their budgets, and `call_fetch`/`call_submit`
+                  clients (the conversations run on any stream: libp2p or in memory)
 - `peer.py`       what roles need of the network: `RunView` (read the run's records, find the latest
                   result) and `Peer` (publish, heartbeats, hold and fetch blobs, push or take
                   submissions), written once over a few transport primitives; `RunRecords`

@@ -2,23 +2,30 @@
 
 Record layout (one record per message kind, round and owner):
 
-    key     dht_key(run, kind, round) = "pulse/v1/<run id>/<kind>/<round>"  (hivemind hashes it)
+    key     dht_key(run, kind, round) = "pulse/v2/<run id>/<kind>/<round>"  (hivemind hashes it)
     subkey  the owner's 32-byte Ed25519 public key
-    value   the signed envelope bytes (`protocol/signing.py`), under 64 KiB
+    value   the signed envelope bytes (`protocol/signing.py`), under its kind's cap (< 64 KiB)
+    expiry  exactly the one the owner signed (`SignedMessage.expires_ms`)
 
 Because hivemind hashes the key, the owner marker lives in the subkey (as in hivemind's
 `RSASignatureValidator`). `PulseRecordValidator` runs on every peer, on every record it is asked
 to store and on every record a peer returns to it, and rejects: records without an owner
 subkey, bad signatures, envelopes signed by someone other than the subkey owner, other runs,
-records stored under a key other than the one their (kind, round) names, values over the cap and
-expirations beyond `max_ttl`. Nothing is signed in `sign_value`: the application signs the
-envelope itself, so the same bytes can also travel outside the DHT.
+records stored under a key other than the one their (kind, round) names, kinds without a policy,
+validator-only kinds from anyone else, values over their kind's cap, and expirations other than
+the signed one or beyond `max_ttl` (`records.py`). Inside the DHT process `dhtprocess.py` bounds
+what a peer keeps. Nothing is signed in `sign_value`: the application signs the envelope itself,
+so the same bytes can also travel outside the DHT.
+
+A read (`PulseDHT.get`) looks at the run's validators' records first, then at most as many
+others as a peer keeps. If hivemind's DHT process dies, `restart()` starts another on the same
+options (the libp2p identity file, if any, keeps the peer id).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 from typing import Any, TypeVar
 
 import hivemind
@@ -30,7 +37,10 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.utils.mpfuture import MPFuture
 from hivemind.utils.timed_storage import get_dht_time
 
-from node.net.netconfig import NetConfig
+from node.net import dhtprocess
+from node.net.netconfig import NetConfig, prepare_identity
+from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules
+from node.net.streams import printable
 from protocol.errors import (
     InvalidRecord,
     InvalidSignature,
@@ -38,18 +48,17 @@ from protocol.errors import (
     NetworkError,
     ProtocolError,
     SizeLimitExceeded,
+    WrongRun,
 )
 from protocol.identity import PUBLIC_KEY_BYTES, Identity
 from protocol.messages import PROTOCOL_VERSION, Heartbeat, WireModel
-from protocol.signing import MAX_ENVELOPE_BYTES, SeenCache, SignedMessage, Verified, open_any, sign
+from protocol.signing import MAX_ENVELOPE_BYTES, SeenCache, SignedMessage, Verified, open_parsed, sign
 
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=WireModel)
 
-MAX_DHT_VALUE_BYTES = 64 * 1024 - 1
-DEFAULT_MAX_TTL = 24 * 3600.0  # longest a record may live: a day of rounds
-CLOCK_SKEW = 120.0  # seconds of clock difference between honest peers that we tolerate
+CACHE_KEYS = 4096  # keys a peer caches from its own reads and its neighbours' (hivemind: unbounded)
 _OWNER_SUBKEY_PREFIX = b"\xc4\x20"  # msgpack header of a 32-byte binary: hivemind packs subkeys
 
 
@@ -63,11 +72,15 @@ def dht_key_id(run_id: str, kind: str, round_: int) -> bytes:
 
 
 class PulseRecordValidator(RecordValidatorBase):
-    """Accepts only signed pulse records of one run, stored by their signer at their own key."""
+    """Accepts only signed pulse records of one run, stored by their signer at their own key,
+    within the run's `RecordRules` (who may write the kind, its size, the signed expiration)."""
 
-    def __init__(self, run_id: str, max_ttl: float = DEFAULT_MAX_TTL) -> None:
-        self.run_id = run_id
-        self.max_ttl = max_ttl
+    def __init__(self, rules: RecordRules) -> None:
+        self.rules = rules
+
+    @property
+    def run_id(self) -> str:
+        return self.rules.run_id
 
     def validate(self, record: DHTRecord) -> bool:
         try:
@@ -78,23 +91,24 @@ class PulseRecordValidator(RecordValidatorBase):
         return True
 
     def check(self, record: DHTRecord) -> Verified[WireModel]:
-        """The verified message in `record`, or a `ProtocolError` saying why it is rejected."""
+        """The verified message in `record`, or a `ProtocolError` saying why it is rejected.
+
+        The cheap checks (size, kind, writer, expiration, key) come before the signature, so a
+        flood of junk costs a peer little."""
         owner = owner_from_subkey(record.subkey)
         if len(record.value) > MAX_DHT_VALUE_BYTES:
             raise InvalidRecord(f"value is {len(record.value)} bytes, cap is {MAX_DHT_VALUE_BYTES}")
-        self._check_expiration(record.expiration_time)
-        verified = open_any(_unpack_bin(record.value), run_id=self.run_id)
-        signed = verified.signed
+        signed = SignedMessage.from_bytes(_unpack_bin(record.value))
+        if signed.run_id != self.run_id:
+            raise WrongRun(f"record of run {signed.run_id[:12]}..., this peer is on run {self.run_id[:12]}...")
+        self.rules.check_size(signed.kind, len(record.value))
         if signed.sender != owner:
             raise InvalidSignature("record is stored under another key's subkey than its signer's")
+        self.rules.check_writer(signed)
+        self.rules.check_expiration(signed, record.expiration_time, get_dht_time())
         if record.key != dht_key_id(self.run_id, signed.kind, signed.round):
             raise InvalidRecord(f"{signed.kind} for round {signed.round} is stored under another key")
-        return verified
-
-    def _check_expiration(self, expiration: float) -> None:
-        limit = get_dht_time() + self.max_ttl + CLOCK_SKEW
-        if not math.isfinite(expiration) or expiration > limit:
-            raise InvalidRecord(f"expiration {expiration} is more than {self.max_ttl:.0f}s ahead")
+        return open_parsed(signed, run_id=self.run_id)
 
     @property
     def priority(self) -> int:
@@ -126,32 +140,31 @@ class PulseDHT:
     """
 
     def __init__(
-        self,
-        dht: hivemind.DHT,
-        run_id: str,
-        identity: Identity,
-        *,
-        max_ttl: float = DEFAULT_MAX_TTL,
-        timeout: float = 30.0,
+        self, dht: hivemind.DHT, rules: RecordRules, identity: Identity, config: NetConfig, *, timeout: float = 30.0
     ) -> None:
-        self.dht = dht
-        self.run_id = run_id
-        self.identity = identity
-        self.timeout = timeout
-        self._validator = PulseRecordValidator(run_id, max_ttl)  # the same checks as the DHT process runs
+        self.dht, self.rules, self.identity, self.config, self.timeout = dht, rules, identity, config, timeout
+        self.restarts = 0
+        self._validator = PulseRecordValidator(rules)  # the same checks as the DHT process runs
+
+    @property
+    def run_id(self) -> str:
+        return self.rules.run_id
 
     @classmethod
-    def start(cls, config: NetConfig, *, run_id: str, identity: Identity, max_ttl: float = DEFAULT_MAX_TTL) -> PulseDHT:
+    def start(cls, config: NetConfig, rules: RecordRules, identity: Identity) -> PulseDHT:
         """Start the DHT process and its libp2p daemon, and join the swarm via `initial_peers`."""
-        validator = PulseRecordValidator(run_id, max_ttl)
-        dht = hivemind.DHT(start=False, record_validators=[validator], **config.dht_kwargs())
-        try:
-            dht.run_in_background(await_ready=True, timeout=config.startup_timeout + 30)
-        except Exception as exc:  # hivemind raises plain Exceptions (P2PDaemonError, failed bootstrap)
-            dht.shutdown()
-            hint = " (are the initial peers running and reachable?)" if config.initial_peers else ""
-            raise NetworkError(f"could not start the DHT: {exc}{hint}") from exc
-        return cls(dht, run_id, identity, max_ttl=max_ttl)
+        return cls(_launch(config, rules), rules, identity, config)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.dht.is_alive())
+
+    def restart(self) -> None:
+        """A new DHT process (and libp2p daemon) on the same options, after the old one died."""
+        logger.warning("the DHT process stopped (exit code %s); starting a new one", self.dht.exitcode)
+        self._stop(self.dht)
+        self.dht = _launch(self.config, self.rules)
+        self.restarts += 1
 
     @property
     def peer_id(self) -> PeerID:
@@ -165,39 +178,43 @@ class PulseDHT:
         return await self.dht.replicate_p2p()
 
     def publish(self, message: WireModel, *, ttl: float) -> SignedMessage:
-        """Sign `message` and store it; raises `NetworkError` if no peer (nor we) stored it."""
-        signed = sign(self.identity, message)
-        if not self.store_signed(signed, expiration_time=get_dht_time() + ttl):
+        """Sign `message` to live `ttl` seconds and store it; `NetworkError` if no peer (nor we) stored it."""
+        signed = sign_for(self.identity, message, ttl)
+        if not self.store_signed(signed):
             raise NetworkError(f"no peer stored {message.KIND} for round {message.round}")
         return signed
 
-    def store_signed(self, signed: SignedMessage, *, expiration_time: float) -> bool:
-        """Store an already signed message under its signer's subkey (also used to relay one)."""
+    def store_signed(self, signed: SignedMessage) -> bool:
+        """Store an already signed message under its signer's subkey, until its signed expiry
+        (also used to relay one)."""
         value = signed.to_bytes()
-        if len(value) > MAX_ENVELOPE_BYTES:  # also keeps hivemind's request pipe well under 64 KiB
+        if len(value) > MAX_ENVELOPE_BYTES:
             raise SizeLimitExceeded(f"signed {signed.kind} is {len(value)} bytes, cap is {MAX_ENVELOPE_BYTES}")
-        future = self.dht.store(
+        future = self._call().store(
             dht_key(signed.run_id, signed.kind, signed.round),
             value,
-            expiration_time,
+            signed.expires_at,
             subkey=signed.sender,
             return_future=True,
         )
         return bool(self._result(future, "store"))
 
     def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        """Every valid `kind` record for `round_`, re-verified here, sorted by sender."""
-        future = self.dht.get(dht_key(self.run_id, kind.KIND, round_), latest=True, return_future=True)
+        """The valid `kind` records of `round_`, re-verified here: the run's validators' first (in
+        priority order), then the others by sender, no more than a peer keeps of one key."""
+        future = self._call().get(dht_key(self.run_id, kind.KIND, round_), latest=True, return_future=True)
         found = self._result(future, "get")
         if found is None or not isinstance(found.value, dict):
             return []
+        entries = {subkey: entry for subkey, entry in found.value.items() if isinstance(subkey, bytes)}
         out: list[Verified[M]] = []
-        for subkey, entry in found.value.items():
+        for subkey in self.rules.read_order(list(entries), kind.KIND):
+            entry = entries[subkey]
             try:
                 out.append(self._reverify(kind, round_, subkey, entry.value, entry.expiration_time))
             except ProtocolError as exc:
-                logger.warning("ignored a %s record that failed local checks: %s", kind.KIND, exc)
-        return sorted(out, key=lambda v: v.signed.sender)
+                logger.warning("ignored a %s record that failed local checks: %s", kind.KIND, printable(str(exc)))
+        return out
 
     def get_new(self, kind: type[M], round_: int, seen: SeenCache) -> list[Verified[M]]:
         """Like `get`, without messages whose id is in `seen` (replays); records the new ones."""
@@ -210,10 +227,15 @@ class PulseDHT:
 
     def known_peers(self) -> int:
         """Peers in this node's DHT routing table; `NetworkError` if the DHT process does not answer in time."""
-        return int(self._result(self.dht.run_coroutine(_routing_table_size, return_future=True), "peer count"))
+        return int(self._result(self._call().run_coroutine(_routing_table_size, return_future=True), "peer count"))
 
     def shutdown(self) -> None:
-        self.dht.shutdown()
+        self._stop(self.dht)
+
+    def _call(self) -> hivemind.DHT:
+        if not self.alive:
+            raise NetworkError(f"the DHT process has stopped (exit code {self.dht.exitcode})")
+        return self.dht
 
     def _reverify(self, kind: type[M], round_: int, subkey: object, value: object, exp: float) -> Verified[M]:
         return verify_record(self._validator, kind, round_, subkey, value, exp)
@@ -223,7 +245,36 @@ class PulseDHT:
             return future.result(timeout=self.timeout)
         except TimeoutError as exc:
             future.cancel()
-            raise NetworkError(f"DHT {what} did not finish within {self.timeout:.0f}s") from exc
+            dead = "" if self.alive else " (the DHT process has stopped)"
+            raise NetworkError(f"DHT {what} did not finish within {self.timeout:.0f}s{dead}") from exc
+
+    @staticmethod
+    def _stop(dht: hivemind.DHT) -> None:
+        try:
+            dht.shutdown()
+        except (OSError, ValueError) as exc:  # a dead process's pipe is already closed
+            logger.debug("DHT shutdown: %s", exc)
+
+
+def sign_for(identity: Identity, message: WireModel, ttl: float) -> SignedMessage:
+    """`message` signed to be kept `ttl` seconds from now (its DHT expiration)."""
+    return sign(identity, message, expires_ms=int((get_dht_time() + ttl) * 1000))
+
+
+def _launch(config: NetConfig, rules: RecordRules) -> hivemind.DHT:
+    """A running DHT process with pulse's record validator, bounded storage and waiting pipe."""
+    prepare_identity(config)
+    validator = PulseRecordValidator(rules)
+    dht = hivemind.DHT(start=False, record_validators=[validator], cache_size=CACHE_KEYS, **config.dht_kwargs())
+    try:
+        dht.run_in_background(await_ready=True, timeout=config.startup_timeout + 30)
+        installed = dht.run_coroutine(functools.partial(dhtprocess.install, rules=rules), return_future=True)
+        installed.result(timeout=config.startup_timeout)
+    except Exception as exc:  # hivemind raises plain Exceptions (P2PDaemonError, failed bootstrap)
+        PulseDHT._stop(dht)
+        hint = " (are the initial peers running and reachable?)" if config.initial_peers else ""
+        raise NetworkError(f"could not start the DHT: {exc}{hint}") from exc
+    return dht
 
 
 async def _routing_table_size(_: hivemind.DHT, node: DHTNode) -> int:
@@ -245,10 +296,10 @@ def verify_record(
     return Verified(verified.signed, verified.message)
 
 
-def check_store(validator: PulseRecordValidator, signed: SignedMessage, expiration: float) -> Verified[WireModel]:
+def check_store(validator: PulseRecordValidator, signed: SignedMessage) -> Verified[WireModel]:
     """What a DHT peer checks when asked to store `signed` the way `PulseDHT.store_signed` stores it."""
     key = dht_key_id(signed.run_id, signed.kind, signed.round)
-    return validator.check(DHTRecord(key, _pack_bin(signed.sender), _pack_bin(signed.to_bytes()), expiration))
+    return validator.check(DHTRecord(key, _pack_bin(signed.sender), _pack_bin(signed.to_bytes()), signed.expires_at))
 
 
 def _pack_bin(data: bytes) -> bytes:

@@ -6,7 +6,9 @@
     await network.shutdown()
 
 What stays real: every record is checked on store and on read by the DHT's own record validator
-(`dht.verify_record`: signature, owner subkey, run, key, expiration), and blobs and submissions
+(`dht.verify_record`: signature, owner subkey, run, key, kind policy, signed expiration), kept
+within the same `StoreBudget` a hivemind peer applies (`records.py`), replaced only by a newer
+record of its owner, and read in the same order (`RecordRules.read_order`); blobs and submissions
 travel through `transfer.py`'s own handlers and client conversations (`TransferService`,
 `fetch_over`, `submit_over`) over in-memory streams, so framing, size caps, hash checks, BUSY slots
 and the validator's admission are the ones libp2p peers run. What is simulated: the DHT is one
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from hashlib import sha256 as sha256_of
@@ -26,21 +28,23 @@ from pathlib import Path
 from typing import TypeVar
 
 from node.net.blobstore import BlobStore
-from node.net.dht import PulseRecordValidator, check_store, verify_record
+from node.net.dht import PulseRecordValidator, check_store, dht_key_id, verify_record
+from node.net.fetching import Progress
 from node.net.peer import Peer, Role, RunRecords
-from node.net.streams import DEFAULT_LIMITS, Stream, guarded_stream
+from node.net.records import StoreBudget
+from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, guarded_stream
 from node.net.transfer import (
     FETCH,
     SUBMIT,
     Accept,
+    Favoured,
     OnSubmission,
     TransferCounts,
     TransferService,
     fetch_over,
-    first_holder,
     submit_over,
 )
-from protocol.errors import NetworkError, ProtocolError, TransferError
+from protocol.errors import NetworkError, ProtocolError
 from protocol.identity import Identity
 from protocol.messages import WireModel
 from protocol.signing import SignedMessage, Verified
@@ -101,10 +105,13 @@ class _Record:
 class MemoryNetwork:
     """Records of one run and the peers that joined, in this process."""
 
-    def __init__(self, run: RunRecords) -> None:
-        self.run = run
-        self.validator = PulseRecordValidator(run.run_id)
+    def __init__(self, run: RunRecords, limits: TransferLimits = DEFAULT_LIMITS) -> None:
+        self.run, self.limits = run, limits
+        self.rules = run.rules()
+        self.validator = PulseRecordValidator(self.rules)
+        self.budget = StoreBudget(self.rules)
         self.records: dict[tuple[str, int], dict[bytes, _Record]] = {}  # (kind, round) -> owner -> record
+        self._keys: dict[bytes, tuple[str, int]] = {}  # hashed DHT key -> (kind, round)
         self.peers: dict[str, MemoryPeer] = {}
         self._joined = 0
         self._served: set[asyncio.Task[None]] = set()
@@ -120,23 +127,40 @@ class MemoryNetwork:
     def leave(self, peer: MemoryPeer) -> None:
         self.peers.pop(peer.peer_id, None)
 
-    def store(self, signed: SignedMessage, expiration: float) -> bool:
-        """Check the record as a DHT peer would, then keep the later of two records of one owner."""
+    def store(self, signed: SignedMessage) -> bool:
+        """Check the record as a DHT peer would, keep it within the peer's budget, and of two
+        records of one owner keep the newer signed one (the later signed expiry), as hivemind does."""
         try:
-            check_store(self.validator, signed, expiration)
+            check_store(self.validator, signed)
         except ProtocolError as exc:
             log.debug("record refused: %s", exc)
             return False
         slot = self.records.setdefault((signed.kind, signed.round), {})
         old = slot.get(signed.sender)
-        if old is None or expiration >= old.expiration:
-            slot[signed.sender] = _Record(signed.to_bytes(), expiration)
+        if old is not None and old.expiration > time.time():
+            if signed.expires_at <= old.expiration:
+                return False
+        else:
+            key = dht_key_id(self.run.run_id, signed.kind, signed.round)
+            self._keys[key] = (signed.kind, signed.round)
+            admission = self.budget.admit(key, signed.sender, signed.to_bytes(), signed.expires_at)
+            if not admission.stored:
+                log.debug("record refused: %s", admission.reason)
+                return False
+            for evicted in admission.evict:
+                self._drop(*evicted)
+        slot[signed.sender] = _Record(signed.to_bytes(), signed.expires_at)
         return True
 
+    def _drop(self, key: bytes, owner: bytes) -> None:
+        self.records.get(self._keys.get(key, ("", -1)), {}).pop(owner, None)
+
     def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        """Every live `kind` record of `round_`, re-verified as a reader does, sorted by owner."""
+        """The live `kind` records of `round_`, re-verified as a reader does, in `read_order`."""
         now, out = time.time(), []
-        for owner, record in sorted(self.records.get((kind.KIND, round_), {}).items()):
+        slot = self.records.get((kind.KIND, round_), {})
+        for owner in self.rules.read_order(list(slot), kind.KIND):
+            record = slot[owner]
             if record.expiration <= now:
                 continue
             try:
@@ -160,21 +184,21 @@ class MemoryNetwork:
             task.add_done_callback(self._served.discard)
             return client
 
-        async with guarded_stream(opening(), callee, DEFAULT_LIMITS) as stream:
+        async with guarded_stream(opening(), callee, self.limits) as stream:
             yield stream
 
     async def shutdown(self) -> None:
         """Wait (bounded) for streams still being served, then forget every peer."""
         if self._served:
-            await asyncio.wait(set(self._served), timeout=DEFAULT_LIMITS.open_timeout)
+            await asyncio.wait(set(self._served), timeout=self.limits.open_timeout)
         self.peers.clear()
 
 
 class MemoryPeer(Peer):
     def __init__(self, network: MemoryNetwork, peer_id: str, store: BlobStore, identity: Identity, role: Role) -> None:
-        super().__init__(network.run, identity, store, role)
+        super().__init__(network.run, identity, store, role, network.limits)
         self.network, self._peer_id = network, peer_id
-        self.service = TransferService(None, store, run_id=network.run.run_id, accept=_refuse)
+        self.service = TransferService(None, store, run_id=network.run.run_id, limits=network.limits)
 
     @property
     def peer_id(self) -> str:
@@ -185,25 +209,21 @@ class MemoryPeer(Peer):
             raise NetworkError("this peer has left the network")
         return self.network.get(kind, round_)
 
-    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
-        return self.peer_id in self.network.peers and self.network.store(signed, expiration)
+    async def _store(self, signed: SignedMessage) -> bool:
+        return self.peer_id in self.network.peers and self.network.store(signed)
 
-    async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
-        async def one(holder: str) -> Path:
-            async with self.network.open(self.peer_id, holder, FETCH) as stream:
-                return await fetch_over(stream, holder, sha256, self.store, max_size=size, limits=DEFAULT_LIMITS)
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[Progress], None]) -> Path:
+        async with self.network.open(self.peer_id, holder, FETCH) as stream:
+            return await fetch_over(
+                stream, holder, sha256, self.store, max_size=size, limits=self.limits, on_body=on_body
+            )
 
-        return await first_holder(holders, sha256, one)
-
-    async def submit(self, signed: SignedMessage, payload: Path, *, to: str | None = None) -> None:
-        validator = to or self.validator_peer
-        if validator is None:
-            raise TransferError("the validator's peer id is unknown")
+    async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         async with self.network.open(self.peer_id, validator, SUBMIT) as stream:
-            await submit_over(stream, validator, signed, payload, limits=DEFAULT_LIMITS)
+            await submit_over(stream, validator, signed, payload, limits=self.limits)
 
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
-        self.service.accept, self.service.on_submission = accept, on_submission
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
+        self.service.accept, self.service.on_submission, self.service.favoured = accept, on_submission, favoured
 
     def known_peers(self) -> int:
         return max(len(self.network.peers) - 1, 0)  # every other peer that joined and has not left
@@ -213,7 +233,3 @@ class MemoryPeer(Peer):
 
     async def shutdown(self) -> None:
         self.network.leave(self)
-
-
-def _refuse(header: object) -> str:
-    return "this node takes no submissions"

@@ -6,9 +6,12 @@ These become the keyword arguments of `hivemind.DHT`, which passes them on to it
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
+from hivemind.proto import crypto_pb2
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -78,6 +81,34 @@ class NetConfig(BaseModel):
         if self.identity_path is not None:
             kwargs["identity_path"] = str(self.identity_path)
         return kwargs
+
+
+def prepare_identity(config: NetConfig) -> None:
+    """Create the libp2p identity file, if one is named and missing, with mode 0600 from the start.
+
+    hivemind would write it with the process umask and tighten it afterwards, leaving a moment in
+    which others may read the key. Same format as hivemind's (an RSA key in libp2p's protobuf).
+    The file appears whole or not at all: temp file (O_EXCL, 0600), fsync, then a hard link.
+    """
+    path = config.identity_path
+    if path is None or path.exists():
+        return
+    key = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=RSAPrivateKey().to_bytes())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"identity_path: the folder {path.parent} does not exist") from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(key.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process made it first: use theirs
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _parse(addr: str) -> Multiaddr:

@@ -8,6 +8,11 @@ hivemind's DHT API blocks (a pipe to its process), so every DHT call runs in a t
 DHT's own timeout; blob transfers are bounded by `TransferLimits`. A node takes pushed
 submissions only once its role asks to (`take_submissions`, the validator); until then every push
 is refused from its header.
+
+If hivemind's DHT process dies (it takes its libp2p daemon with it), the next call notices: a new
+DHT process starts on the same options, the blob service is registered on its daemon again, and
+the call is made once more. The peer id changes unless the net config names an identity file;
+the next heartbeat announces the new one.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from hivemind.p2p import P2P, PeerID
 
 from node.net.blobstore import BlobStore
 from node.net.dht import PulseDHT
+from node.net.fetching import Progress
 from node.net.netconfig import NetConfig
 from node.net.peer import Peer, Role, RunRecords, RunView
-from node.net.transfer import Accept, OnSubmission, TransferCounts, TransferService, call_submit, fetch_from_any
-from protocol.errors import ProtocolError, TransferError
+from node.net.streams import DEFAULT_LIMITS, TransferLimits
+from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, TransferService, call_fetch, call_submit
+from protocol.errors import NetworkError, ProtocolError, TransferError
 from protocol.identity import Identity
-from protocol.messages import SubmissionHeader, WireModel
+from protocol.messages import WireModel
 from protocol.signing import SignedMessage, Verified
 
 log = logging.getLogger(__name__)
@@ -36,23 +43,22 @@ M = TypeVar("M", bound=WireModel)
 T = TypeVar("T")
 
 
-def refuse_submissions(header: SubmissionHeader) -> str:
-    return "this node takes no submissions"
-
-
 async def _in_thread(fn: Callable[[], T]) -> T:
     """Run a blocking DHT call in a thread (it is bounded by the DHT's own timeout)."""
     return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
 class DHTView(RunView):
-    """The run's records through a `PulseDHT` alone (no blob streams): what `pulse status` reads."""
+    """The run's records through a `PulseDHT` alone (no blob streams): what `pulse status` and
+    `pulse dashboard` read. A DHT process that died is restarted before the next read."""
 
     def __init__(self, dht: PulseDHT, run: RunRecords) -> None:
         super().__init__(run)
         self.dht = dht
 
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        if not self.dht.alive:
+            await _in_thread(self.dht.restart)
         return await _in_thread(lambda: self.dht.get(kind, round_))
 
 
@@ -66,21 +72,23 @@ class P2PPeer(Peer):
         run: RunRecords,
         identity: Identity,
         role: Role,
+        limits: TransferLimits = DEFAULT_LIMITS,
     ) -> None:
-        super().__init__(run, identity, store, role)
+        super().__init__(run, identity, store, role, limits)
         self.dht, self.p2p, self.service = dht, p2p, service
+        self._restarting = asyncio.Lock()
 
     @classmethod
     async def create(
         cls, config: NetConfig, run: RunRecords, identity: Identity, folder: Path, *, role: Role
     ) -> P2PPeer:
         loop = asyncio.get_running_loop()
-        dht = await loop.run_in_executor(None, lambda: PulseDHT.start(config, run_id=run.run_id, identity=identity))
+        dht = await loop.run_in_executor(None, lambda: PulseDHT.start(config, run.rules(), identity))
         try:
             p2p = await asyncio.wait_for(dht.replicate_p2p(), config.startup_timeout)
             store = BlobStore(folder / "blobs")
             store.clear_partials()
-            service = await TransferService.create(p2p, store, run_id=run.run_id, accept=refuse_submissions)
+            service = await TransferService.create(p2p, store, run_id=run.run_id)
         except BaseException:
             dht.shutdown()
             raise
@@ -91,26 +99,47 @@ class P2PPeer(Peer):
         return self.dht.peer_id.to_base58()
 
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        return await _in_thread(lambda: self.dht.get(kind, round_))
+        return await self._dht_call(lambda: self.dht.get(kind, round_))
 
-    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
-        return await _in_thread(lambda: self.dht.store_signed(signed, expiration_time=expiration))
+    async def _store(self, signed: SignedMessage) -> bool:
+        return await self._dht_call(lambda: self.dht.store_signed(signed))
 
-    async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
-        peers = [PeerID.from_base58(h) for h in holders]
+    async def _dht_call(self, call: Callable[[], T]) -> T:
+        """`call` in a thread; if the DHT process died, restart it and make the call once more."""
+        if not self.dht.alive:
+            await self.restart()
         try:
-            return await fetch_from_any(self.p2p, peers, sha256, self.store, max_size=size)
+            return await _in_thread(call)
+        except NetworkError:
+            if self.dht.alive:
+                raise
+            await self.restart()
+            return await _in_thread(call)
+
+    async def restart(self) -> None:
+        """A new DHT process and libp2p daemon, with the blob service registered on it again."""
+        async with self._restarting:
+            if self.dht.alive:
+                return  # another call restarted it meanwhile
+            await _in_thread(self.dht.restart)
+            self.p2p = await asyncio.wait_for(self.dht.replicate_p2p(), self.dht.config.startup_timeout)
+            await self.service.serve_on(self.p2p)
+            log.warning("DHT restarted: peer id %s", self.peer_id)
+
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[Progress], None]) -> Path:
+        try:
+            peer = PeerID.from_base58(holder)
+            return await call_fetch(
+                self.p2p, peer, sha256, self.store, max_size=size, limits=self.limits, on_body=on_body
+            )
         except ProtocolError as exc:
             raise TransferError(f"blob {sha256[:12]}... failed its checks: {exc}") from exc
 
-    async def submit(self, signed: SignedMessage, payload: Path, *, to: str | None = None) -> None:
-        validator = to or self.validator_peer
-        if validator is None:
-            raise TransferError("the validator's peer id is unknown")
-        await call_submit(self.p2p, PeerID.from_base58(validator), signed, payload)
+    async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
+        await call_submit(self.p2p, PeerID.from_base58(validator), signed, payload, limits=self.limits)
 
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
-        self.service.accept, self.service.on_submission = accept, on_submission
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
+        self.service.accept, self.service.on_submission, self.service.favoured = accept, on_submission, favoured
 
     def known_peers(self) -> int:
         return self.dht.known_peers()

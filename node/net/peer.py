@@ -3,9 +3,10 @@
     result = await peer.round_result(r)        # the validator's signed verdict for round r, or None
     found = await peer.counted_result(r, base) # the result of round r that counts for a node holding `base`
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
-    await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"
-    await peer.submit(signed, payload_path, to=peer_id)   # push a submission to a validator
-    peer.take_submissions(accept, on_submission)   # the validator: take pushed submissions
+    await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
+    peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
+    await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
+    peer.take_submissions(accept, on_submission, favoured)   # the validator: take pushed submissions
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
   latest result). `pulse status` needs nothing more.
@@ -13,7 +14,7 @@
   blobs, and pushes (or takes) submissions.
 
 Everything here is written once on top of a few transport primitives (`_get`, `_store`,
-`_fetch_from`, `submit`, ...): `p2ppeer.P2PPeer` implements them with hivemind's DHT and libp2p
+`_fetch_one`, `_submit_to`, ...): `p2ppeer.P2PPeer` implements them with hivemind's DHT and libp2p
 streams, `memory.MemoryPeer` with an in-process network for the fast test tier. Both check every
 record's signature with `dht.PulseRecordValidator` and every blob against its SHA-256. Only records
 signed by one of the run's validator keys count as round results and checkpoints.
@@ -23,12 +24,16 @@ that counts is, among the run's validators' results for r that start from the st
 result of round r-1 produced, the one whose signer comes first in the list. Every node applies the
 same rule to the same records, so the run does not fork: two results for one round happen only
 when a standby took over from a validator that then published late, and the rule picks one.
+
+A fetch asks the holders that delivered before first and hedges over the others
+(`fetching.py`), within one deadline per blob; blobs age out by `retention.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -37,17 +42,23 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from node.net.blobstore import BlobStore
-from node.net.transfer import Accept, OnSubmission, TransferCounts
-from protocol.errors import NetworkError, TransferError
+from node.net.dht import sign_for
+from node.net.fetching import HolderBook, Progress, fetch_first
+from node.net.records import RecordRules
+from node.net.retention import BlobKind, Keeper, Retention
+from node.net.streams import DEFAULT_LIMITS, TransferLimits
+from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, fetch_deadline
+from protocol.errors import NetworkError, PeerBusy, TransferError
 from protocol.identity import Identity
-from protocol.messages import MAX_HELD_BLOBS, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
-from protocol.signing import SignedMessage, Verified, sign
+from protocol.messages import MAX_HELD_BLOBS, MESSAGE_TYPES, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
+from protocol.signing import SignedMessage, Verified
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=WireModel)
 Role = Literal["bootstrap", "miner", "validator", "follower"]
 PUBLISH_RETRY_SECONDS = (1.0, 2.0)
+SUBMIT_BACKOFF_SECONDS = (0.5, 8.0)  # first pause after a BUSY answer, longest pause
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,14 @@ class RunRecords:
     validators: tuple[str, ...]  # public keys (hex) whose round results and checkpoints count, in priority order
     record_ttl_seconds: float  # how long this node's DHT records live
     checkpoint_every: int  # how far back the newest checkpoint can be
+
+    def rules(self) -> RecordRules:
+        """The store-time rules every DHT peer of this run applies (`records.py`)."""
+        return RecordRules(self.run_id, self.validators)
+
+    def retention(self) -> Retention:
+        """What a node keeps: enough rounds for a joiner to replay the patches since a checkpoint."""
+        return Retention(keep_rounds=max(Retention().keep_rounds, self.checkpoint_every + 2))
 
 
 class RunView(ABC):
@@ -72,7 +91,8 @@ class RunView(ABC):
 
     @abstractmethod
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        """Every valid `kind` record of `round_`, signature-checked, sorted by sender; `NetworkError` if unreachable."""
+        """The valid `kind` records of `round_`, signature-checked, the validators' first
+        (`RecordRules.read_order`); `NetworkError` if unreachable."""
 
     async def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
         """Every valid `kind` record of `round_` (none when the network does not answer)."""
@@ -137,11 +157,15 @@ class RunView(ABC):
 class Peer(RunView):
     """One node on the network: the run's records, blobs held and fetched, submissions pushed or taken."""
 
-    def __init__(self, run: RunRecords, identity: Identity, store: BlobStore, role: Role) -> None:
+    def __init__(
+        self, run: RunRecords, identity: Identity, store: BlobStore, role: Role, limits: TransferLimits = DEFAULT_LIMITS
+    ) -> None:
         super().__init__(run)
-        self.identity, self.store, self.role = identity, store, role
+        self.identity, self.store, self.role, self.limits = identity, store, role, limits
         self.held: list[str] = []  # blobs announced in heartbeats, newest last
         self.validator_peer: str | None = None  # the active validator's peer id, from its heartbeat
+        self.holders = HolderBook()  # who delivered blobs, who failed
+        self.keeper = Keeper(store, run.retention())
 
     # -- what an implementation provides -----------------------------------------------------------
 
@@ -151,22 +175,23 @@ class Peer(RunView):
         """This node's transport address (a libp2p peer id in base58), as heartbeats name it."""
 
     @abstractmethod
-    async def _store(self, signed: SignedMessage, expiration: float) -> bool:
-        """Store a signed record under its signer's subkey; False if no peer took it."""
+    async def _store(self, signed: SignedMessage) -> bool:
+        """Store a signed record under its signer's subkey until its signed expiry; False if no peer took it."""
 
     @abstractmethod
-    async def _fetch_from(self, holders: list[str], sha256: str, size: int) -> Path:
-        """Blob `sha256` (at most `size` bytes, hash-checked) from one of `holders` into `store`."""
+    async def _fetch_one(self, holder: str, sha256: str, size: int, on_body: Callable[[Progress], None]) -> Path:
+        """Blob `sha256` (at most `size` bytes, hash-checked) from `holder` into `store`; `on_body`
+        when its body starts. `TransferError`/`ProtocolError` on any failure, nothing stored."""
 
     @abstractmethod
-    async def submit(self, signed: SignedMessage, payload: Path, *, to: str | None = None) -> None:
-        """Push a signed submission header and its payload to the validator at peer id `to` (default:
-        the one of the last validator heartbeat read); `TransferError` if not taken."""
+    async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
+        """One push of a submission to `validator`: `PeerBusy` if it has no slot, `TransferError` if refused."""
 
     @abstractmethod
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission) -> None:
+    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
         """Take pushed submissions (the validator): `accept` decides on each header, `on_submission`
-        gets each stored one. Until a role calls this, a peer refuses every push."""
+        gets each stored one, `favoured` senders may use the reserved slots. Until a role calls
+        this, a peer refuses every push."""
 
     @abstractmethod
     async def shutdown(self) -> None: ...
@@ -192,20 +217,36 @@ class Peer(RunView):
 
     async def validator_heartbeats(self, round_: int) -> list[Verified[Heartbeat]]:
         """Every validator's heartbeat for `round_` (the active one's and the standbys'), in priority order."""
-        return [v for v in await self.from_validators(Heartbeat, round_) if v.message.role == "validator"]
+        beats = [v for v in await self.from_validators(Heartbeat, round_) if v.message.role == "validator"]
+        if beats:
+            self.validator_peer = beats[0].message.peer_id
+        return beats
+    def sign(self, message: WireModel) -> SignedMessage:
+        """`message` signed by this node, fresh: kept in the DHT for the run's record TTL from now."""
+        return sign_for(self.identity, message, self.run.record_ttl_seconds)
 
     async def publish(self, message: WireModel) -> None:
         """Sign and store `message`; `NetworkError` if no peer took it after two retries."""
-        await self.publish_signed(sign(self.identity, message).to_bytes())
+        await self.publish_signed(self.sign(message).to_bytes())
 
     async def publish_signed(self, envelope: bytes) -> None:
-        signed = SignedMessage.from_bytes(envelope)
+        """Store a signed message: others' as they signed it (a relay), this node's own signed
+        afresh if it would not live half a TTL more (e.g. a result signed without an expiry, or
+        republished after a restart), so the stored record is the newest of its owner."""
+        signed = self._fresh(SignedMessage.from_bytes(envelope))
 
         async def store() -> None:
-            if not await self._store(signed, time.time() + self.run.record_ttl_seconds):
+            if not await self._store(signed):
                 raise NetworkError(f"no peer stored {signed.kind} for round {signed.round}")
 
         await self._retry(signed.kind, signed.round, store)
+
+    def _fresh(self, signed: SignedMessage) -> SignedMessage:
+        ttl = self.run.record_ttl_seconds
+        kind = MESSAGE_TYPES.get(signed.kind)
+        if signed.sender != self.identity.public_key or kind is None or signed.expires_at > time.time() + ttl / 2:
+            return signed
+        return sign_for(self.identity, signed.open(run_id=self.run_id, expect=kind), ttl)
 
     async def _retry(self, kind: str, round_: int, store: Callable[[], Awaitable[None]]) -> None:
         """A store that no peer took is tried again after 1 s and 2 s: right after start-up (a
@@ -228,6 +269,9 @@ class Peer(RunView):
             log.info("could not store the %s for round %d in the DHT: %s", signed.kind, signed.round, exc)
 
     async def heartbeat(self, round_: int, state_hash: str | None) -> None:
+        """Publish 'alive at round r, serving these blobs', after dropping the blobs retention no longer keeps."""
+        removed = set(self.keeper.sweep(round_))
+        self.held = [sha for sha in self.held if sha not in removed]
         beat = Heartbeat(
             run_id=self.run_id,
             round=round_,
@@ -244,27 +288,74 @@ class Peer(RunView):
 
     # -- blobs -----------------------------------------------------------------------------------
 
-    def hold(self, sha256: str) -> None:
-        """Announce `sha256` in the next heartbeats (this node re-serves it)."""
+    def hold(self, sha256: str, round_: int, kind: BlobKind = "patch") -> None:
+        """Announce `sha256` (a blob of round `round_`) in the next heartbeats: this node re-serves
+        it, and keeps it as `retention` says for its kind."""
+        self.keeper.tag(sha256, round_, kind)
         if sha256 in self.held:
             self.held.remove(sha256)
         self.held.append(sha256)
         del self.held[: -MAX_HELD_BLOBS // 2]
 
     async def fetch(self, sha256: str, size: int, round_: int) -> Path:
-        """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder."""
+        """Blob `sha256` (exactly `size` bytes, hash-checked) from the validator or any holder of
+        round `round_` (or the next), the fastest that delivers, within one deadline."""
         if self.store.has(sha256):
             return self.store.path(sha256)
+        holders, trusted = await self._holders(sha256, round_)
+        path = await fetch_first(
+            [h for h in holders if h != self.peer_id],
+            lambda holder, on_body: self._fetch_one(holder, sha256, size, on_body),
+            book=self.holders,
+            sha256=sha256,
+            deadline=time.monotonic() + fetch_deadline(size, self.limits),
+            hedge_after=self.limits.hedge_after,
+            hedge_rate=self.limits.hedge_rate,
+            trusted=trusted,
+        )
+        if path.stat().st_size != size:
+            self.store.remove(sha256)
+            raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")
+        self.keeper.tag_new(sha256, round_, "patch")
+        return path
+
+    async def _holders(self, sha256: str, round_: int) -> tuple[list[str], set[str]]:
+        """Peers whose heartbeat of `round_` or the next lists `sha256`, and the validators' peers."""
         holders: list[str] = []
+        trusted: set[str] = set()
         for r in (round_, round_ + 1):
             for verified in await self.get(Heartbeat, r):
                 beat = verified.message
+                if verified.sender_hex in self.run.validators:
+                    trusted.add(beat.peer_id)
                 if sha256 in beat.blobs or verified.sender_hex in self.run.validators:
                     holders.append(beat.peer_id)
         if self.validator_peer is not None:
             holders.append(self.validator_peer)
-        path = await self._fetch_from([h for h in dict.fromkeys(holders) if h != self.peer_id], sha256, size)
-        if path.stat().st_size != size:
-            self.store.remove(sha256)
-            raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")
-        return path
+            trusted.add(self.validator_peer)
+        return holders, trusted
+
+    # -- submissions -----------------------------------------------------------------------------
+
+    async def submit(
+        self, signed: SignedMessage, payload: Path, *, deadline: float | None = None, to: str | None = None
+    ) -> None:
+        """Push a signed submission header and its payload to the validator at peer id `to` (default:
+        the one of the last validator heartbeat read). A validator with no free slot (BUSY) is asked
+        again with growing pauses until `deadline` (unix time); `TransferError` if it refused,
+        `PeerBusy` if it was still busy then."""
+        pause, longest = SUBMIT_BACKOFF_SECONDS
+        validator = to or self.validator_peer
+        while True:
+            if validator is None:
+                raise TransferError("the validator's peer id is unknown")
+            try:
+                await self._submit_to(validator, signed, payload)
+                return
+            except PeerBusy as exc:
+                wait = pause * random.uniform(0.5, 1.5)  # spread the retries of many miners
+                if deadline is None or time.time() + wait >= deadline:
+                    raise
+                log.info("the validator is busy (%s); trying again in %.1fs", exc, wait)
+                await asyncio.sleep(wait)
+                pause = min(2 * pause, longest)

@@ -10,6 +10,11 @@ Framing (integers big-endian):
 size and hash check), never reads past the announced size and bounds every read by
 `chunk_timeout`. Hashing and disk writes run in an executor, one batch in flight while the next
 is read, so they overlap the network; `send_file` likewise reads ahead from disk.
+
+Both directions have a minimum rate (`min_bytes_per_second`): a body must arrive, and a blob must
+be taken by its reader, within `open_timeout + size / min_bytes_per_second`, so a peer that
+trickles (or reads a byte now and then) cannot hold a slot for long. A request must arrive whole
+within `request_timeout`. A reason a peer sends is made printable before anyone logs it.
 """
 
 from __future__ import annotations
@@ -58,18 +63,36 @@ class TransferLimits(BaseModel):
     """Seconds without progress (a read, a drain) before a stream is abandoned."""
     open_timeout: float = Field(default=20.0, gt=0)
     """Seconds to open a stream and get the peer's first reply."""
-    max_streams: int = Field(default=16, ge=1)
-    """Streams served at once; more are answered BUSY at once."""
+    hedge_after: float = Field(default=2.0, gt=0)
+    """Seconds a fetch waits on its holders before it also asks the next one (`fetching.py`)."""
+    hedge_rate: float = Field(default=1 << 20, gt=0)
+    """A body arriving at this rate (bytes/s) or faster is not raced with another holder."""
+    request_timeout: float = Field(default=5.0, gt=0)
+    """Seconds a served stream has to send its whole request (a silent stream is dropped then)."""
+    max_requests: int = Field(default=64, ge=1)
+    """Served streams whose request is still being read or decided; more are answered BUSY.
+    Cheap (a request is at most 64 KiB) and short (`request_timeout`), so it can be large."""
+    max_fetch_streams: int = Field(default=16, ge=1)
+    """Blobs sent at once; more fetches are answered BUSY."""
+    max_submit_streams: int = Field(default=8, ge=1)
+    """Submission bodies received at once (after their signed header was accepted); more BUSY."""
+    reserved_submit_streams: int = Field(default=4, ge=0)
+    """Of `max_submit_streams`, the slots only senders this node favours may take (the validator
+    favours miners with a rating history), so fresh keys cannot take every slot."""
     max_streams_per_peer: int = Field(default=4, ge=1)
-    """Streams served at once to one libp2p peer: a flood from one peer (many keys, one host)
-    is answered BUSY while other peers still get a slot."""
+    """Streams served at once to one libp2p peer. Peer ids cost nothing, so this only spreads the
+    slots of one careless host; the budgets above are what bound a flood."""
     read_bytes: int = Field(default=1 << 20, ge=4096)
     """Largest single socket read."""
     batch_bytes: int = Field(default=8 << 20, ge=4096)
     """Bytes handed to the hashing/writing thread at a time (two batches in memory per stream)."""
     min_bytes_per_second: float = Field(default=64 * 1024, gt=0)
-    """Slowest body accepted: a body must arrive within `open_timeout` + size / this rate, so a peer
-    that trickles a byte now and then cannot hold one of the `max_streams` slots for ever."""
+    """Slowest transfer accepted, both ways: a body must arrive (or be taken by the reader) within
+    `open_timeout` + size / this rate, so a peer that trickles cannot hold a slot for long."""
+
+    def body_seconds(self, size: int) -> float:
+        """The most a body of `size` bytes may take, at the minimum rate."""
+        return self.open_timeout + size / self.min_bytes_per_second
 
 
 DEFAULT_LIMITS = TransferLimits()
@@ -136,7 +159,7 @@ async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: T
     loop = asyncio.get_running_loop()
     remaining = blob.size
     started = loop.time()
-    overall = started + limits.open_timeout + blob.size / limits.min_bytes_per_second
+    overall = started + limits.body_seconds(blob.size)
     batch: list[bytes] = []
     batched = 0
     pending: asyncio.Future[None] | None = None  # the batch being hashed and written, at most one
@@ -173,10 +196,24 @@ async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: T
 
 
 async def send_file(writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits) -> None:
-    """Stream `size` bytes of `path`, reading the next chunk from disk while the last one drains."""
+    """Stream `size` bytes of `path`, reading the next chunk from disk while the last one drains.
+
+    A reader that takes no data for `chunk_timeout`, or takes the whole slower than the minimum
+    rate, is a `TransferTimeout`."""
     if size == 0:
         return
     loop = asyncio.get_running_loop()
+    allowed = limits.body_seconds(size)
+    try:
+        async with asyncio.timeout(allowed):
+            await _send_chunks(writer, path, size, limits, loop)
+    except TimeoutError as exc:
+        raise TransferTimeout(f"reader too slow: {size} bytes not taken within {allowed:.1f}s") from exc
+
+
+async def _send_chunks(
+    writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits, loop: asyncio.AbstractEventLoop
+) -> None:
     with path.open("rb", buffering=0) as f:
         sent = 0
         next_chunk: asyncio.Future[bytes] | None = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size))
@@ -190,8 +227,11 @@ async def send_file(writer: asyncio.StreamWriter, path: Path, size: int, limits:
                 if sent < size:
                     next_chunk = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size - sent))
                 writer.write(chunk)
-                async with asyncio.timeout(limits.chunk_timeout):
-                    await writer.drain()
+                try:
+                    async with asyncio.timeout(limits.chunk_timeout):
+                        await writer.drain()
+                except TimeoutError as exc:
+                    raise TransferTimeout(f"reader took nothing for {limits.chunk_timeout:g}s") from exc
         finally:
             if next_chunk is not None:
                 await asyncio.wait([next_chunk])  # a read in flight must finish before the file closes
@@ -204,7 +244,8 @@ async def send_request(writer: asyncio.StreamWriter, request: bytes, limits: Tra
 
 
 async def read_request(reader: asyncio.StreamReader, limits: TransferLimits) -> bytes:
-    async with asyncio.timeout(limits.open_timeout):
+    """A served stream's request, whole within `request_timeout` (a silent stream times out)."""
+    async with asyncio.timeout(limits.request_timeout):
         (length,) = struct.unpack(">I", await reader.readexactly(4))
         if length > MAX_REQUEST_BYTES:
             raise SizeLimitExceeded(f"request of {length} bytes, cap is {MAX_REQUEST_BYTES}")
@@ -220,6 +261,13 @@ async def reply(
         await writer.drain()
 
 
+def printable(raw: bytes | str, limit: int = 200) -> str:
+    """Peer-chosen text made safe to log: printable ASCII only, one line, at most `limit` characters."""
+    raw = raw.encode("utf-8", errors="replace") if isinstance(raw, str) else raw
+    text = "".join(chr(b) if 0x20 <= b < 0x7F else "?" for b in raw[:limit])
+    return text + ("..." if len(raw) > limit else "")
+
+
 async def try_reply(writer: asyncio.StreamWriter, status: Status, reason: str, limits: TransferLimits) -> None:
     """Best effort: tell the peer why we stop; the stream may already be gone."""
     try:
@@ -231,7 +279,7 @@ async def try_reply(writer: asyncio.StreamWriter, status: Status, reason: str, l
 async def read_reply(reader: asyncio.StreamReader, timeout: float) -> tuple[Status, int, str]:
     async with asyncio.timeout(timeout):
         raw_status, size, reason_len = _REPLY.unpack(await reader.readexactly(_REPLY.size))
-        reason = (await reader.readexactly(reason_len)).decode("ascii", errors="replace")
+        reason = printable(await reader.readexactly(reason_len))
     try:
         return Status(raw_status), size, reason
     except ValueError as exc:

@@ -13,23 +13,33 @@ The two conversations (framing and byte pumps are `streams.py`):
             server: reply OK once the blob is verified and stored (or FAILED with the reason)
 
 On any failure nothing is stored; a handler logs the peer's failure and never raises.
+
+Serving budgets (`TransferLimits`), so that streams from fresh peer ids and keys cannot stall a
+node: a stream's request must arrive within `request_timeout` and only `max_requests` may be
+pending at once (a silent stream costs a short, cheap slot); then a fetch takes one of
+`max_fetch_streams` and an accepted submission one of `max_submit_streams`, apart, so a flood of
+one kind never blocks the other; `reserved_submit_streams` of those only favoured senders take
+(the validator favours miners with a rating history); one signer has one body in flight; bodies
+move at `min_bytes_per_second` or faster, both ways. A node takes no submission until a role
+opts in (`accept`); until then every push is refused before its header is even parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import struct
+import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from hivemind.p2p import P2P, PeerID
 
 from node.net.blobstore import BlobStore, check_sha256
+from node.net.fetching import HolderBook, Progress, fetch_first
 from node.net.streams import (
     DEFAULT_LIMITS,
     STREAM_ERRORS,
@@ -38,6 +48,7 @@ from node.net.streams import (
     TransferLimits,
     hang_up,
     open_stream,
+    printable,
     read_reply,
     read_request,
     receive_body,
@@ -46,7 +57,7 @@ from node.net.streams import (
     send_request,
     try_reply,
 )
-from protocol.errors import BlobNotFound, MalformedPayload, ProtocolError, SizeLimitExceeded, TransferError
+from protocol.errors import BlobNotFound, MalformedPayload, PeerBusy, ProtocolError, SizeLimitExceeded, TransferError
 from protocol.messages import PROTOCOL_VERSION, SubmissionHeader
 from protocol.signing import SeenCache, SignedMessage, Verified, open_signed
 
@@ -55,14 +66,20 @@ logger = logging.getLogger(__name__)
 FETCH = f"pulse/v{PROTOCOL_VERSION}/rpc_fetch"
 SUBMIT = f"pulse/v{PROTOCOL_VERSION}/rpc_submit"
 _FETCH_REQUEST = struct.Struct(">c32sQ")
-P = TypeVar("P")
 
 
 # -- clients -------------------------------------------------------------------------------------
 
 
 async def call_fetch(
-    p2p: P2P, peer: PeerID, sha256: str, store: BlobStore, *, max_size: int, limits: TransferLimits = DEFAULT_LIMITS
+    p2p: P2P,
+    peer: PeerID,
+    sha256: str,
+    store: BlobStore,
+    *,
+    max_size: int,
+    limits: TransferLimits = DEFAULT_LIMITS,
+    on_body: Callable[[Progress], None] | None = None,
 ) -> Path:
     """Fetch blob `sha256` from `peer` into `store`; its path once verified.
 
@@ -73,23 +90,35 @@ async def call_fetch(
     if store.has(sha256):
         return store.path(sha256)
     async with open_stream(p2p, peer, FETCH, limits) as stream:
-        return await fetch_over(stream, peer, sha256, store, max_size=max_size, limits=limits)
+        return await fetch_over(stream, peer, sha256, store, max_size=max_size, limits=limits, on_body=on_body)
 
 
 async def fetch_over(
-    stream: Stream, peer: object, sha256: str, store: BlobStore, *, max_size: int, limits: TransferLimits
+    stream: Stream,
+    peer: object,
+    sha256: str,
+    store: BlobStore,
+    *,
+    max_size: int,
+    limits: TransferLimits,
+    on_body: Callable[[Progress], None] | None = None,
 ) -> Path:
-    """The client side of a fetch on an open stream (`call_fetch`; the in-memory network uses it too)."""
+    """The client side of a fetch on an open stream (`call_fetch`; the in-memory network uses it too).
+    `on_body` gets a probe of the bytes received once the holder starts sending the body."""
     reader, writer = stream
     await send_request(writer, fetch_request(sha256, max_size), limits)
     status, size, reason = await read_reply(reader, limits.open_timeout)
     if status is Status.NOT_FOUND:
         raise BlobNotFound(f"{peer} does not hold blob {sha256[:12]}...")
+    if status is Status.BUSY:
+        raise PeerBusy(f"{peer} is busy: {reason}")
     if status is not Status.OK:
         raise TransferError(f"{peer} refused to send {sha256[:12]}...: {status.name} {reason}")
     if size > max_size:
         raise SizeLimitExceeded(f"{peer} announced {size} bytes for {sha256[:12]}..., cap is {max_size}")
     with store.writer(sha256, size) as blob:
+        if on_body is not None:
+            on_body(lambda: blob.written)
         await receive_body(reader, blob, limits)
         return await asyncio.get_running_loop().run_in_executor(None, blob.commit)
 
@@ -106,23 +135,31 @@ async def fetch_from_any(
     *,
     max_size: int,
     limits: TransferLimits = DEFAULT_LIMITS,
+    book: HolderBook | None = None,
+    trusted: Collection[PeerID] = (),
 ) -> Path:
-    """Try holders in random order (spreading load over everyone who re-serves the blob)."""
-    return await first_holder(
-        peers, sha256, lambda peer: call_fetch(p2p, peer, sha256, store, max_size=max_size, limits=limits)
+    """Blob `sha256` from whichever of `peers` delivers first (`fetching.fetch_first`: hedged
+    attempts, proven holders first), within one deadline: `fetch_deadline(max_size, limits)`."""
+    by_name = {peer.to_base58(): peer for peer in peers}
+
+    def attempt(name: str, on_body: Callable[[Progress], None]) -> Awaitable[Path]:
+        return call_fetch(p2p, by_name[name], sha256, store, max_size=max_size, limits=limits, on_body=on_body)
+
+    return await fetch_first(
+        list(by_name),
+        attempt,
+        book=book or HolderBook(),
+        sha256=sha256,
+        deadline=time.monotonic() + fetch_deadline(max_size, limits),
+        hedge_after=limits.hedge_after,
+        hedge_rate=limits.hedge_rate,
+        trusted={peer.to_base58() for peer in trusted},
     )
 
 
-async def first_holder(peers: Sequence[P], sha256: str, fetch: Callable[[P], Awaitable[Path]]) -> Path:
-    """`fetch` from each of `peers` in random order until one delivers; `TransferError` naming every failure."""
-    failures = []
-    for peer in random.sample(list(peers), len(peers)):
-        try:
-            return await fetch(peer)
-        except (TransferError, ProtocolError) as exc:
-            logger.info("fetch of %s... from %s failed: %s", sha256[:12], peer, exc)
-            failures.append(f"{peer}: {exc}")
-    raise TransferError(f"no holder delivered {sha256[:12]}... ({'; '.join(failures) or 'no holders'})")
+def fetch_deadline(size: int, limits: TransferLimits) -> float:
+    """Seconds one blob may take in all: opening a few streams, then the body at the minimum rate."""
+    return 2 * limits.open_timeout + limits.body_seconds(size)
 
 
 async def call_submit(
@@ -148,6 +185,8 @@ async def submit_over(
     status, _, reason = await read_reply(reader, limits.open_timeout)
     if status is Status.DUPLICATE:
         return False
+    if status is Status.BUSY:
+        raise PeerBusy(f"{peer} refused the submission: BUSY {reason}")
     if status is not Status.OK:
         raise TransferError(f"{peer} refused the submission: {status.name} {reason}")
     await send_file(writer, payload, header.payload_size, limits)
@@ -162,6 +201,9 @@ async def submit_over(
 Accept = Callable[[SubmissionHeader], str | None]
 """Decides on a verified header before its body is read: a rejection reason, or None to accept."""
 OnSubmission = Callable[[Verified[SubmissionHeader]], None]
+Favoured = Callable[[SubmissionHeader], bool]
+"""Whether a sender may take a reserved submission slot (e.g. it has a rating history)."""
+NO_SUBMISSIONS = "this node takes no submissions"
 
 
 REFUSAL_STATUSES = tuple(s.name.lower() for s in Status if s is not Status.OK and s is not Status.NOT_FOUND)
@@ -186,6 +228,22 @@ class Origin(Protocol):
     def peer_id(self) -> object: ...
 
 
+class Slots:
+    """A budget of concurrent streams, `reserved` of them for favoured callers."""
+
+    def __init__(self, size: int, reserved: int = 0) -> None:
+        self.size, self.reserved, self.used = size, min(reserved, size), 0
+
+    def take(self, favoured: bool = False) -> bool:
+        if self.used >= self.size - (0 if favoured else self.reserved):
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        self.used -= 1
+
+
 class TransferService:
     """Serves this node's blob store to peers and receives pushed submissions. Never raises on peer input."""
 
@@ -199,13 +257,18 @@ class TransferService:
         accept: Accept | None = None,
         on_submission: OnSubmission | None = None,
         seen: SeenCache | None = None,
+        favoured: Favoured | None = None,
     ) -> None:
         self.p2p, self.store, self.run_id, self.limits = p2p, store, run_id, limits
-        self.accept, self.on_submission = accept, on_submission
+        self.accept, self.on_submission, self.favoured = accept, on_submission, favoured
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
-        self.active = 0
+        self.active = 0  # streams being served, from the first byte to the hang-up
         self._per_peer: dict[object, int] = {}  # open streams by peer: one peer cannot take every slot
-        self._receiving: set[str] = set()
+        self.requests = Slots(limits.max_requests)
+        self.fetches = Slots(limits.max_fetch_streams)
+        self.submits = Slots(limits.max_submit_streams, limits.reserved_submit_streams)
+        self._receiving: set[str] = set()  # message ids whose body is arriving
+        self._senders: set[str] = set()  # signers with a body arriving: one each
         self.counts = TransferCounts()
 
     @classmethod
@@ -219,12 +282,27 @@ class TransferService:
         accept: Accept | None = None,
         on_submission: OnSubmission | None = None,
         seen: SeenCache | None = None,
+        favoured: Favoured | None = None,
     ) -> TransferService:
         """Register the handlers on `p2p` (for a DHT node: `await pulse_dht.replicate_p2p()`)."""
-        service = cls(p2p, store, run_id=run_id, limits=limits, accept=accept, on_submission=on_submission, seen=seen)
-        await p2p.add_binary_stream_handler(FETCH, service.rpc_fetch)
-        await p2p.add_binary_stream_handler(SUBMIT, service.rpc_submit)
+        service = cls(
+            p2p,
+            store,
+            run_id=run_id,
+            limits=limits,
+            accept=accept,
+            on_submission=on_submission,
+            seen=seen,
+            favoured=favoured,
+        )
+        await service.serve_on(p2p)
         return service
+
+    async def serve_on(self, p2p: P2P) -> None:
+        """Serve on `p2p` (again, after the DHT process and its daemon were restarted)."""
+        self.p2p = p2p
+        await p2p.add_binary_stream_handler(FETCH, self.rpc_fetch)
+        await p2p.add_binary_stream_handler(SUBMIT, self.rpc_submit)
 
     async def shutdown(self) -> None:
         if self.p2p is None:
@@ -241,36 +319,43 @@ class TransferService:
     async def _serve(
         self,
         name: str,
-        handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+        handler: Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
         info: Origin,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
         mine = self._per_peer.get(info.peer_id, 0)
-        if self.active >= self.limits.max_streams or mine >= self.limits.max_streams_per_peer:
-            busy = f"serving {self.active} streams, {mine} of them yours"
+        if mine >= self.limits.max_streams_per_peer or not self.requests.take():
+            busy = f"{self.requests.used} requests pending, {mine} streams yours"
             logger.info("%s from %s: BUSY (%s)", name, info.peer_id, busy)
             if name == "submit":
                 self.counts.refuse(Status.BUSY)
             await try_reply(writer, Status.BUSY, busy, self.limits)
             await hang_up(reader, writer, timeout=1.0)
             return
-        self.active += 1  # counts a stream until it is closed, lingering included
+        self.active += 1
         self._per_peer[info.peer_id] = mine + 1
+        linger = self.limits.request_timeout  # let our last reply flush before the stream closes
         try:
-            await handler(reader, writer)
+            try:
+                request = await read_request(reader, self.limits)
+            except BaseException:
+                linger = 0.0  # a silent or broken request: nothing of ours to flush, hang up now
+                raise
+            finally:
+                self.requests.give()
+            await handler(request, reader, writer)
         except (ProtocolError, TransferError, TimeoutError, *STREAM_ERRORS) as exc:
-            logger.info("%s from %s failed: %s", name, info.peer_id, exc or type(exc).__name__)
+            logger.info("%s from %s failed: %s", name, info.peer_id, printable(str(exc)) or type(exc).__name__)
         except Exception:  # a bug in this node: log it loudly, but one stream must not take the node down
             logger.exception("%s handler crashed on a stream from %s", name, info.peer_id)
         finally:
-            await hang_up(reader, writer, self.limits.open_timeout)
+            await hang_up(reader, writer, linger)
             self.active -= 1
             if (left := self._per_peer.pop(info.peer_id) - 1) > 0:
                 self._per_peer[info.peer_id] = left
 
-    async def _fetch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await read_request(reader, self.limits)
+    async def _fetch(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(request) != _FETCH_REQUEST.size or request[:1] != b"F":
             await reply(writer, Status.REJECTED, reason="not a fetch request", limits=self.limits)
             raise MalformedPayload("not a fetch request")
@@ -283,26 +368,47 @@ class TransferService:
         if size > min(max_size, self.limits.max_blob_bytes):
             await reply(writer, Status.TOO_LARGE, reason=f"{size} bytes", limits=self.limits)
             return
-        await reply(writer, Status.OK, size=size, limits=self.limits)
-        await send_file(writer, self.store.path(sha256), size, self.limits)
-        self.counts.served_bytes += size
-
-    async def _submit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.fetches.take():
+            await reply(writer, Status.BUSY, reason=f"sending {self.fetches.used} blobs", limits=self.limits)
+            return
         try:
-            verified = open_signed(await read_request(reader, self.limits), run_id=self.run_id, expect=SubmissionHeader)
+            await reply(writer, Status.OK, size=size, limits=self.limits)
+            await send_file(writer, self.store.path(sha256), size, self.limits)
+            self.counts.served_bytes += size
+        finally:
+            self.fetches.give()
+
+    async def _submit(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.accept is None:  # not a validator: refused before the header is even parsed
+            self.counts.refuse(Status.REJECTED)
+            await reply(writer, Status.REJECTED, reason=NO_SUBMISSIONS, limits=self.limits)
+            return
+        try:
+            verified = open_signed(request, run_id=self.run_id, expect=SubmissionHeader)
         except ProtocolError as exc:
             self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=str(exc), limits=self.limits)
             raise
         status, reason = self._admit(verified)
+        if status is Status.OK and not self.submits.take(self._is_favoured(verified.message)):
+            status, reason = Status.BUSY, f"receiving {self.submits.used} submissions; try again shortly"
         if status is not Status.OK:
             self.counts.refuse(status)
             sender = verified.sender_hex[:12]
             logger.info("submission %s... from %s...: %s %s", verified.message_id[:12], sender, status.name, reason)
             await reply(writer, status, reason=reason, limits=self.limits)
             return
+        try:
+            await self._receive(verified, reader, writer)
+        finally:
+            self.submits.give()
+
+    async def _receive(
+        self, verified: Verified[SubmissionHeader], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         header = verified.message
         self._receiving.add(verified.message_id)
+        self._senders.add(header.sender)
         try:
             await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
             with self.store.writer(header.payload_sha256, header.payload_size) as blob:
@@ -318,10 +424,11 @@ class TransferService:
             raise
         finally:
             self._receiving.discard(verified.message_id)
+            self._senders.discard(header.sender)
         # Decide again now that the body is here: the round may have closed while it arrived, or
         # another submission of the same sender may have finished first. Either way this one gets
         # its own logged refusal instead of being dropped (or replacing the first) in silence.
-        late = self.accept(header) if self.accept is not None else None
+        late = self.accept(header) if self.accept is not None else NO_SUBMISSIONS
         if late:
             sender, message = verified.sender_hex[:12], verified.message_id[:12]
             logger.info("submission %s... from %s...: REJECTED after its body: %s", message, sender, late)
@@ -333,14 +440,19 @@ class TransferService:
             self.on_submission(verified)
         await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
 
+    def _is_favoured(self, header: SubmissionHeader) -> bool:
+        return self.favoured is not None and self.favoured(header)
+
     def _admit(self, verified: Verified[SubmissionHeader]) -> tuple[Status, str]:
         """Decide on a verified header before reading its body."""
         if verified.message_id in self.seen:
             return Status.DUPLICATE, "replayed message: already received"
         if verified.message_id in self._receiving:
             return Status.BUSY, "this submission is already being received"
+        if verified.message.sender in self._senders:
+            return Status.BUSY, "a submission of this key is already arriving"
         size = verified.message.payload_size
         if size > self.limits.max_blob_bytes:
             return Status.TOO_LARGE, f"payload of {size} bytes, cap is {self.limits.max_blob_bytes}"
-        reason = self.accept(verified.message) if self.accept is not None else None
+        reason = self.accept(verified.message) if self.accept is not None else NO_SUBMISSIONS
         return (Status.REJECTED, reason) if reason else (Status.OK, "")

@@ -65,10 +65,13 @@ class Auditor:
         initial: Callable[[], StateDict],
         *,
         poll: float = POLL_SECONDS,
+        stop_on_mismatch: bool = False,
     ) -> None:
-        """`initial`: W_0 in FP32 (the task's `initial_master`), called only if the replica starts there."""
+        """`initial`: W_0 in FP32 (the task's `initial_master`), called only if the replica starts there;
+        `stop_on_mismatch`: `run` returns at the first result that does not recompute."""
         manifest = setup.manifest
         self.setup, self.peer, self.events, self.poll, self.initial = setup, peer, events, poll, initial
+        self.stop_on_mismatch = stop_on_mismatch
         self.cfg = manifest.gauntlet()
         self.ctx = AuditContext(setup.run_id, tuple(manifest.validators), self.cfg)
         self.folder = folder / "validator"
@@ -76,7 +79,7 @@ class Auditor:
         self.keep = manifest.round.payload_rounds
         self.replica: Replica | None = None
         self.last: Verified[RoundResult] | None = None  # the result that led to the replica's state
-        self.refused: set[str] = set()  # message ids of results that failed their audit
+        self.refused: set[str] = set()  # statement ids of results that failed their audit
         self.mismatches: list[AuditMismatch] = []
         self.kept: dict[int, list[str]] = {}  # round -> payload and evidence blobs re-served
 
@@ -113,7 +116,7 @@ class Auditor:
         """Whether no other validator's result of that round counts instead (ours may be unpublished yet)."""
         result = mine.message
         counted = await self.peer.counted_result(result.round, result.base_state_hash)
-        return counted is None or counted.message_id == mine.message_id
+        return counted is None or counted.statement_id == mine.statement_id
 
     def _discard(self, why: str) -> None:
         aside = self.folder.with_name(f"{self.folder.name}.stale-{int(time.time())}")
@@ -185,15 +188,22 @@ class Auditor:
         replica = await self.start()
         while until is None or replica.round < until:
             verified = await self.peer.counted_result(replica.round, replica.state_hash)
-            if verified is None or verified.message_id in self.refused or not await self._audit(verified):
+            if verified is None and self.last is not None and not await self._still_counts(self.last):
+                # the result it applied lost to a validator earlier in the manifest's order (the chain
+                # rule): step back and take the one that counts
+                self.release()
+                replica = await self.start()
+                continue
+            if verified is None or verified.statement_id in self.refused or not await self._audit(verified):
                 break
             replica = await self.start()
         return self.held()
 
     async def run(self, rounds: int | None = None) -> Held:
-        """`pulse audit`: follow and recompute until holding W_rounds (None: forever)."""
+        """`pulse audit`: follow and recompute until holding W_rounds (None: forever), or until the first
+        mismatch with `stop_on_mismatch`."""
         held = await self.sync(rounds)
-        while rounds is None or held.round < rounds:
+        while (rounds is None or held.round < rounds) and not (self.stop_on_mismatch and self.mismatches):
             await asyncio.sleep(self.poll)
             held = await self.sync(rounds)
         return held
@@ -262,7 +272,7 @@ class Auditor:
 
     async def _refuse(self, verified: Verified[RoundResult], report: AuditReport) -> None:
         """Report a result that failed (once), and go back to the last verified state."""
-        self.refused.add(verified.message_id)
+        self.refused.add(verified.statement_id)
         findings = [str(f) for f in report.findings]
         event = AuditMismatch(round=report.round, signer=verified.sender_hex, findings=findings)
         self.mismatches.append(event)
@@ -279,10 +289,10 @@ class Auditor:
     def _serve(self, result: RoundResult, report: AuditReport, evidence: bytes, payloads: dict[str, bytes]) -> None:
         """Re-serve the round's patch, evidence and payloads; payloads and evidence of old rounds go."""
         if report.patch is not None:
-            self.peer.hold(self.peer.store.put(report.patch))
+            self.peer.hold(self.peer.store.put(report.patch), result.round)
         kept = [self.peer.store.put(evidence), *(self.peer.store.put(p) for p in payloads.values())]
         for sha in kept:
-            self.peer.hold(sha)
+            self.peer.hold(sha, result.round, "payload")
         self.kept[result.round] = kept
         for old in [r for r in self.kept if r <= result.round - self.keep]:
             for sha in self.kept.pop(old):

@@ -137,7 +137,7 @@ class Chain:
         except (TransferError, ProtocolError) as exc:
             log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
             return None
-        self.peer.hold(a.blob_sha256)
+        self.peer.hold(a.blob_sha256, a.round, "checkpoint")
         self.events.emit(
             CheckpointLoaded(round=a.round, state_hash=a.state_hash, bytes=a.blob_size, behind=max(behind, 0)),
             f"loaded the checkpoint of round {a.round} ({mb(a.blob_size)}), state hash {a.state_hash[:12]} verified",
@@ -171,7 +171,7 @@ class Chain:
         if state_hash(weights) != result.new_state_hash:
             log.warning("round %d patch gave another state than the result names: rejoining", held.round)
             return BROKEN
-        self.peer.hold(result.patch_sha256)
+        self.peer.hold(result.patch_sha256, held.round)
         if self.me is not None:
             _report_placement(self.events, result, self.me)
         self.events.emit(

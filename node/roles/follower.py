@@ -1,8 +1,10 @@
 """The follower: bit-identical BF16 weights through PULSESync patches, and what it serves from them.
 
 It joins from the newest checkpoint, then applies every round's patch, verifying each state hash
-(`catchup.Chain`). With `--audit` its weights come from an auditor instead (`auditor.py`): an FP32
-replica that recomputes every round, so it never holds a state it has not verified.
+(`catchup.Chain`), and announces itself once a round (a heartbeat listing the patches and the
+checkpoint it re-serves, so fetchers can spread over it). With `--audit` its weights come from an
+auditor instead (`auditor.py`): an FP32 replica that recomputes every round, so it never holds a
+state it has not verified.
 
 For each round it holds, it runs its round services: none in a language modelling run (an
 inference worker serves its own requests), the rollout worker in an RL run (`rl/worker.py`,
@@ -55,7 +57,11 @@ class Follower:
             Started(sender=key, peer_id=self.peer.peer_id), f"follower {key[:12]} joined, peer id {self.peer.peer_id}"
         )
         held = await self.chain.sync()
+        announced: int | None = None
         while rounds is None or held.round < rounds:
+            if announced != held.round:  # its heartbeat lists the patches it re-serves to fetchers
+                await self.peer.heartbeat(held.round, held.state_hash)
+                announced = held.round
             for service in self.services:
                 await service.serve(held)
             await asyncio.sleep(self.poll)

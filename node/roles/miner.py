@@ -26,7 +26,7 @@ from node.run.setup import RunSetup
 from node.run.trainer import Trainer
 from protocol.errors import ProtocolError, TransferError
 from protocol.messages import SubmissionHeader
-from protocol.signing import SignedMessage, sign
+from protocol.signing import SignedMessage
 from protocol.state import State
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Miner:
             return
         self.submitted.update((r, b.peer_id, b.sent_at) for b in fresh)
         deadline = self.setup.manifest.round.deadline_seconds
-        live = [b.peer_id for b in fresh if time.time() <= b.sent_at + deadline]
+        live = [(b.peer_id, b.sent_at + deadline) for b in fresh if time.time() <= b.sent_at + deadline]
         if not live:
             self.events.emit(Late(round=r), f"round {r} is past its deadline: waiting for round {r + 1}")
             return
@@ -149,14 +149,16 @@ class Miner:
             log.warning("training ahead failed; the steps are discarded: %r", task.exception())
 
     async def _submit(
-        self, header: SubmissionHeader, payload: bytes, validators: list[str], *, compress_seconds: float
+        self, header: SubmissionHeader, payload: bytes, validators: list[tuple[str, float]], *, compress_seconds: float
     ) -> None:
+        """Push the payload to each of `validators` (peer id, the round's deadline there: a busy one is
+        asked again until then), then announce the header in the DHT."""
         peer, r = self.peer, header.round
         sha = peer.store.put(payload)
         if self.payload_sha is not None and self.payload_sha != sha:
             peer.store.remove(self.payload_sha)  # one payload held at a time: the latest stays fetchable
         self.payload_sha = sha
-        signed = sign(self.trainer.identity, header)
+        signed = peer.sign(header)
         self.packaged = (r, signed, peer.store.path(sha))
         if not await self._push(r, validators):
             return
@@ -178,14 +180,14 @@ class Miner:
         )
         await peer.announce(signed)  # the header also goes into the DHT (DESIGN.md section 3)
 
-    async def _push(self, r: int, validators: list[str]) -> bool:
-        """Push this round's submission to each of `validators` (peer ids); True if any took it."""
+    async def _push(self, r: int, validators: list[tuple[str, float]]) -> bool:
+        """Push this round's submission to each of `validators` (peer id, deadline); True if any took it."""
         assert self.packaged is not None and self.packaged[0] == r
         _, signed, path = self.packaged
         failures = []
-        for validator in validators:
+        for validator, deadline in validators:
             try:
-                await self.peer.submit(signed, path, to=validator)
+                await self.peer.submit(signed, path, deadline=deadline, to=validator)
             except (TransferError, ProtocolError) as exc:
                 failures.append(str(exc))
         if len(failures) == len(validators):

@@ -16,8 +16,9 @@ Round r, as the validator runs it:
 With several validators in the manifest (`standby.py` runs this service when this validator is
 the active one), it checks before publishing and at every opening that no other validator's result
 counts for its round (the chain rule, `node/net/peer.py`); if one does, it raises `Superseded` and
-continues as a standby. A standby that takes a round over hands it the submissions it collected
-(`take_over`).
+continues as a standby. Before opening a round it gives the standbys a moment to audit the last one
+(`_await_standbys`), so the evidence it alone held has another holder should it die now. A
+standby that takes a round over hands it the submissions it collected (`take_over`).
 
 What depends on the task comes from two objects: the `Task` (W_0, the Gauntlet's evaluator and
 batch function) and its `RoundHooks` (RL: the rollout pool before a round opens; the held-out loss
@@ -93,7 +94,7 @@ class ValidatorService:
         self.kept: dict[int, list[str]] = {}  # round -> aggregated payloads and evidence, kept fetchable
         # refuse an oversize payload from its header, before its body is read or stored
         self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
-        peer.take_submissions(self._accept, self._on_submission)
+        peer.take_submissions(self._accept, self._on_submission, self._favoured)
 
     def _open_state(self) -> Validator:
         s, task = self.setup, self.task
@@ -118,6 +119,10 @@ class ValidatorService:
         if header.payload_size > self.max_payload:
             return f"oversize: {header.payload_size} bytes announced, the cap is {self.max_payload}"
         return None
+
+    def _favoured(self, header: SubmissionHeader) -> bool:
+        """Miners whose updates helped (a positive indicator average) may use the reserved upload slots."""
+        return self.validator.book.indicators.get(header.sender, 0.0) > 0.0
 
     def _on_submission(self, verified: Verified[SubmissionHeader]) -> None:
         header = verified.message
@@ -148,6 +153,7 @@ class ValidatorService:
         first = True
         while rounds is None or self.round < rounds:
             await self._check_counted()
+            await self._await_standbys(self.round)
             await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
             first = False
             await self._collect()
@@ -169,15 +175,16 @@ class ValidatorService:
         v = self.validator
         if v.last_result is None or v.last_patch is None:
             return
-        self.peer.hold(self.peer.store.put(v.last_patch))
+        last = self.round - 1
+        self.peer.hold(self.peer.store.put(v.last_patch), last)
         if v.last_evidence is not None:
-            self.peer.hold(self.peer.store.put(v.last_evidence))
+            self.peer.hold(self.peer.store.put(v.last_evidence), last, "payload")
         result = SignedMessage.from_bytes(v.last_result)
         named = RoundResult.from_canonical(result.body).master_checkpoint
         if named is not None and not self.peer.store.has(named.sha256):
             data = await asyncio.get_running_loop().run_in_executor(None, v.fp32_checkpoint)
             if self.peer.store.put(data) == named.sha256:  # the committed master is the state after that round
-                self.peer.hold(named.sha256)
+                self.peer.hold(named.sha256, last, "checkpoint")
         await self.peer.publish_signed(v.last_result)
 
     async def take_over(self, received: dict[str, Submission]) -> None:
@@ -196,8 +203,22 @@ class ValidatorService:
             return
         mine = SignedMessage.from_bytes(v.last_result)
         counted = await self.peer.counted_result(v.round - 1, v.book.states[-2])
-        if counted is not None and counted.message_id != mine.message_id:
+        if counted is not None and counted.statement_id != mine.statement_id:
             raise Superseded(v.round - 1, counted.sender_hex)
+
+    async def _await_standbys(self, r: int) -> None:
+        """Before opening round r: give the standbys that stood by in round r-1 up to `takeover_seconds`
+        to audit it (their heartbeat for round r). Until one has fetched them, round r-1's evidence is
+        held here alone, and a standby that cannot audit round r-1 cannot take round r over."""
+        if r == 0 or len(self.setup.manifest.validators) < 2:
+            return
+        me = self.identity.public_hex
+        waiting = {v.sender_hex for v in await self.peer.validator_heartbeats(r - 1)} - {me}
+        end = time.monotonic() + self.setup.manifest.round.takeover_seconds
+        while waiting and time.monotonic() < end:
+            waiting -= {v.sender_hex for v in await self.peer.validator_heartbeats(r)}
+            if waiting:
+                await asyncio.sleep(self.poll)
 
     async def _check_unclaimed(self, round_: int, base: str) -> None:
         """Before publishing round r: no other validator published one already (a standby took the round
@@ -223,7 +244,7 @@ class ValidatorService:
     async def _announce_checkpoint(self, r: int) -> None:
         data = checkpoint_bytes(self.validator.weights)
         sha = self.peer.store.put(data)
-        self.peer.hold(sha)
+        self.peer.hold(sha, r, "checkpoint")
         announcement = CheckpointAnnouncement(
             run_id=self.setup.run_id,
             round=r,
@@ -279,10 +300,10 @@ class ValidatorService:
     def _store_blobs(self, report: RoundReport, submissions: list[Submission]) -> None:
         """The patch, evidence and FP32 checkpoint as served blobs; the aggregated payloads kept for
         `keep_payload_rounds` rounds (with the evidence), the others removed now."""
-        hold = self.peer.hold
-        hold(self.peer.store.put(report.patch))
+        hold, r = self.peer.hold, report.round
+        hold(self.peer.store.put(report.patch), r)
         if report.master_checkpoint is not None:
-            hold(self.peer.store.put(report.master_checkpoint))
+            hold(self.peer.store.put(report.master_checkpoint), r, "checkpoint")
         aggregated = {s.payload_sha256 for s in report.result.selected}
         for sub in submissions:
             sha = hashlib.sha256(sub.payload).hexdigest()
@@ -290,7 +311,7 @@ class ValidatorService:
                 self.peer.store.remove(sha)
         kept = [self.peer.store.put(report.evidence), *sorted(aggregated)]
         for sha in kept:
-            hold(sha)
+            hold(sha, r, "payload")
         self.kept[report.round] = kept
         for old in [r for r in self.kept if r <= report.round - self.setup.manifest.round.payload_rounds]:
             for sha in self.kept.pop(old):

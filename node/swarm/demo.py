@@ -78,7 +78,7 @@ class Swarm:
         return proc
 
     def start_bootstrap(self, timeout: float = 60.0, extra: Sequence[str] = ()) -> None:
-        args = ["dht", "--run-id", self.manifest.run_id, "--host", "/ip4/127.0.0.1/tcp/0", *extra]
+        args = ["dht", "--config", str(self.out / "run.toml"), "--host", "/ip4/127.0.0.1/tcp/0", *extra]
         proc = self.spawn("bootstrap", "bootstrap", args)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -2,6 +2,8 @@
 
 The attacker is a plain `hivemind.DHT` without our validator, so it can push any record to the
 honest peers; each case checks every honest peer's own storage, not just what a read returns.
+Floods are made inside the attacker's DHT process (fresh keys, signed there), as an attacker
+would; the honest peers run the run's `RecordRules` with a small heartbeat cap so a flood fills it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import functools
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -25,18 +28,26 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.utils.timed_storage import get_dht_time
 
-from node.net.dht import PulseDHT, dht_key
+from node.net.dht import PulseDHT, dht_key, sign_for
 from node.net.netconfig import NetConfig
+from node.net.records import POLICIES, RecordRules
 from protocol.errors import NetworkError
 from protocol.identity import Identity
-from protocol.messages import Heartbeat, SubmissionHeader
-from protocol.signing import SeenCache, sign
+from protocol.messages import Heartbeat, Rejection, RoundResult, SubmissionHeader
+from protocol.signing import SeenCache
 from tests import helpers
 
 pytestmark = pytest.mark.swarm
 
 RUN = hashlib.sha256(b"dht-swarm-run").hexdigest()
 OTHER_RUN = hashlib.sha256(b"another-run").hexdigest()
+VALIDATOR = Identity.from_seed(hashlib.sha256(b"dht-swarm-validator").digest())
+HEARTBEAT_CAP = 8
+RULES = RecordRules(
+    RUN,
+    (VALIDATOR.public_hex,),
+    policies={**POLICIES, "heartbeat": replace(POLICIES["heartbeat"], max_signers=HEARTBEAT_CAP)},
+)
 LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)
 SETTLE_S = 10.0  # bound on how long a DHT store may take to become visible
 
@@ -53,7 +64,7 @@ def swarm() -> Iterator[Swarm]:
     started: list[PulseDHT] = []
     attacker: hivemind.DHT | None = None
     try:
-        started.append(_peer(()))
+        started.append(_peer((), VALIDATOR))  # honest[0] signs as the run's validator
         bootstrap = tuple(started[0].visible_maddrs())
         started += [_peer(bootstrap) for _ in range(3)]
         attacker = hivemind.DHT(initial_peers=list(bootstrap), host_maddrs=list(LOOPBACK), start=True)
@@ -65,9 +76,9 @@ def swarm() -> Iterator[Swarm]:
             peer.shutdown()
 
 
-def _peer(initial_peers: tuple[str, ...]) -> PulseDHT:
+def _peer(initial_peers: tuple[str, ...], identity: Identity | None = None) -> PulseDHT:
     config = NetConfig(host_maddrs=LOOPBACK, initial_peers=initial_peers, startup_timeout=20)
-    return PulseDHT.start(config, run_id=RUN, identity=Identity.generate())
+    return PulseDHT.start(config, RULES, identity or Identity.generate())
 
 
 def h(tag: str) -> str:
@@ -92,11 +103,11 @@ def poll(check: Callable[[], Any], timeout: float = SETTLE_S) -> Any:
     return helpers.poll(check, timeout)
 
 
-async def _stored_subkeys(_dht: hivemind.DHT, node: Any, key: str) -> list[Any]:
-    """Runs inside a DHT process: the subkeys it holds for `key` (storage and cache)."""
+async def _stored_subkeys(_dht: hivemind.DHT, node: Any, key: str, where: tuple[str, ...]) -> list[Any]:
+    """Runs inside a DHT process: the subkeys it holds for `key` (in its storage and cache)."""
     key_id = DHTID.generate(source=key)
     found: list[Any] = []
-    for storage in (node.protocol.storage, node.protocol.cache):
+    for storage in (getattr(node.protocol, name) for name in where):
         item = storage.get(key_id)
         if item is None:
             continue
@@ -107,8 +118,9 @@ async def _stored_subkeys(_dht: hivemind.DHT, node: Any, key: str) -> list[Any]:
     return found
 
 
-def stored_subkeys(dht: hivemind.DHT, key: str) -> list[Any]:
-    return dht.run_coroutine(functools.partial(_stored_subkeys, key=key), return_future=True).result(timeout=10)
+def stored_subkeys(dht: hivemind.DHT, key: str, where: tuple[str, ...] = ("storage", "cache")) -> list[Any]:
+    coro = functools.partial(_stored_subkeys, key=key, where=where)
+    return dht.run_coroutine(coro, return_future=True).result(timeout=10)
 
 
 async def _store_inside(
@@ -175,21 +187,26 @@ class Fault(enum.Enum):
     OVERSIZED = "value over 64 KiB"
     UNSIGNED = "plain value with no owner subkey"
     FAR_EXPIRATION = "expiration years ahead"
+    RE_TIMED = "a valid record stored to live an hour longer than its signer said (pinning)"
+    NOT_A_VALIDATOR = "a round result signed by a key that is not one of the run's validators"
 
 
 def _attack(swarm: Swarm, fault: Fault, round_: int) -> tuple[str, Any]:
     """Store the faulty record from the attacker; returns (key, subkey) it used."""
     me = swarm.attacker_key
-    signed = sign(me, header(me, round_, run_id=OTHER_RUN if fault is Fault.OTHER_RUN else RUN))
+    message: Any = header(me, round_, run_id=OTHER_RUN if fault is Fault.OTHER_RUN else RUN)
+    if fault is Fault.NOT_A_VALIDATOR:
+        message = result(round_)
+    signed = sign_for(me, message, 120)
     key = dht_key(signed.run_id, signed.kind, round_)
     subkey: Any = me.public_key
     value = signed.to_bytes()
-    expiration = get_dht_time() + 120
+    expiration = signed.expires_at
     pad_to = 0
     if fault is Fault.FORGED:
         value = replace(signed, signature=bytes(64)).to_bytes()
     elif fault is Fault.MIS_OWNED:
-        subkey = swarm.honest[0].identity.public_key
+        subkey = swarm.honest[1].identity.public_key
     elif fault is Fault.WRONG_KEY:
         key = dht_key(RUN, signed.kind, round_ + 1000)
     elif fault is Fault.OVERSIZED:
@@ -198,8 +215,26 @@ def _attack(swarm: Swarm, fault: Fault, round_: int) -> tuple[str, Any]:
         subkey = None
     elif fault is Fault.FAR_EXPIRATION:
         expiration = get_dht_time() + 10 * 365 * 86400
+    elif fault is Fault.RE_TIMED:
+        expiration += 3600
     attacker_store(swarm.attacker, key, value, expiration, subkey, pad_to)
     return key, subkey
+
+
+def result(round_: int, rejections: int = 0) -> RoundResult:
+    return RoundResult(
+        run_id=RUN,
+        round=round_,
+        selected=(),
+        rejections=tuple(
+            Rejection(sender=h(f"miner {i}"), payload_sha256=h(f"payload {i}"), reason=f"junk #{i}: " + "x" * 80)
+            for i in range(rejections)
+        ),
+        base_state_hash=h(f"state {round_}"),
+        patch_sha256=h(f"patch {round_}"),
+        patch_size=1000,
+        new_state_hash=h(f"state {round_ + 1}"),
+    )
 
 
 @pytest.mark.parametrize("fault", list(Fault), ids=lambda f: f.name.lower())
@@ -207,14 +242,15 @@ def test_bad_records_are_rejected_by_every_peer(swarm: Swarm, fault: Fault) -> N
     round_ = 100 + list(Fault).index(fault)
     key, subkey = _attack(swarm, fault, round_)
     assert subkey in stored_subkeys(swarm.attacker, key)  # it really was created and pushed
+    kind = RoundResult if fault is Fault.NOT_A_VALIDATOR else SubmissionHeader
     if fault is Fault.NONE:
         for peer in swarm.honest:
             assert poll(functools.partial(_holds, peer, key, subkey))
-        assert [v.sender_hex for v in swarm.honest[0].get(SubmissionHeader, round_)] == [subkey.hex()]
+        assert [v.sender_hex for v in swarm.honest[0].get(kind, round_)] == [subkey.hex()]
         return
     for peer in swarm.honest:
         assert subkey not in stored_subkeys(peer.dht, key)
-        assert peer.get(SubmissionHeader, round_) == []
+        assert peer.get(kind, round_) == []
 
 
 def _holds(peer: PulseDHT, key: str, subkey: Any) -> bool:
@@ -226,12 +262,108 @@ def test_replay_is_ignored(swarm: Swarm) -> None:
     signed = author.publish(header(author.identity, round_=7), ttl=60)
     seen = SeenCache()
     assert [v.message_id for v in poll(lambda: reader.get_new(SubmissionHeader, 7, seen))] == [signed.message_id]
-    # The attacker replays the same signed bytes with a later expiration: validly signed, so
-    # peers store it again, and a reader that remembers the id ignores it.
-    attacker_store(swarm.attacker, dht_key(RUN, signed.kind, 7), signed.to_bytes(), get_dht_time() + 300, signed.sender)
-    assert poll(lambda: _expiration(reader, 7) > get_dht_time() + 200)
+    # The attacker replays the same signed bytes: validly signed, so its own node stores them,
+    # and a reader that remembers the id ignores them.
+    attacker_store(swarm.attacker, dht_key(RUN, signed.kind, 7), signed.to_bytes(), signed.expires_at, signed.sender)
     assert reader.get_new(SubmissionHeader, 7, seen) == []
     assert [v.message_id for v in reader.get(SubmissionHeader, 7)] == [signed.message_id]
+
+
+# -- floods and pinning (issue 14: items 1, 2 and 11) ----------------------------------------------
+
+
+async def _flood_inside(_dht: hivemind.DHT, node: Any, kind: str, round_: int, n: int) -> int:
+    """Runs inside the attacker's DHT process: `n` fresh keys each sign a `kind` record for
+    `round_` and store it; how many stores some peer accepted."""
+    from node.net.dht import dht_key, sign_for
+    from protocol.identity import Identity
+    from tests.swarm.test_dht_swarm import beat, result
+
+    keys, values, expirations, subkeys = [], [], [], []
+    for _ in range(n):
+        me = Identity.generate()
+        signed = sign_for(me, result(round_) if kind == "round_result" else beat(me, round_, "1" * 46), 600)
+        keys.append(dht_key(RUN, kind, round_))
+        values.append(signed.to_bytes())
+        expirations.append(signed.expires_at)
+        subkeys.append(me.public_key)
+    stored = await node.store_many(keys, values, expirations, subkeys=subkeys)
+    return sum(bool(ok) for ok in stored.values())
+
+
+def flood(swarm: Swarm, kind: str, round_: int, n: int) -> int:
+    coro = functools.partial(_flood_inside, kind=kind, round_=round_, n=n)
+    return int(swarm.attacker.run_coroutine(coro, return_future=True).result(timeout=120))
+
+
+def beat(me: Identity, round_: int, peer_id: str, sent_at: int = 1) -> Heartbeat:
+    return Heartbeat(
+        run_id=RUN, round=round_, role="validator", peer_id=peer_id, state_hash=None, blobs=(), sent_at=sent_at
+    )
+
+
+def test_a_flood_of_fresh_keys_cannot_hide_the_validators_result(swarm: Swarm) -> None:
+    """250 round results signed by fresh keys for a predictable round, then the validator's."""
+    flood(swarm, "round_result", 300, 250)
+    swarm.honest[0].publish(result(300), ttl=120)
+    key = dht_key(RUN, RoundResult.KIND, 300)
+    for peer in swarm.honest:
+        assert poll(lambda peer=peer: peer.get(RoundResult, 300))
+        assert stored_subkeys(peer.dht, key) in ([], [VALIDATOR.public_key])  # no junk kept anywhere
+        assert [v.sender_hex for v in peer.get(RoundResult, 300)] == [VALIDATOR.public_hex]
+
+
+def test_a_heartbeat_flood_is_bounded_and_the_validators_heartbeat_kept(swarm: Swarm) -> None:
+    flood(swarm, "heartbeat", 301, 5 * HEARTBEAT_CAP)
+    validator = swarm.honest[0]
+    validator.publish(beat(VALIDATOR, 301, validator.peer_id.to_base58()), ttl=120)
+    key = dht_key(RUN, Heartbeat.KIND, 301)
+    for peer in swarm.honest:
+        assert len(stored_subkeys(peer.dht, key, ("storage",))) <= HEARTBEAT_CAP + 1
+        found = poll(lambda peer=peer: [v for v in peer.get(Heartbeat, 301) if v.sender_hex == VALIDATOR.public_hex])
+        assert found, "the validator's heartbeat was crowded out"
+
+
+def test_an_owners_old_record_cannot_pin_out_its_newer_one(swarm: Swarm) -> None:
+    """A restarted validator's new heartbeat for the same round wins everywhere, though an
+    attacker re-stored the old one to live 23 hours longer."""
+    validator, reader = swarm.honest[0], swarm.honest[2]
+    old = validator.publish(beat(VALIDATOR, 302, validator.peer_id.to_base58(), sent_at=1), ttl=60)
+    attacker_store(swarm.attacker, dht_key(RUN, old.kind, 302), old.to_bytes(), get_dht_time() + 23 * 3600, old.sender)
+    time.sleep(1.1)  # the new record is signed a second later: it expires later
+    validator.publish(beat(VALIDATOR, 302, validator.peer_id.to_base58(), sent_at=2), ttl=60)
+    found = poll(lambda: [v.message.sent_at for v in reader.get(Heartbeat, 302)] == [2])
+    assert found, [v.message.sent_at for v in reader.get(Heartbeat, 302)]
+
+
+def test_large_values_do_not_kill_the_dht_process(swarm: Swarm) -> None:
+    """A round result naming 128 rejections is ~35 KB: hivemind's pipe used to break on such stores."""
+    validator = swarm.honest[0]
+    for r in range(310, 334):  # it broke 1 time in 2 within 8 stores, nearly always within 24
+        validator.publish(result(r, rejections=128), ttl=120)
+        assert validator.alive
+    assert len(poll(lambda: swarm.honest[3].get(RoundResult, 333))[0].message.rejections) == 128
+
+
+def test_a_dead_dht_process_is_restarted_with_its_identity(swarm: Swarm, tmp_path: Path) -> None:
+    bootstrap = tuple(swarm.honest[1].visible_maddrs())
+    config = NetConfig(host_maddrs=LOOPBACK, initial_peers=bootstrap, identity_path=tmp_path / "p2p.id")
+    peer = PulseDHT.start(config, RULES, Identity.generate())
+    try:
+        before = peer.peer_id
+        os.kill(peer.dht.pid, signal.SIGKILL)
+        assert poll(lambda: not peer.alive)
+        started = time.monotonic()
+        with pytest.raises(NetworkError, match="stopped"):
+            peer.get(SubmissionHeader, 320)
+        assert time.monotonic() - started < 1.0  # no DHT timeout to wait out
+        peer.restart()
+        assert peer.alive and peer.peer_id == before
+        message = header(peer.identity, 320)
+        peer.publish(message, ttl=60)
+        assert [v.message for v in poll(lambda: swarm.honest[2].get(SubmissionHeader, 320))] == [message]
+    finally:
+        peer.shutdown()
 
 
 def _expiration(peer: PulseDHT, round_: int) -> float:
@@ -253,7 +385,7 @@ def test_libp2p_identity_survives_restart(tmp_path: Path) -> None:
     config = NetConfig(host_maddrs=LOOPBACK, identity_path=tmp_path / "p2p.id")
     peer_ids = []
     for _ in range(2):
-        peer = PulseDHT.start(config, run_id=RUN, identity=Identity.generate())
+        peer = PulseDHT.start(config, RULES, Identity.generate())
         try:
             peer_ids.append(peer.peer_id)
         finally:
@@ -261,11 +393,25 @@ def test_libp2p_identity_survives_restart(tmp_path: Path) -> None:
     assert peer_ids[0] == peer_ids[1]
 
 
+def test_libp2p_identity_file_is_private_from_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written 0600 from its first byte: with a permissive umask and no later chmod, it still is."""
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)  # no tightening afterwards
+    old = os.umask(0)
+    try:
+        peer = PulseDHT.start(
+            NetConfig(host_maddrs=LOOPBACK, identity_path=tmp_path / "p2p.id"), RULES, Identity.generate()
+        )
+        peer.shutdown()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "p2p.id").stat().st_mode) == 0o600
+
+
 def test_unreachable_initial_peer_is_a_clear_error() -> None:
     dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWJDZW5oetBduTcnsaAHQat9C9sTKdmejTcWTReSBr8CHv"
     config = NetConfig(host_maddrs=LOOPBACK, initial_peers=(dead,), startup_timeout=5)
     with pytest.raises(NetworkError, match="initial peers"):
-        PulseDHT.start(config, run_id=RUN, identity=Identity.generate())
+        PulseDHT.start(config, RULES, Identity.generate())
 
 
 _DHT_CLI = """
@@ -280,7 +426,8 @@ sys.exit(args.func(args))
 
 def test_pulse_dht_command_serves_as_bootstrap(swarm: Swarm) -> None:
     # Only the `dht` command's parser, so the test does not depend on every command importing.
-    cmd = [sys.executable, "-c", _DHT_CLI, "dht", "--run-id", RUN, "--host", LOOPBACK[0]]
+    cmd = [sys.executable, "-c", _DHT_CLI, "dht", "--run-id", RUN, "--validators", VALIDATOR.public_hex]
+    cmd += ["--host", LOOPBACK[0]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
     joined: list[PulseDHT] = []
     try:

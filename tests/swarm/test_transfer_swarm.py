@@ -26,12 +26,15 @@ from hivemind.p2p import P2P, PeerID
 
 from node.net.blobstore import BlobStore
 from node.net.dht import PulseDHT
+from node.net.fetching import HolderBook
 from node.net.netconfig import NetConfig
+from node.net.records import RecordRules
 from node.net.streams import DEFAULT_LIMITS, Status, TransferLimits, open_stream, read_reply, send_request
 from node.net.transfer import FETCH, SUBMIT, TransferService, call_fetch, call_submit, fetch_from_any
 from protocol.errors import (
     BlobHashMismatch,
     BlobNotFound,
+    PeerBusy,
     SizeLimitExceeded,
     TransferError,
     TransferTimeout,
@@ -251,6 +254,29 @@ def test_reader_stops_at_the_announced_size(tmp_path: Path, faulty: dict[Fault, 
     assert store.read(peer.sha256) == peer.data
 
 
+def test_faulty_holders_are_raced_not_waited_out(tmp_path: Path, faulty: dict[Fault, RemotePeer]) -> None:
+    """A stalling, a lying and a boasting holder beside an honest one: the blob arrives in seconds
+    (one after another, the stall alone would cost the 30 s per-chunk timeout), and the next
+    fetch asks the holder that delivered first."""
+    bad = [Fault.STALL_HALF, Fault.WRONG_BYTES, Fault.HUGE_SIZE]
+    honest = faulty[Fault.NONE]
+
+    async def scenario() -> tuple[float, list[str]]:
+        client = await p2p_pair(honest.maddrs)
+        book = HolderBook()
+        try:
+            started = time.monotonic()
+            peers = [faulty[f].peer_id for f in bad] + [honest.peer_id]
+            await fetch_from_any(client, peers, honest.sha256, BlobStore(tmp_path / "c"), max_size=4 << 20, book=book)
+            return time.monotonic() - started, book.order([p.to_base58() for p in peers])
+        finally:
+            await client.shutdown()
+
+    seconds, order = run(scenario())
+    assert seconds < 15.0
+    assert order[0] == honest.peer_id.to_base58()
+
+
 def test_fetch_from_a_separate_honest_process(tmp_path: Path, faulty: dict[Fault, RemotePeer]) -> None:
     peer = faulty[Fault.NONE]
     store = BlobStore(tmp_path / "client")
@@ -326,7 +352,7 @@ def test_submit_with_a_lying_body_stores_nothing(tmp_path: Path) -> None:
     async def scenario() -> tuple[Status, str]:
         validator = await p2p_pair()
         miner = await p2p_pair(await _maddrs(validator))
-        await TransferService.create(validator, store, run_id=RUN)
+        await TransferService.create(validator, store, run_id=RUN, accept=lambda header: None)
         try:
             async with open_stream(miner, validator.peer_id, SUBMIT, DEFAULT_LIMITS) as (reader, writer):
                 await send_request(writer, signed.to_bytes(), DEFAULT_LIMITS)
@@ -346,28 +372,31 @@ def test_submit_with_a_lying_body_stores_nothing(tmp_path: Path) -> None:
 # -- serving limits and robustness ---------------------------------------------------------------
 
 
-def test_concurrent_stream_cap_and_recovery(tmp_path: Path) -> None:
+def test_stream_budgets_and_recovery(tmp_path: Path) -> None:
+    """A stalled upload holds the only submission slot: another upload is BUSY, a fetch is not
+    (separate budgets); the stall ends at the per-chunk timeout, with a reason, and frees the slot."""
     store = BlobStore(tmp_path / "server")
     sha256, _ = blob(store, 1 << 20)
     payload = os.urandom(1 << 20)
-    limits = TransferLimits(max_streams=1, chunk_timeout=1.0)
+    limits = TransferLimits(max_submit_streams=1, reserved_submit_streams=0, chunk_timeout=1.0)
 
     async def scenario() -> None:
         server = await p2p_pair()
         client = await p2p_pair(await _maddrs(server))
-        service = await TransferService.create(server, store, run_id=RUN, limits=limits)
+        service = await TransferService.create(server, store, run_id=RUN, limits=limits, accept=lambda header: None)
         try:
-            # A submitter that announces a body and then stalls holds the only slot...
             async with open_stream(client, server.peer_id, SUBMIT, DEFAULT_LIMITS) as (reader, writer):
                 await send_request(writer, _header(Identity.generate(), payload).to_bytes(), DEFAULT_LIMITS)
                 assert (await read_reply(reader, 10))[0] is Status.OK
-                with pytest.raises(TransferError, match="BUSY"):
-                    await call_fetch(client, server.peer_id, sha256, BlobStore(tmp_path / "c1"), max_size=1 << 20)
-                # ...until the server's per-chunk timeout ends it, with a reason.
+                with pytest.raises(PeerBusy):
+                    other = tmp_path / "other.bin"
+                    other.write_bytes(payload)
+                    await call_submit(client, server.peer_id, _header(Identity.generate(), payload), other)
+                await call_fetch(client, server.peer_id, sha256, BlobStore(tmp_path / "c1"), max_size=1 << 20)
                 status, _, reason = await read_reply(reader, 10)
                 assert status is Status.FAILED and "stalled" in reason
             assert await poll(lambda: service.active == 0, timeout=10)
-            await call_fetch(client, server.peer_id, sha256, BlobStore(tmp_path / "c2"), max_size=1 << 20)
+            assert service.submits.used == 0 and service.fetches.used == 0
         finally:
             await client.shutdown()
             await server.shutdown()
@@ -386,7 +415,8 @@ def test_garbage_requests_do_not_hurt_the_server(tmp_path: Path, garbage: bytes)
     async def scenario() -> None:
         server = await p2p_pair()
         client = await p2p_pair(await _maddrs(server))
-        service = await TransferService.create(server, store, run_id=RUN, limits=TransferLimits(open_timeout=0.5))
+        limits = TransferLimits(request_timeout=0.5)
+        service = await TransferService.create(server, store, run_id=RUN, limits=limits, accept=lambda header: None)
         try:
             for name in (FETCH, SUBMIT):
                 async with open_stream(client, server.peer_id, name, DEFAULT_LIMITS) as (reader, writer):
@@ -421,7 +451,7 @@ def test_blob_is_reserved_by_every_holder(tmp_path: Path) -> None:
 
 def _dht_node(initial: tuple[str, ...]) -> PulseDHT:
     config = NetConfig(host_maddrs=tuple(LOOPBACK), initial_peers=initial, startup_timeout=20)
-    return PulseDHT.start(config, run_id=RUN, identity=Identity.generate())
+    return PulseDHT.start(config, RecordRules(RUN), Identity.generate())
 
 
 async def _spread(nodes: list[PulseDHT], tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ class PoolKeeper:
             self.peer.store.remove(a.blob_sha256)
             self._refuse(worker, a, batch, round_)
             return None
-        self.peer.hold(a.blob_sha256)  # miners may fetch it from the validator as well as the worker
+        self.peer.hold(a.blob_sha256, round_, "other")  # miners may fetch it from the validator as well as the worker
         self.checked[a.blob_sha256] = (a.round, batch.groups)
         return batch.groups
 

@@ -43,7 +43,7 @@ class RolloutWorker:
         batch = await asyncio.get_running_loop().run_in_executor(None, self.generate, held)
         data = rollouts.encode(batch)
         sha = self.peer.store.put(data)
-        self.peer.hold(sha)
+        self.peer.hold(sha, held.round, "other")
         self.published.append((held.round, sha))
         self._drop_old(held.round)
         announcement = announce(batch, data)

@@ -15,6 +15,7 @@ class Attack:
     does: str
     stopped_by: str
     detectable: bool = True
+    expect: str = ""  # network attacks: the outcome each play must have (`NetAttack.outcome`)
 
 
 ATTACKS: dict[str, Attack] = {
@@ -42,6 +43,31 @@ ATTACKS: dict[str, Attack] = {
     "thief": Attack("trains honestly on another miner's assignment", "indicator (own data)", detectable=False),
     "stale": Attack("trains from the previous round's state and says so", "base state hash (behind)"),
     "sybil": Attack(f"{20} fresh keys each push random bytes in one round", "decoder; ranked last"),
+    "dht-flood": Attack(
+        "64 fresh keys sign round results and checkpoints for this round and the next, and 64 heartbeats",
+        "store-time writer check; per-key cap; validators read first",
+        expect="refused",
+    ),
+    "dht-pin": Attack(
+        "re-stores the validator's heartbeat to live 23 hours longer than signed",
+        "the signed expiry is the record's expiration",
+        expect="refused",
+    ),
+    "slot-silent": Attack(
+        "opens 8 fetch and 8 submit streams to the validator and sends nothing",
+        "request deadline; per-peer and per-phase budgets",
+        expect="dropped",
+    ),
+    "slot-trickle": Attack(
+        "opens 8 submit streams to the validator and trickles a request, a byte every 0.5 s",
+        "request deadline",
+        expect="dropped",
+    ),
+    "push-miner": Attack(
+        "pushes a submission to a miner and to a follower (free storage and hosting)",
+        "only a validator takes pushes",
+        expect="refused",
+    ),
 }
 
 NEEDS_HONEST = ("copy", "near-copy", "alie", "ipm")
@@ -59,5 +85,8 @@ TRAINED = {
 TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "truncated", "slow")
 """Attacks the validator refuses on the stream, before the round sees them."""
 
-PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, "sybil"))
+NETWORK = tuple(a for a, attack in ATTACKS.items() if attack.expect)
+"""Attacks on the DHT and the streams themselves (`netattacks.py`): no submission reaches a round."""
+
+PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, *NETWORK, "sybil"))
 """Malformed payloads the decoder refuses."""

@@ -5,6 +5,9 @@ round, so the validator waits for it) and in every round pushes one hostile subm
 over the real submit stream. Key i plays `attacks[i % n]`, or with `--rotate` attack
 `attacks[(i + round * keys) % n]`, so a few keys meet every attack over a few rounds.
 
+Attacks on the network layer itself (DHT floods and pinning, stream-slot holders, pushes to
+miners and followers: `netattacks.py`) log one `net_attack` event per target instead.
+
 Each push is logged as one `attack` event: the attack, round, signer, message id, payload hash
 and what the validator answered on the stream (OK = stored and handed to the round; anything
 else is a refusal with the validator's reason). The validator's own verdict on the stored ones is
@@ -32,7 +35,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from node.events import Events
-from node.events.campaign import AttackSent, AttackSkipped, HostileDone, Uploading
+from node.events.campaign import AttackSent, AttackSkipped, HostileDone, NetAttack, Uploading
 from node.events.models import Started
 from node.net.keyfile import load_key_file
 from node.net.netconfig import add_net_arguments, net_config_from_args
@@ -42,8 +45,8 @@ from node.roles.catchup import Chain, Held
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
-from node.swarm.campaign import crafting
-from node.swarm.campaign.attacks import ATTACKS, NEEDS_HONEST, TRAINED
+from node.swarm.campaign import crafting, netattacks
+from node.swarm.campaign.attacks import ATTACKS, NEEDS_HONEST, NETWORK, TRAINED
 from node.swarm.campaign.crafting import Forge
 from node.swarm.campaign.push import Answer, Trickle, push
 from node.swarm.fakeminers import Miner, make_adversary
@@ -111,6 +114,9 @@ class Hostile:
         return new
 
     async def _play(self, attack: str, me: Identity, forge: Forge) -> None:
+        if attack in NETWORK:
+            await self._network(attack, me, forge)
+            return
         try:
             sends = await self._craft(attack, me, forge)
         except (TransferError, ProtocolError) as exc:
@@ -123,6 +129,25 @@ class Hostile:
         for (sub, _), answer in zip(sends, answers, strict=True):
             if answer.stored:
                 self.history.append((forge.round, sub))
+
+    async def _network(self, attack: str, me: Identity, forge: Forge) -> None:
+        """An attack on the DHT or the streams (`netattacks.py`): one `net_attack` event per target."""
+        r = forge.round
+        if attack == "dht-flood":
+            played = [await netattacks.dht_flood(self.peer, r)]
+        elif attack == "dht-pin":
+            played = [await netattacks.dht_pin(self.peer, r)]
+        elif attack in ("slot-silent", "slot-trickle"):
+            played = [await netattacks.slot_holders(self.peer, trickle=attack == "slot-trickle")]
+        else:
+            envelope = forge.submission(me, crafting.junk(r, 1 << 16)).envelope
+            played = await netattacks.push_miner(self.peer, r, envelope)
+        for p in played:
+            event = NetAttack(
+                round=r, attack=attack, sender=me.public_hex, target=p.target, outcome=p.outcome,
+                detail=p.detail, seconds=p.seconds,
+            )  # fmt: skip
+            self.events.emit(event, f"round {r}: {attack} on the {p.target}: {p.outcome} ({p.detail})")
 
     async def _gated(self, attack: str, round_: int, sub: Submission, mode: dict[str, object]) -> Answer:
         """At most `STREAMS` pushes of this process at once (the validator's cap per peer is 4); a

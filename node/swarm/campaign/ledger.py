@@ -9,8 +9,12 @@ A hostile push ends in exactly one of:
 - voided: the validator that took it was killed before closing the round (the restarted one
   reopens the round; nothing of the killed one counts).
 
-Anything else is unaccounted. Honest submissions (`received` events of non-hostile senders) are
-checked the same way. A round closed twice (by a validator and its restarted self) is a double count.
+An attack on the network layer (`net_attack` events: DHT floods and pinning, stream-slot holders,
+pushes to miners and followers) is refused when its targets did what the attack expects
+(`Attack.expect`: every record refused, every stream dropped in time), and breached otherwise;
+a breach counts as unaccounted. Anything else is unaccounted. Honest submissions (`received`
+events of non-hostile senders) are checked the same way. A round closed twice (by a validator
+and its restarted self) is a double count.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.events import EventLog, Logged
-from node.events.campaign import AttackSent
+from node.events.campaign import AttackSent, NetAttack
 from node.events.models import Received, RoundClosed
 from node.swarm.campaign.attacks import ATTACKS
 
@@ -32,7 +36,7 @@ class Outcome:
     attack: str
     round: int
     sender: str
-    kind: str  # refused | rejected | outscored | aggregated | voided | unaccounted
+    kind: str  # refused | rejected | outscored | aggregated | voided | breached | unaccounted
     reason: str
     logged: bool = True
 
@@ -46,7 +50,7 @@ class Ledger:
 
     @property
     def unaccounted(self) -> int:
-        hostile = sum(1 for o in self.outcomes if o.kind == "unaccounted" or not o.logged)
+        hostile = sum(1 for o in self.outcomes if o.kind in ("unaccounted", "breached") or not o.logged)
         return hostile + len(self.honest_unaccounted) + len(self.double_counted)
 
     def aggregated(self, detectable_only: bool = False) -> int:
@@ -71,6 +75,7 @@ class Ledger:
                 "outscored": kinds["outscored"],
                 "aggregated": kinds["aggregated"],
                 "voided": kinds["voided"],
+                "breached": kinds["breached"],
                 "unaccounted": kinds["unaccounted"] + sum(1 for o in mine if not o.logged),
                 # sends of this attack up to its last aggregated one: 0 = excluded from its first send
                 "rounds_until_excluded": aggregated_at[-1] + 1 if aggregated_at else 0,
@@ -90,6 +95,10 @@ def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] =
     hostile = {send.sender for send in sends}
     for send in sends:
         ledger.outcomes.append(_outcome(send, ledger.rounds, receivers, killed_validators, validator_log))
+    for play in log.events(NetAttack):
+        if play.outcome != "skipped":
+            kind = "refused" if play.outcome == ATTACKS[play.attack].expect else "breached"
+            ledger.outcomes.append(Outcome(play.attack, play.round, play.sender, kind, f"{play.target}: {play.detail}"))
     for (round_, sender), name in receivers.items():
         if sender in hostile:
             continue

@@ -91,7 +91,7 @@ class HostSwarm(CampaignSwarm):
         return proc
 
     def start_host_bootstrap(self, timeout: float = 90.0) -> None:
-        proc = self.start_on("a", "bootstrap", "bootstrap", ["dht", "--run-id", self.manifest.run_id])
+        proc = self.start_on("a", "bootstrap", "bootstrap", ["dht", "--config", str(self.out / "run.toml")])
         deadline = time.monotonic() + timeout
         prefix = f"/ip4/{HOSTS['a'][1]}/"
         while time.monotonic() < deadline:
