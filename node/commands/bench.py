@@ -21,6 +21,7 @@ BENCHES = {
     "gauntlet": "node.bench.gauntlet",
     "rl": "node.bench.rl",
     "attacks": "node.bench.attacks",
+    "failover": "node.bench.failover",
 }
 
 

@@ -69,6 +69,7 @@ class RunRecords:
     validators: tuple[str, ...]  # public keys (hex) whose round results and checkpoints count, in priority order
     record_ttl_seconds: float  # how long this node's DHT records live
     checkpoint_every: int  # how far back the newest checkpoint can be
+    payload_rounds: int = 0  # rounds the aggregated payloads and evidence stay fetchable (for auditors)
 
     def rules(self) -> RecordRules:
         """The store-time rules every DHT peer of this run applies (`records.py`)."""
@@ -76,7 +77,8 @@ class RunRecords:
 
     def retention(self) -> Retention:
         """What a node keeps: enough rounds for a joiner to replay the patches since a checkpoint."""
-        return Retention(keep_rounds=max(Retention().keep_rounds, self.checkpoint_every + 2))
+        keep = max(Retention().keep_rounds, self.checkpoint_every + 2, self.payload_rounds + 1)
+        return Retention(keep_rounds=keep)
 
 
 class RunView(ABC):

@@ -22,9 +22,10 @@ has appeared by
 
 (opened: the active validator's heartbeat for r, else when this standby reached r; k: this
 validator's place after the active one in the manifest's order, cyclically, so that standbys step
-in one after the other), it closes round r itself with what it collected, continuing the same hash
-chain, and is the active validator from then on. A validator that comes back finds the chain moved
-on and catches up as a standby.
+in one after the other; and never sooner than `takeover_seconds` after this standby announced the
+round, so that miners can push to one that just started), it closes round r itself with what it
+collected, continuing the same hash chain, and is the active validator from then on. A validator
+that comes back finds the chain moved on and catches up as a standby.
 
 Nothing is aggregated twice and nothing is lost: a round's submissions are scored in the one result
 that counts for it (a submission names its round, so it cannot count in another), and a standby
@@ -240,7 +241,10 @@ class ValidatorRole:
         beat = next((b.message for b in await self.peer.get(Heartbeat, r) if b.sender_hex == active), None)
         opened = beat.sent_at if beat is not None and beat.role == "validator" else self.reached[r]
         timing = self.setup.manifest.round
-        return time.time() >= opened + timing.deadline_seconds + place * timing.takeover_seconds
+        due = opened + timing.deadline_seconds + place * timing.takeover_seconds
+        # a standby that reached the round late (it just started) announced it only now: miners that
+        # trained for it get `takeover_seconds` to push to it before it closes the round
+        return time.time() >= max(due, self.reached[r] + timing.takeover_seconds)
 
     async def _take_over(self, r: int) -> None:
         previous = self._active()
