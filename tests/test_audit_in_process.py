@@ -2,6 +2,8 @@
 reports the lie (an `audit_mismatch` naming what differs) and stays on the last verified state,
 while a follower that only checks hashes applies the liar's patch.
 
+A miner's receipt of round 0 (`pulse receipt`'s library call) is taken over the network too.
+
 The validator is the real service with the lying `Validator` of `node/swarm/lying.py` (honest in
 round 0, adding an update of its own from round 1).
 """
@@ -21,6 +23,7 @@ from node.events.audit import Audited, AuditMismatch
 from node.events.models import PatchApplied, RoundClosed
 from node.net.memory import MemoryNetwork
 from node.roles import validator_service
+from node.roles.receipt import Found, receipt_for
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_for
 from node.run.manifest import Manifest
@@ -32,6 +35,7 @@ from tests.test_rounds_in_process import SELECTION, key
 
 POLL = 0.05
 ROUNDS = 3
+RECEIPTS: dict[str, Found] = {}  # miner name -> its receipt of round 0, taken while the run is up
 
 
 def manifest() -> Manifest:
@@ -53,6 +57,7 @@ async def play(root: Path) -> EventLog:
     task = task_for(setup)
     network = MemoryNetwork(run_records(setup.manifest))
     running: list[asyncio.Future[Any]] = []
+    receipts = RECEIPTS
 
     def join(name: str, role: str) -> tuple[Any, Events]:
         peer = network.join(key(name), root / name, role=role)  # type: ignore[arg-type]
@@ -81,6 +86,9 @@ async def play(root: Path) -> EventLog:
             POLL,
         )
         assert done, "timed out waiting for the mismatch and the follower's round 2"
+        reader, _ = join("reader", "follower")
+        for name in ("miner0", "miner1"):  # a miner's receipt of the honest round 0, over the network
+            receipts[name] = await receipt_for(setup, task, reader, key(name).public_hex, 0)
     finally:
         for future in running:
             future.cancel()
@@ -113,3 +121,15 @@ def test_a_hash_checking_follower_cannot_tell(played: EventLog) -> None:
     applied = {e.round: e.state_hash for e in played.events(PatchApplied, "follower")}
     lie = next(e for e in played.events(RoundClosed, "liar") if e.round == 1)
     assert applied[1] == lie.state_hash  # the liar's state, hash-checked and accepted
+
+
+def test_a_miners_receipt_over_the_network_recomputes_its_gains(played: EventLog) -> None:
+    closed = next(e for e in played.events(RoundClosed, "liar") if e.round == 0)
+    keys = played.keys()
+    for name, found in RECEIPTS.items():
+        receipt = found.receipt
+        assert receipt.round == 0 and receipt.miner == keys[name]
+        assert receipt.verdict == ("selected" if keys[name] in closed.scores else "rejected")
+        if receipt.verdict == "selected":  # its payload is kept fetchable: the gains are measured again
+            assert found.recomputed is not None and found.recomputed.ok, found.recomputed
+    assert any(f.recomputed is not None for f in RECEIPTS.values())

@@ -11,4 +11,5 @@
 - `rlsim.py`, `rl.py` decentralized GRPO with the real pieces (the miner's `RLTrainer`, the validator's
                    rollout checks) against single-process GRPO
 - `attacks.py`     the attack and fault campaign (`node/swarm/campaign/`) against real loopback swarms
+- `failover.py`    standby takeover after kills at five points of a round, and each lie against `--audit`
 """

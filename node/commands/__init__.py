@@ -3,7 +3,8 @@
 - `cli.py`        the entry point; `COMMANDS` lists the modules below in `--help` order
 - `keygen.py`     `pulse keygen`
 - `dht.py`        `pulse dht`: a bootstrap peer that prints its multiaddrs
-- `roles.py`      `pulse validator`, `pulse miner`, `pulse follow`; clean Ctrl+C shutdown
+- `roles.py`      `pulse validator` (active or standby), `pulse miner`, `pulse follow [--audit]`, `pulse audit`
+- `receipt.py`    `pulse receipt`: a miner's verdict in a round and its gains recomputed
 - `demo.py`       `pulse demo`: a loopback swarm, live table, report and plots
 - `status.py`     `pulse status`: current round, active nodes, latest scores
 - `export.py`     `pulse export`: the model as a Hugging Face folder with its signed ledger; `--verify`

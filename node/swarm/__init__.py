@@ -3,6 +3,8 @@
 - `demo.py`        `Swarm`: a bootstrap peer, a validator, miners and a follower as processes on
                    loopback, their event logs, the demo's summary and plots
 - `fakeminers.py`  in-process fake miners for the Gauntlet (the real miner's step), and one class per attack
+- `lying.py`       a lying `Validator` (adds, drops, scales, mismatched patch): the audit's test double
+- `faults.py`      a validator process that tells one of those lies (`python -m node.swarm.faults`)
 - `campaign/`      the attack and fault campaign: hostile miner processes, faults, the ledger
                    (`pulse bench attacks`, and the swarm tier's campaign test)
 """
