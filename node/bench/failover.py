@@ -4,7 +4,9 @@ Two runs of separate `pulse` processes (`node/swarm/demo.py`):
 
 1. takeover: two validators (priority a, b), MINERS miners and a `pulse follow --audit` follower
    for ROUNDS rounds. The active validator is killed (SIGKILL, its whole process group) at five
-   points of five rounds, and restarted on its state folder after the round was taken over:
+   points of five rounds, and restarted on its state folder after the round was taken over; the
+   next kill waits until it has caught up as a standby (a restart takes ~40 s on a loaded 2-core
+   machine, several rounds: five kill cycles need about 30 rounds, the default):
 
        collecting     1 s after it opened the round
        evaluating     0.3 s after the last miner's submission reached it (closing starts then)
@@ -51,7 +53,7 @@ WAIT = 240.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=20, help="rounds of the takeover run (%(default)s)")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds of the takeover run (%(default)s)")
     parser.add_argument("--miners", type=int, default=4, help="miners of the takeover run (%(default)s)")
     parser.add_argument("--deadline", type=float, default=10.0, help="round deadline in seconds (%(default)s)")
     parser.add_argument("--takeover", type=float, default=4.0, help="takeover_seconds (%(default)s)")
@@ -103,7 +105,7 @@ def _manifest(args: argparse.Namespace, validators: list[str]) -> Manifest:
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["validators"] = validators
     data["round"].update(
-        deadline_seconds=args.deadline, min_seconds=1.0, checkpoint_every=5, takeover_seconds=args.takeover
+        deadline_seconds=args.deadline, min_seconds=3.0, checkpoint_every=5, takeover_seconds=args.takeover
     )
     data["train"]["inner_steps"] = 5
     data["selection"]["held_out_batches"] = 1
@@ -146,9 +148,8 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         workers = [swarm.start_role(m, "miner", keys[m][0]) for m in miners]
         auditor = swarm.start_role("auditor", "follow", None, extra=["--audit"])
         workers.append(auditor)
-        spacing = max(args.rounds // (len(KILL_POINTS) + 1), 2)
-        for i, point in enumerate(KILL_POINTS):
-            r = spacing * (i + 1)
+        for point in KILL_POINTS:
+            r = max(_open_round(swarm) + 1, 2)  # the next round to open: a standby is caught up by now
             if r >= args.rounds - 1:
                 break
             active = _active(swarm, by_key, r)
@@ -161,7 +162,7 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             kills.append({"point": point, "round": r, "killed": active, "at": time.time()})
             _wait(swarm, f"round {r} closed after the kill", functools.partial(_closed, r=r + 1))
             start(active)  # it comes back on its state folder: a standby now
-            _wait(swarm, f"{procs[active].name} standing by", functools.partial(_up, name=procs[active].name))
+            _wait(swarm, f"{procs[active].name} caught up", functools.partial(_caught_up, name=procs[active].name))
 
         def sample() -> None:
             _peak(auditor, peaks, "auditor")
@@ -207,8 +208,14 @@ def _kill_at(swarm: Swarm, proc: Proc, point: str, r: int, miners: int, state: P
         time.sleep(0.5)
 
 
-def _up(log: EventLog, name: str) -> bool:
-    return log.has(Standby, name) or log.has(RoundOpened, name)
+def _open_round(swarm: Swarm) -> int:
+    return max((e.round for e in read_events(swarm.out / "events").events(RoundOpened)), default=-1)
+
+
+def _caught_up(log: EventLog, name: str) -> bool:
+    """`name` stands by at the round open now (it audited up to it), or is active again."""
+    head = max((e.round for e in log.events(RoundOpened)), default=-1)
+    return log.has(RoundOpened, name) or any(e.round >= head for e in log.events(Standby, name))
 
 
 def _received(log: EventLog, name: str, r: int) -> int:

@@ -9,7 +9,8 @@ Where the replica starts (`start`), first that applies:
 1. its own committed state on disk (`folder/validator`, the validator's own layout: a standby's
    state and an auditor's are one thing). If the result that led to it does not count (another
    validator's result for that round does, the chain rule of `node/net/peer.py`), it steps back one
-   round (`StateStore.rewind`); if it cannot, it starts over from 2 or 3;
+   round (`StateStore.rewind`); if it cannot, it starts over from 2 or 3. If the run is so far
+   ahead that the payloads of its round may be gone (`keep_payload_rounds`), 3 comes first;
 2. W_0 from the manifest, while no round has closed, or while round 0's result starts from it and
    its payloads are still kept;
 3. the newest FP32 checkpoint a signed result names (`RoundResult.master_checkpoint`).
@@ -102,6 +103,10 @@ class Auditor:
             snap = await _cpu(self.store.load)
             last = open_signed(snap.result, run_id=self.ctx.run_id, expect=RoundResult) if snap.result else None
             if last is None or await self._still_counts(last):
+                if await self._too_old(snap.book.round):
+                    newer = await self._from_checkpoint()
+                    if newer is not None:
+                        return newer
                 replica = await _cpu(Replica.from_snapshot, snap, self.cfg)
                 self.last = last
                 self._started("disk", replica)
@@ -111,6 +116,12 @@ class Auditor:
                 return None
             log.info("stepped back to round %d: another validator's result counts", last.message.round)
         return None
+
+    async def _too_old(self, round_: int) -> bool:
+        """Whether the run is so far past `round_` that its payloads may no longer be kept (a validator
+        back after a long absence): then a newer signed FP32 checkpoint is the better start."""
+        head = await self.peer.latest_result_round(start=round_)
+        return head - round_ >= self.keep - 1
 
     async def _still_counts(self, mine: Verified[RoundResult]) -> bool:
         """Whether no other validator's result of that round counts instead (ours may be unpublished yet)."""
