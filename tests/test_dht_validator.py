@@ -122,7 +122,7 @@ def result(round_: int = 1) -> RoundResult:
     h = hashlib.sha256(str(round_).encode()).hexdigest()
     return RoundResult(
         run_id=RUN, round=round_, selected=(), rejections=(), base_state_hash=h, patch_sha256=h, patch_size=1,
-        new_state_hash=h,
+        new_state_hash=h, **commitments(str(round_)),
     )  # fmt: skip
 
 

@@ -160,8 +160,19 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             _peak(auditor, peaks, "auditor")
             swarm.kill(procs[active])
             kills.append({"point": point, "round": r, "killed": active, "at": time.time()})
-            _wait(swarm, f"round {r} closed after the kill", functools.partial(_closed, r=r + 1))
-            start(active)  # it comes back on its state folder: a standby now
+            # a standby takes the round over; if it cannot (killed right after publishing, nobody
+            # fetched the round's evidence yet: the standby cannot verify the new state), the run
+            # waits for the killed validator to come back, as its operator would restart it
+            stalled = not _wait(
+                swarm,
+                f"round {r + 1} closed",
+                functools.partial(_closed, r=r + 1),
+                soft=True,
+                within=args.deadline + 3 * args.takeover + 20,
+            )
+            kills[-1]["stalled_until_restart"] = stalled
+            start(active)  # it comes back on its state folder: a standby now (or the active one, if stalled)
+            _wait(swarm, f"round {r + 1} closed after the restart", functools.partial(_closed, r=r + 1))
             _wait(swarm, f"{procs[active].name} caught up", functools.partial(_caught_up, name=procs[active].name))
 
         def sample() -> None:
@@ -333,8 +344,10 @@ def _role_args(swarm: Swarm, name: str, key: Path) -> list[str]:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _wait(swarm: Swarm, what: str, found: Callable[[EventLog], bool], *, soft: bool = False) -> bool:
-    ok = _poll(lambda: found(read_events(swarm.out / "events")), WAIT)
+def _wait(
+    swarm: Swarm, what: str, found: Callable[[EventLog], bool], *, soft: bool = False, within: float = WAIT
+) -> bool:
+    ok = _poll(lambda: found(read_events(swarm.out / "events")), within)
     if not ok and not soft:
         raise RuntimeError(f"timed out waiting for {what}; logs in {swarm.out / 'logs'}")
     return ok

@@ -176,6 +176,8 @@ class Auditor:
         if replica.state_hash != result.new_state_hash:
             log.warning("the FP32 checkpoint of round %d does not give its BF16 state", result.round)
             return None
+        if self.store.exists():  # an older state, too far behind: its ledger cannot continue from here
+            self._discard(f"the FP32 checkpoint of round {result.round} replaces it")
         await _cpu(self.store.commit, replica.snapshot(verified.signed.to_bytes(), None, evidence_bytes))
         self.last = verified
         self._started("checkpoint", replica)
