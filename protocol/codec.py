@@ -35,7 +35,6 @@ import torch
 
 from protocol.errors import (
     IncompatibleStates,
-    InvalidPositions,
     LayoutMismatch,
     NonFiniteUpdate,
     NonFiniteValues,
@@ -140,7 +139,8 @@ class DenseCodec(Codec):
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         for name in sorted(weights):
             s = (error[name] + delta[name]).reshape(-1)
-            w.raw(s.numpy().astype("<f4", copy=False).tobytes())
+            require_finite(name, s)
+            w.raw(s.cpu().numpy().astype("<f4", copy=False).tobytes())
         n = numel(weights)
         return zeros_like(weights), CodecStats(elements=n, sent=n, payload_bytes=0, value_bytes=4 * n)
 
@@ -183,7 +183,9 @@ def zeros_like(weights: State) -> dict[str, torch.Tensor]:
 
 
 def check_inputs(delta: State, error: State | None, weights: State) -> None:
-    """Raise unless delta (and error) are FP32 with the weights' names and shapes, and finite."""
+    """Raise unless delta (and error) are FP32 with the weights' names and shapes. Finiteness is
+    checked by each codec on the sum it forms (`require_finite`), which is NaN or inf whenever
+    either part is, so the inputs are not read one more time for it."""
     for label, state in (("delta", delta), ("error", error)):
         if state is None:
             continue
@@ -194,31 +196,34 @@ def check_inputs(delta: State, error: State | None, weights: State) -> None:
                 raise IncompatibleStates(
                     f"{label} {name}: {t.dtype}{tuple(t.shape)}, weights are {tuple(weights[name].shape)}"
                 )
-            if not bool(torch.isfinite(t).all()):
-                raise NonFiniteUpdate(f"{label} {name} has NaN or inf values")
 
 
-def f32_tensor(flat: np.ndarray, like: torch.Tensor, name: str) -> torch.Tensor:
-    """A finite FP32 tensor shaped like `like` from decoded values (copied)."""
+def require_finite(name: str, t: torch.Tensor, magnitude: torch.Tensor | None = None) -> None:
+    """Raise NonFiniteUpdate if the error buffer plus pseudo-gradient `t` has NaN or inf values.
+    `magnitude`: |t| if the caller has it already (one reduction over it, no temporary)."""
+    peak = magnitude.max() if magnitude is not None else t.abs().max()
+    if t.numel() and not bool(torch.isfinite(peak)):
+        raise NonFiniteUpdate(f"{name}: the error buffer plus pseudo-gradient has NaN or inf values")
+
+
+def f32_tensor(flat: np.ndarray, like: torch.Tensor, name: str, *, owned: bool = False) -> torch.Tensor:
+    """A finite FP32 tensor shaped like `like` from decoded values (copied unless `owned`: a fresh
+    array nothing else refers to)."""
     if not np.isfinite(flat).all():
         raise NonFiniteValues(f"{name}: NaN or inf in the payload")
-    return torch.from_numpy(np.array(flat, dtype=np.float32)).reshape(like.shape)
+    data = flat if owned and flat.dtype == np.float32 else np.array(flat, dtype=np.float32)
+    return torch.from_numpy(data).reshape(like.shape)
 
 
 def write_words(w: Writer, words: np.ndarray) -> None:
+    """An entropy-coded stream (ans.py): varint words | u16 words."""
     w.varint(words.size)
-    w.raw(words.astype("<u4").tobytes())
+    w.raw(words.astype("<u2").tobytes())
 
 
 def read_words(r: Reader) -> np.ndarray:
     # the count only bounds a view of bytes already in hand: a short payload is truncated, not oversized
-    return r.u32_array(r.varint(1 << 40, "stream words"))
-
-
-def check_gaps(gaps: np.ndarray, class_size: np.ndarray) -> None:
-    """Each gap must fit in its class: rejects hostile gaps before any sum of them can overflow."""
-    if np.any(gaps >= class_size):
-        raise InvalidPositions("a position gap is larger than its class")
+    return r.u16_array(r.varint(1 << 40, "stream words"))
 
 
 def _with_size(stats: CodecStats, size: int) -> CodecStats:

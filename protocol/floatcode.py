@@ -1,6 +1,6 @@
 """Entropy coding of FP32 values whose magnitude the receiver can predict from a context exponent.
 
-A value is split into a symbol and raw mantissa bits. The symbol is the sign and the distance
+A value is split into a symbol and raw mantissa bits (ans.py codes both). The symbol is the sign and the distance
 `d = (ctx - exponent) mod 256` from a context exponent both ends know (PULSELoCo: the exponent of
 the BF16 weight, since a value is sent only when it is about half that weight's ulp or more). There
 is one categorical model per context, whose counts travel in the payload; on PULSELoCo fine-tuning
@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
+from protocol import ans
 from protocol.ans import AnsDecoder, AnsEncoder, read_histograms, write_histograms
 from protocol.errors import MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
 
 ALPHABET = 512
 CONTEXTS = 256
+_jit = numba.njit(nogil=True, cache=True)
 FP32_MANTISSA, BF16_MANTISSA = 23, 7
-_LO_BITS = 16  # mantissas wider than this travel as two uniform pieces (constriction's 2**24 limit)
 
 
 @dataclass
@@ -44,20 +46,74 @@ class Coded:
     models: Models
 
 
+@_jit
+def _split(raw: np.ndarray, ctx: np.ndarray, dropped: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(symbol, mantissa, (CONTEXTS x ALPHABET) counts, status) of FP32 bit patterns; status 1 for
+    inf/NaN, 2 for mantissa bits below the kept ones."""
+    n = len(raw)
+    sym = np.empty(n, np.int16)
+    mantissa = np.empty(n, np.int32)
+    counts = np.zeros((CONTEXTS, ALPHABET), np.int64)
+    for i in range(n):
+        u = np.int64(raw[i])
+        exponent = (u >> 23) & 0xFF
+        if exponent == 0xFF:
+            return sym, mantissa, counts, 1
+        if u & ((1 << dropped) - 1):
+            return sym, mantissa, counts, 2
+        c = np.int64(ctx[i])
+        s = (u >> 31) * 256 + ((c - exponent) & 0xFF)
+        sym[i] = s
+        mantissa[i] = (u & 0x7FFFFF) >> dropped
+        counts[c, s] += 1
+    return sym, mantissa, counts, 0
+
+
+@_jit
+def _context_runs(ctx: np.ndarray, row_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(model row, length) of each run of values sharing a context."""
+    n_runs = 1 if len(ctx) else 0
+    for i in range(1, len(ctx)):
+        n_runs += ctx[i] != ctx[i - 1]
+    rows, lengths = np.empty(n_runs, np.int64), np.zeros(n_runs, np.int64)
+    r = -1
+    for i in range(len(ctx)):
+        if i == 0 or ctx[i] != ctx[i - 1]:
+            r += 1
+            rows[r] = row_of[ctx[i]]
+        lengths[r] += 1
+    return rows, lengths
+
+
+@_jit
+def _assemble(ctx: np.ndarray, sym: np.ndarray, mantissa: np.ndarray, dropped: int) -> tuple[np.ndarray, bool]:
+    """FP32 values from their parts; False if one would be inf or NaN."""
+    out = np.empty(len(ctx), np.uint32)
+    for i in range(len(ctx)):
+        s = np.int64(sym[i])
+        exponent = (np.int64(ctx[i]) - (s & 0xFF)) & 0xFF
+        if exponent == 0xFF:
+            return out.view(np.float32), False
+        out[i] = ((s >> 8) << 31) | (exponent << 23) | (np.int64(mantissa[i]) << dropped)
+    return out.view(np.float32), True
+
+
 def split(values: np.ndarray, ctx: np.ndarray, mantissa_bits: int) -> Coded:
     """Symbols, mantissas and per-context models of finite FP32 `values` (ctx: uint8 per value)."""
-    raw = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
-    exponent = (raw >> 23) & 0xFF
-    if np.any(exponent == 0xFF):
+    raw = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    sym, mantissa, counts, status = _split(raw, np.ascontiguousarray(ctx, dtype=np.uint8), 23 - mantissa_bits)
+    if status == 1:
         raise ValueError("only finite values can be coded")
-    dropped = 23 - mantissa_bits
-    if dropped and np.any(raw & ((1 << dropped) - 1)):
+    if status == 2:
         raise ValueError(f"values have mantissa bits below the {mantissa_bits} this format keeps")
-    ctx = ctx.astype(np.int64)
-    sym = (raw >> 31) * 256 + ((ctx - exponent) & 0xFF)
-    keys, model_of = np.unique(ctx, return_inverse=True)
-    counts = np.bincount(model_of * ALPHABET + sym, minlength=len(keys) * ALPHABET).reshape(len(keys), ALPHABET)
-    return Coded(sym, (raw & 0x7FFFFF) >> dropped, ctx, Models(keys, counts.astype(np.int64)))
+    keys = np.flatnonzero(counts.sum(axis=1))
+    return Coded(sym, mantissa, np.ascontiguousarray(ctx, dtype=np.uint8), Models(keys, counts[keys]))
+
+
+def _rows(keys: np.ndarray) -> np.ndarray:
+    row_of = np.full(CONTEXTS, -1, np.int64)
+    row_of[keys] = np.arange(len(keys))
+    return row_of
 
 
 def write_models(w: Writer, models: Models) -> None:
@@ -72,39 +128,37 @@ def read_models(r: Reader, total: int) -> Models:
 
 
 def encode(enc: AnsEncoder, coded: Coded, mantissa_bits: int) -> None:
-    """Queue symbols (grouped by context, ascending) and then mantissas, in decode order."""
-    model_of = np.searchsorted(coded.models.keys, coded.ctx)
-    for i, row in enumerate(coded.models.counts):
-        enc.categorical(coded.sym[model_of == i], row)
-    hi_bits = max(mantissa_bits - _LO_BITS, 0)
-    lo_bits = mantissa_bits - hi_bits
-    m = coded.mantissa
-    enc.uniform(m >> lo_bits, np.full(m.shape, 1 << hi_bits))
-    enc.uniform(m & ((1 << lo_bits) - 1), np.full(m.shape, 1 << lo_bits))
+    """Queue symbols (each under its context's model) and then mantissas, in decode order."""
+    runs = _context_runs(coded.ctx, _rows(coded.models.keys))
+    enc.categorical(coded.sym, ans.Models.from_counts(coded.models.counts), runs=runs)
+    enc.bits(coded.mantissa, mantissa_bits)
 
 
 def decode(dec: AnsDecoder, ctx: np.ndarray, models: Models, mantissa_bits: int) -> np.ndarray:
-    """FP32 values for the contexts `ctx` (known to the receiver); each context's model must count
-    exactly its values. Raises NonFiniteValues for an inf/NaN exponent."""
-    ctx = ctx.astype(np.int64)
-    present, per_ctx = np.unique(ctx, return_counts=True)
-    if not np.array_equal(present, models.keys) or not np.array_equal(per_ctx, models.counts.sum(axis=1)):
-        raise MalformedPayload("value models do not match the contexts of the sent positions")
-    model_of = np.searchsorted(models.keys, ctx)
-    sym = np.zeros(len(ctx), dtype=np.int64)
-    for i, row in enumerate(models.counts):
-        where = np.flatnonzero(model_of == i)
-        sym[where] = dec.categorical(len(where), row)
-        if not np.array_equal(np.bincount(sym[where], minlength=ALPHABET), row):
-            raise MalformedPayload(f"decoded value symbols disagree with the model of context {models.keys[i]}")
+    """FP32 values for the contexts `ctx` (uint8, known to the receiver); each context's model must
+    count exactly its values. Raises NonFiniteValues for an inf/NaN exponent."""
+    ctx = np.ascontiguousarray(ctx, dtype=np.uint8)
     n = len(ctx)
-    hi_bits = max(mantissa_bits - _LO_BITS, 0)
-    lo_bits = mantissa_bits - hi_bits
-    hi = dec.uniform(np.full(n, 1 << hi_bits))
-    lo = dec.uniform(np.full(n, 1 << lo_bits))
-    exponent = (ctx - (sym & 0xFF)) & 0xFF
-    if np.any(exponent == 0xFF):
+    dec.require(n, n * mantissa_bits, "value stream")  # before any work: a short stream cannot hold them
+    per_ctx = np.bincount(ctx, minlength=CONTEXTS)
+    present = np.flatnonzero(per_ctx)
+    if not np.array_equal(present, models.keys) or not np.array_equal(per_ctx[present], models.counts.sum(axis=1)):
+        raise MalformedPayload("value models do not match the contexts of the sent positions")
+    row_of = _rows(models.keys)
+    sym = dec.categorical(ans.Models.from_counts(models.counts), runs=_context_runs(ctx, row_of))
+    seen = _symbol_counts(ctx, sym, row_of, len(models.keys))
+    if not np.array_equal(seen, models.counts):
+        raise MalformedPayload("decoded value symbols disagree with their models")
+    mantissa = dec.bits(mantissa_bits, n)
+    values, finite = _assemble(ctx, sym, mantissa, 23 - mantissa_bits)
+    if not finite:
         raise NonFiniteValues("a value decodes to inf or NaN")
-    mantissa = ((hi << lo_bits) | lo) << (23 - mantissa_bits)
-    raw = ((sym >> 8) << 31) | (exponent << 23) | mantissa
-    return raw.astype(np.uint32).view(np.float32)
+    return values
+
+
+@_jit
+def _symbol_counts(ctx: np.ndarray, sym: np.ndarray, row_of: np.ndarray, models: int) -> np.ndarray:
+    counts = np.zeros((models, ALPHABET), np.int64)
+    for i in range(len(ctx)):
+        counts[row_of[ctx[i]], sym[i]] += 1
+    return counts

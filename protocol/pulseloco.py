@@ -10,20 +10,22 @@ invariant (exact, in real arithmetic): v + e_new == s everywhere. For BF16 value
 in FP32 (Sterbenz: v is s rounded to 8 significant bits, so both have the same sign and are
 within a factor 2), so nothing is lost, only delayed.
 
-The receiver knows W, so positions are coded as gaps within W's exponent classes
+The receiver knows W, so positions are coded as gaps between ranks within W's exponent classes
 (contexts.py, positions.py) and values as sign + exponent relative to W's exponent plus raw
-mantissa bits (floatcode.py). BF16 values are the default: in `pulse bench loco` fine-tuning they
-cost 11.5 bits per sent value all in against 27.5 for FP32 values, 2.4x fewer bytes, with the
-same final loss to 4 decimals; the rounding residual waits in e and is sent later.
+mantissa bits (floatcode.py), both with rANS (ans.py). BF16 values are the default: in
+`pulse bench loco` fine-tuning they cost 11.5 bits per sent value all in against 27.5 for FP32
+values, 2.4x fewer bytes, with the same final loss to 4 decimals; the rounding residual waits in
+e and is sent later.
 
-Format v1 (after the common header of codec.py), varints are LEB128:
+Format v2 (after the common header of codec.py), varints are LEB128:
 
     u8 value format (0 FP32, 1 BF16)
-    per tensor, sorted by name: varint classes, per class: varint context delta, varint k,
-        u8 theta (0 = every position of the class is sent)
+    per tensor, sorted by name: class table (positions.write_table: per class its context,
+        its count k and its gap code, 0 = every position of the class is sent)
     value models, one per W exponent that occurs (floatcode.write_models)
-    varint words | u32 words    positions stream
-    varint words | u32 words    values stream
+    varint words | u16 words    positions stream: gaps, class-major
+    varint words | u16 words    values stream
+Version 1 (constriction's coder) is refused as unknown.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from protocol import floatcode, positions
-from protocol.ans import AnsDecoder, AnsEncoder
-from protocol.codec import Codec, CodecStats, State, check_gaps, f32_tensor, numel, read_words, write_words
-from protocol.contexts import ContextOrder, exponent_context
-from protocol.errors import MalformedPayload
+from protocol import floatcode, positions, tensorbytes
+from protocol.ans import AnsDecoder, AnsEncoder, require
+from protocol.codec import Codec, CodecStats, State, numel, read_words, require_finite, write_words
+from protocol.contexts import EXPONENT, NUM_CONTEXTS, check_full_classes, class_counts, place, take_class_major
+from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.tensorbytes import bits, dtype_name
 from protocol.wire import Reader, Writer
 
@@ -55,7 +57,7 @@ def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 class _Part:
     """One tensor's sparse part, positions in class-major order."""
 
-    table: positions.ClassTable  # which exponent classes hold sent positions, and how many
+    table: positions.ClassTable  # which exponent classes hold sent positions, how many, their gap codes
     gaps: np.ndarray  # per sent position, class-major
     ctx: np.ndarray  # W's exponent per sent position
     values: np.ndarray  # FP32 value per sent position
@@ -64,7 +66,7 @@ class _Part:
 class PulseLoCoCodec(Codec):
     name = "pulseloco"
     magic = b"PLOC"
-    version = 1
+    version = 2
 
     def __init__(self, value_format: str = "bf16") -> None:
         if value_format not in VALUE_FORMATS:
@@ -89,7 +91,9 @@ class PulseLoCoCodec(Codec):
         floatcode.write_models(w, coded.models)
         model_bytes = len(w.getvalue()) - before_model
         pos_enc = AnsEncoder()
-        positions.encode_tables(pos_enc, [p.table for p in parts], [p.gaps for p in parts])
+        positions.encode_gaps(
+            pos_enc, np.concatenate([p.gaps for p in parts]), *positions.table_groups([p.table for p in parts])
+        )
         pos_words = pos_enc.finish()
         val_enc = AnsEncoder()
         floatcode.encode(val_enc, coded, mantissa_bits)
@@ -100,27 +104,28 @@ class PulseLoCoCodec(Codec):
             elements=numel(weights),
             sent=len(values),
             payload_bytes=0,
-            position_bytes=4 * pos_words.size,
-            value_bytes=4 * val_words.size + model_bytes,
+            position_bytes=2 * pos_words.size,
+            value_bytes=2 * val_words.size + model_bytes,
         )
         return new_error, stats
 
     def _sparsify(self, weights: torch.Tensor, s: torch.Tensor) -> tuple[_Part, torch.Tensor]:
-        """Gate s against W; the part to send (class-major) and the new buffer."""
+        """Gate s (a buffer this codec owns) against W; the part to send (class-major) and the new
+        buffer: s itself, with the sent values taken out of it in one compiled walk."""
         flat = s.reshape(-1)
-        mask = gate(weights, flat).numpy()
+        require_finite("pulseloco", flat)
+        mask = gate(weights, flat).cpu().numpy().view(np.uint8)
         raw = bits(weights)
-        ctx = exponent_context(raw, dtype_name(weights.dtype))
-        order = ContextOrder(ctx)
-        sidx = order.sorted_indices(mask)
-        pos = order.positions(sidx)
-        sent = flat[torch.from_numpy(pos)]
-        if self.value_format == "bf16":
-            sent = sent.to(torch.bfloat16).float()
-        e_new = flat.clone()
-        e_new[torch.from_numpy(pos)] = flat[torch.from_numpy(pos)] - sent  # exact: see the invariant
-        table, gaps = positions.build_table(sidx, order.starts, order.counts)
-        part = _Part(table, gaps, ctx[pos], sent.numpy())
+        shift, emask = EXPONENT[dtype_name(weights.dtype)]
+        counts, k_all = class_counts(raw, mask, shift, emask)
+        host = flat.numpy() if tensorbytes.on_host(flat) else flat.cpu().numpy()
+        offsets = np.zeros(0, np.int32 if len(raw) < 1 << 31 else np.int64)
+        gaps, values = take_class_major(raw, mask, host, shift, emask, k_all, self.value_format == "bf16", offsets)
+        codes, _ = positions.choose_codes(None, gaps, counts, k_all)
+        classes = np.flatnonzero(k_all)
+        table = positions.ClassTable(classes, k_all[classes], codes[classes])
+        e_new = flat if tensorbytes.on_host(flat) else torch.from_numpy(host).to(flat.device)
+        part = _Part(table, gaps, np.repeat(classes, k_all[classes]).astype(np.uint8), values)
         return part, e_new.reshape(s.shape)
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
@@ -128,57 +133,33 @@ class PulseLoCoCodec(Codec):
         if code not in _MANTISSA_BY_CODE:
             raise MalformedPayload(f"unknown value format {code}")
         names = sorted(weights)
-        headers = [positions.read_table(r, name, weights[name].numel()) for name in names]
-        models = floatcode.read_models(r, sum(int(k.sum()) for _, k, _ in headers))
+        tables = [positions.read_table(r, name, weights[name].numel()) for name in names]
+        models = floatcode.read_models(r, sum(t.total for t in tables))
         pos_words, val_words = read_words(r), read_words(r)
         r.expect_end()
-        tensors = [_Tensor.check(name, weights[name], *h) for name, h in zip(names, headers, strict=True)]
-        pos_by_tensor = _decode_positions(pos_words, tensors)
+        total = sum(t.total for t in tables)  # what the streams must carry, before anything of that size
+        require(pos_words, *positions.group_cost(*positions.table_groups(tables)), "positions stream")
+        require(val_words, total, total * _MANTISSA_BY_CODE[code], "values stream")
+        dec = AnsDecoder(pos_words)
+        gaps = positions.decode_gaps(dec, *positions.table_groups(tables))
+        dec.finish()
         dec = AnsDecoder(val_words)
-        ctx = np.concatenate([np.zeros(0, np.uint8)] + [t.ctx[p] for t, p in zip(tensors, pos_by_tensor, strict=True)])
-        values = floatcode.decode(dec, ctx, models, _MANTISSA_BY_CODE[code])
+        ctx = np.concatenate([np.zeros(0, np.uint8)] + [np.repeat(t.classes, t.k).astype(np.uint8) for t in tables])
+        values = floatcode.decode(dec, ctx, models, _MANTISSA_BY_CODE[code])  # finite: inf/NaN refused
         dec.finish()
         out, offset = {}, 0
-        for name, pos in zip(names, pos_by_tensor, strict=True):
-            flat = np.zeros(weights[name].numel(), dtype=np.float32)
-            flat[pos] = values[offset : offset + len(pos)]
-            offset += len(pos)
-            out[name] = f32_tensor(flat, weights[name], name)
+        for name, table in zip(names, tables, strict=True):
+            w = weights[name]
+            flat = np.zeros(w.numel(), dtype=np.float32)
+            end = offset + table.total
+            if table.total:
+                k = np.zeros(NUM_CONTEXTS, np.int64)
+                k[table.classes] = table.k
+                shift, emask = EXPONENT[dtype_name(w.dtype)]
+                counts, ok = place(bits(w), shift, emask, k, gaps[offset:end], values[offset:end], flat)
+                if not ok:
+                    raise InvalidPositions(f"{name}: a rank is past the end of its exponent class")
+                check_full_classes(name, table.classes, table.k, table.code == positions.FULL, counts)
+            offset = end
+            out[name] = torch.from_numpy(flat).reshape(w.shape)
         return out
-
-
-@dataclass
-class _Tensor:
-    """One tensor as the receiver sees it: W's exponent classes and what the header claims about them."""
-
-    ctx: np.ndarray  # (numel,) uint8 exponent of W
-    order: ContextOrder
-    table: positions.ClassTable
-
-    @classmethod
-    def check(cls, name: str, weights: torch.Tensor, classes: np.ndarray, k: np.ndarray, theta: np.ndarray) -> _Tensor:
-        ctx = exponent_context(bits(weights), dtype_name(weights.dtype))
-        order = ContextOrder(ctx)
-        return cls(ctx, order, positions.check_table(name, classes, k, theta, order.counts))
-
-
-def _decode_positions(words: np.ndarray, tensors: list[_Tensor]) -> list[np.ndarray]:
-    """Sent positions per tensor, class-major (the order values come in)."""
-    cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
-    tables = [t.table for t in tensors]
-    k, n = cat([t.k for t in tables]), cat([t.n for t in tables])
-    dec = AnsDecoder(words)
-    gaps = positions.decode_tables(dec, tables)
-    dec.finish()
-    check_gaps(gaps, np.repeat(n, k))
-    out, offset = [], 0
-    for t in tensors:
-        total = int(t.table.k.sum())
-        sidx = (
-            positions.join_gaps(gaps[offset : offset + total], t.order.starts[t.table.classes], t.table.n, t.table.k)
-            if total
-            else gaps[:0]
-        )
-        out.append(t.order.positions(sidx))
-        offset += total
-    return out

@@ -4,20 +4,25 @@
     new_again = apply(old, patch)      # bit for bit equal to `new`, or an exception
 
 The receiver already holds `old`, so everything is conditioned on it (contexts.py): positions
-are gaps within the old weight's exponent class (positions.py), values are bit-pattern
-differences modeled per old exponent (values.py), all in one ANS stream (ans.py). A tensor whose
-sparse form would cost more than its dense form is sent dense (zstd of the raw new bytes).
+are gaps between ranks within the old weight's exponent class (positions.py), values are
+bit-pattern differences modeled per (dtype, old exponent) (syncpass.py), coded with rANS
+(ans.py). Each changed tensor has its own stream, read in the order a single pass over the old
+weights meets the changes, so decoding is one compiled walk per tensor, tensors on all cores,
+with no per-weight memory; apply hashes each slab of the new state while it is still in cache.
+A tensor whose sparse form would cost more than its dense form is sent dense (one zstd frame of
+the raw new bytes).
 
-Format v1, little-endian, varints are LEB128 (wire.py):
+Format v2, little-endian, varints are LEB128 (wire.py):
 
     "PSYN" u8 version | base state hash (32) | result state hash (32) | varint tensor count
     per tensor, in sorted-name order of the base state:
         u8 dtype code | varint numel | u8 mode (0 same, 1 sparse, 2 dense)
-        sparse: varint classes, per class: varint context delta, varint k, u8 theta (0 = all changed)
+        sparse: class table (positions.write_table) | varint stream words
         dense:  varint compressed length
-    varint value models, per model: varint key delta (dtype code * 256 + exponent),
-        varint symbols, per symbol: varint symbol delta, varint count
-    varint words | u32 words (the ANS stream) | dense sections in tensor order | end
+    value models (ans.write_histograms; key = dtype code * 256 + old exponent)
+    the sparse tensors' streams (u16 words each), in tensor order | dense sections | end
+
+Version 1 (one stream, class-major order, SHA-256 state hash v1) is refused as unknown.
 
 invariant: a patch applies only to the state whose hash it names, and `apply` returns only a
 state whose hash is the one the patch names.
@@ -25,7 +30,6 @@ state whose hash is the one the patch names.
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 
@@ -33,30 +37,36 @@ import numpy as np
 import torch
 import zstandard
 
-from protocol import positions, values
-from protocol.ans import AnsDecoder, AnsEncoder, read_histograms, write_histograms
-from protocol.contexts import NUM_CONTEXTS, ContextOrder, exponent_context
+from protocol import positions, syncpass, tensorbytes
+from protocol.ans import Models, read_histograms, require, write_histograms
+from protocol.contexts import EXPONENT, NUM_CONTEXTS
 from protocol.errors import (
     DecompressionBomb,
     IncompatibleStates,
+    InvalidPositions,
     LayoutMismatch,
     MalformedPayload,
     SizeLimitExceeded,
     StateHashMismatch,
+    TrailingBytes,
+    TruncatedPayload,
     UnknownVersion,
 )
 from protocol.parallel import parallel_map
-from protocol.state import State
-from protocol.statehash import state_hash
-from protocol.tensorbytes import bits, dtype_name, from_bits
+from protocol.state import State, StateDict
+from protocol.statehash import CHUNK_BYTES, StateDigests, digest_bytes, state_hash, tensor_digests
+from protocol.tensorbytes import bits, dtype_name, host_slabs, raw_dtype
 from protocol.wire import Reader, Writer
 
 MAGIC = b"PSYN"
-VERSION = 1
+VERSION = 2
 DTYPE_CODES = {"bfloat16": 1, "float16": 2, "float32": 3}
 _DTYPE_BY_CODE = {v: k for k, v in DTYPE_CODES.items()}
+_WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32}
 SAME, SPARSE, DENSE = 0, 1, 2
 _HEADER_SLACK = 1 << 16
+_SLAB_BYTES = CHUNK_BYTES  # decode and hash this much of a tensor at a time: both slabs stay in cache
+_HOST_SLAB = 1 << 24  # elements of a non-CPU tensor copied to the host at a time when encoding
 
 
 @dataclass
@@ -75,14 +85,31 @@ class PatchStats:
 
 
 @dataclass
-class _Sparse:
-    """One tensor's sparse part, as the encoder prepares it."""
+class _Changes:
+    """One tensor's changes, as the encoder prepares them."""
 
-    table: positions.ClassTable  # which exponent classes changed, and how many
-    gaps: np.ndarray  # per change, class-major
-    z: np.ndarray  # value symbol per change
-    keys: np.ndarray  # value model key per change
-    value_bits: float  # values at their empirical entropy, this tensor alone
+    cls: np.ndarray  # (k,) uint8 old exponent of each change, natural order
+    gap: np.ndarray  # (k,) int32 (int64 for huge tensors) gap from the class's previous change
+    zs: np.ndarray  # (k,) value z of each change, in the weights' width
+    k: np.ndarray  # (256,) changes per class
+    n: np.ndarray  # (256,) class sizes
+    codes: np.ndarray  # (256,) gap code byte per class
+    gap_bits: float  # what the gaps cost under those codes
+    classes: np.ndarray  # the classes with changes, ascending
+    hist: np.ndarray  # (len(classes), ALPHABET) value symbols of each of them
+    extra: np.ndarray  # (256,) extra value bits per class
+
+    def table(self) -> positions.ClassTable:
+        c = self.classes
+        return positions.ClassTable(c, self.k[c], self.codes[c])
+
+    def position_bits(self) -> float:
+        return sum(positions.log2_binomial(int(self.n[c]), int(self.k[c])) for c in self.classes)
+
+    def sparse_bits_estimate(self) -> float:
+        """Gaps at their coded cost, values at their entropy, the table at about 3 bytes a class."""
+        values = _entropy_bits(self.hist) + float(self.extra.sum())
+        return self.gap_bits + values + 24 * len(self.classes)
 
 
 def check_layout(old: State, new: State) -> None:
@@ -99,107 +126,163 @@ def check_layout(old: State, new: State) -> None:
 
 def encode(old: State, new: State, *, old_hash: str | None = None, new_hash: str | None = None) -> bytes:
     """A patch that turns `old` into `new` exactly. Pass the state hashes if already known."""
-    return encode_with_stats(old, new, old_hash=old_hash, new_hash=new_hash)[0]
+    return _encode(old, new, old_hash, new_hash, 1, None)
 
 
 def encode_with_stats(
     old: State, new: State, *, old_hash: str | None = None, new_hash: str | None = None, zstd_level: int = 1
 ) -> tuple[bytes, PatchStats]:
-    check_layout(old, new)
     stats = PatchStats()
+    patch = _encode(old, new, old_hash, new_hash, zstd_level, stats)
+    stats.order0_value_bits = _order0_value_bits(stats._z_all)
+    stats._z_all.clear()
+    return patch, stats
+
+
+def _encode(
+    old: State, new: State, old_hash: str | None, new_hash: str | None, zstd_level: int, stats: PatchStats | None
+) -> bytes:
+    check_layout(old, new)
+    names = sorted(old)
+    found = parallel_map(lambda name: _collect(old[name], new[name]), names)
+    dense_names = {
+        name
+        for name, ch in zip(names, found, strict=True)
+        if ch is not None and ch.sparse_bits_estimate() >= 8 * old[name].numel() * old[name].element_size()
+    }
+    sparse = {name: ch for name, ch in zip(names, found, strict=True) if ch is not None and name not in dense_names}
+    keys, counts, rows = _value_models(old, sparse)
+    models = Models.from_counts(counts)
+    streams = parallel_map(lambda name: _stream(sparse[name], rows[name], models), list(sparse))
+    dense = parallel_map(lambda name: _deflate(new[name], zstd_level), sorted(dense_names))
     head = Writer()
     head.raw(MAGIC)
     head.u8(VERSION)
     head.raw(bytes.fromhex(old_hash or state_hash(old)))
     head.raw(bytes.fromhex(new_hash or state_hash(new)))
-    head.varint(len(old))
-    sparse: list[_Sparse] = []
-    dense: list[bytes] = []
-    names = sorted(old)
-    parts = parallel_map(
-        lambda name: _prepare_sparse(bits(old[name]), bits(new[name]), dtype_name(old[name].dtype)), names
-    )
-    for name, part in zip(names, parts, strict=True):
-        dtype = dtype_name(old[name].dtype)
-        raw_new = bits(new[name])
-        head.u8(DTYPE_CODES[dtype])
-        head.varint(raw_new.size)
-        stats.elements += raw_new.size
-        if part is not None:
-            stats.changed += len(part.z)
-            stats.order0_position_bits += positions.log2_binomial(raw_new.size, len(part.z))
-            stats._z_all.append(part.z)
-        if part is None:
+    head.varint(len(names))
+    words = dict(zip(sparse, streams, strict=True))
+    sections = dict(zip(sorted(dense_names), dense, strict=True))
+    for name, ch in zip(names, found, strict=True):
+        head.u8(DTYPE_CODES[dtype_name(old[name].dtype)])
+        head.varint(old[name].numel())
+        if ch is None:
             head.u8(SAME)
-        elif _sparse_bits_estimate(part) >= 8 * raw_new.nbytes:
-            stats.dense_tensors += 1
-            dense.append(zstandard.ZstdCompressor(level=zstd_level).compress(raw_new.tobytes()))
-            # a dense tensor is modeled as its compressed bytes: they count in full in the bound
-            stats.position_bound_bits += 8 * len(dense[-1])
+        elif name in sections:
             head.u8(DENSE)
-            head.varint(len(dense[-1]))
+            head.varint(len(sections[name]))
         else:
-            sparse.append(part)
-            stats.position_bound_bits += part.table.position_bits
             head.u8(SPARSE)
-            positions.write_table(head, part.table)
-    stream = _encode_stream(head, sparse, stats)
-    head.varint(stream.size)
-    head.raw(stream.astype("<u4").tobytes())
-    for section in dense:
-        head.raw(section)
+            positions.write_table(head, ch.table())
+            head.varint(len(words[name]))
+    write_histograms(head, keys, counts)
+    for name in sparse:
+        head.raw(words[name].astype("<u2").tobytes())
+    for name in sorted(dense_names):
+        head.raw(sections[name])
     patch = head.getvalue()
-    stats.patch_bytes = len(patch)
-    stats.order0_value_bits = _order0_value_bits(stats._z_all)
-    return patch, stats
+    if stats is not None:
+        _fill_stats(stats, old, found, names, sections, counts, sparse, len(patch))
+    return patch
 
 
-def _prepare_sparse(raw_old: np.ndarray, raw_new: np.ndarray, dtype: str) -> _Sparse | None:
-    mask = raw_old != raw_new
-    k_total = int(np.count_nonzero(mask))
-    if k_total == 0:
+def _collect(old: torch.Tensor, new: torch.Tensor) -> _Changes | None:
+    """One walk over the tensor (host slab by host slab when it is not on the CPU)."""
+    if old.numel() == 0:
         return None
-    ctx = exponent_context(raw_old, dtype)
-    order = ContextOrder(ctx)
-    sidx = order.sorted_indices(mask)
-    table, gaps = positions.build_table(sidx, order.starts, order.counts)
-    pos = order.positions(sidx)
-    z = values.to_symbols(raw_old[pos], raw_new[pos], dtype)
-    keys = DTYPE_CODES[dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
-    sym, nbits = values.split(z)
-    value_bits = values.entropy_bits(values.histogram(sym)) + float(nbits.sum())
-    return _Sparse(table, gaps, z, keys, value_bits)
+    dtype = dtype_name(old.dtype)
+    shift, emask = EXPONENT[dtype]
+    offsets = np.zeros(0, np.int32 if old.numel() < 1 << 31 else np.int64)
+    n, last = np.zeros(NUM_CONTEXTS, np.int64), np.full(NUM_CONTEXTS, -1, np.int64)
+    hist = np.zeros((NUM_CONTEXTS, syncpass.ALPHABET), np.int64)
+    slab = old.numel() if tensorbytes.on_host(old) else _HOST_SLAB
+    parts = [
+        syncpass.collect(a, b, shift, emask, _WIDTH[dtype], offsets, n, last, hist)
+        for a, b in zip(host_slabs(old, 0, old.numel(), slab), host_slabs(new, 0, new.numel(), slab), strict=True)
+    ]
+    cls, gap, zs = parts[0] if len(parts) == 1 else (np.concatenate([p[i] for p in parts]) for i in range(3))
+    if not len(cls):
+        return None
+    k = hist.sum(axis=1)
+    codes, costs = positions.choose_codes(cls, gap, n, k)
+    classes = np.flatnonzero(k)
+    return _Changes(cls, gap, zs, k, n, codes, float(costs.sum()), classes, hist[classes], syncpass.extra_bits(hist))
 
 
-def _sparse_bits_estimate(part: _Sparse) -> float:
-    """Size of the sparse form: its entropy plus the class table (about 3 bytes a class)."""
-    return part.table.position_bits + part.value_bits + 24 * len(part.table.classes)
+def _value_models(old: State, sparse: dict[str, _Changes]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Global models keyed dtype code * 256 + exponent; per tensor, the model row of each class."""
+    totals: dict[int, np.ndarray] = {}
+    for name, ch in sparse.items():
+        base = DTYPE_CODES[dtype_name(old[name].dtype)] * NUM_CONTEXTS
+        for c, row in zip(ch.classes.tolist(), ch.hist, strict=True):
+            totals[base + c] = totals.get(base + c, 0) + row
+    keys = np.array(sorted(totals), dtype=np.int64)
+    counts = np.stack([totals[int(key)] for key in keys]) if len(keys) else np.zeros((0, syncpass.ALPHABET), np.int64)
+    index = {int(key): i for i, key in enumerate(keys)}
+    rows = {}
+    for name, ch in sparse.items():
+        base = DTYPE_CODES[dtype_name(old[name].dtype)] * NUM_CONTEXTS
+        row = np.full(NUM_CONTEXTS, -1, np.int64)
+        for c in ch.classes.tolist():
+            row[c] = index[base + c]
+        rows[name] = row
+    return keys, counts, rows
 
 
-def _encode_stream(head: Writer, sparse: list[_Sparse], stats: PatchStats) -> np.ndarray:
-    enc = AnsEncoder()
-    if sparse:
-        positions.encode_tables(enc, [p.table for p in sparse], [p.gaps for p in sparse])
-        z = np.concatenate([p.z for p in sparse])
-        keys = np.concatenate([p.keys for p in sparse])
-    else:
-        z = np.zeros(0, dtype=np.uint64)
-        keys = np.zeros(0, dtype=np.int64)
-    model_keys, model_of = np.unique(keys, return_inverse=True)
-    sym, nbits = values.split(z)
-    counts = np.bincount(model_of * values.ALPHABET + sym, minlength=len(model_keys) * values.ALPHABET)
-    counts = counts.reshape(len(model_keys), values.ALPHABET)
-    write_histograms(head, model_keys, counts)
-    values.encode_values(enc, z, model_of, counts)
-    stats.value_bound_bits += sum(values.entropy_bits(row) for row in counts) + float(nbits.sum())
-    return enc.finish()
+def _stream(ch: _Changes, row: np.ndarray, models: Models) -> np.ndarray:
+    b, t = positions.split_code(ch.codes)
+    t = np.where(ch.k > 0, t, -1)
+    return syncpass.encode_stream(ch.cls, ch.gap, ch.zs, b, t, row, models.freq, models.cum)
+
+
+def _deflate(tensor: torch.Tensor, level: int) -> bytes:
+    """One zstd frame of the tensor's raw little-endian bytes, with its content size."""
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    raw = next(host_slabs(tensor, 0, tensor.numel(), max(tensor.numel(), 1)), np.zeros(0, np.uint8))
+    return cctx.compress(raw.view(np.uint8).data)
+
+
+def _entropy_bits(counts: np.ndarray) -> float:
+    """Empirical order-0 entropy in bits in total, summed over the rows of a histogram (or one row)."""
+    c = np.atleast_2d(counts).astype(np.float64)
+    totals = c.sum(axis=1)
+    plogp = c * np.log2(np.where(c > 0, c, 1.0))
+    return float((totals * np.log2(np.where(totals > 0, totals, 1.0))).sum() - plogp.sum())
+
+
+def _fill_stats(
+    stats: PatchStats,
+    old: State,
+    found: list[_Changes | None],
+    names: list[str],
+    sections: dict[str, bytes],
+    counts: np.ndarray,
+    sparse: dict[str, _Changes],
+    size: int,
+) -> None:
+    stats.patch_bytes = size
+    for name, ch in zip(names, found, strict=True):
+        stats.elements += old[name].numel()
+        if ch is None:
+            continue
+        k = int(ch.k.sum())
+        stats.changed += k
+        stats.order0_position_bits += positions.log2_binomial(old[name].numel(), k)
+        stats._z_all.append(ch.zs)
+        if name in sections:
+            stats.dense_tensors += 1
+            stats.position_bound_bits += 8 * len(sections[name])  # dense: its compressed bytes count in full
+        else:
+            stats.position_bound_bits += ch.position_bits()
+    extra = sum(float(ch.extra.sum()) for ch in sparse.values())
+    stats.value_bound_bits += _entropy_bits(counts) + extra
 
 
 def _order0_value_bits(z_parts: list[np.ndarray]) -> float:
     if not z_parts:
         return 0.0
     _, counts = np.unique(np.concatenate(z_parts), return_counts=True)
-    return values.entropy_bits(counts)
+    return _entropy_bits(counts)
 
 
 # -- decoding -------------------------------------------------------------------------------
@@ -212,39 +295,11 @@ class _Entry:
     name: str
     dtype: str
     mode: int
-    classes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    k: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    theta: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    table: positions.ClassTable | None = None
+    words: np.ndarray | None = None  # its stream (sparse)
+    dense: memoryview | None = None  # its zstd frame (dense)
+    stream_len: int = 0
     dense_len: int = 0
-
-
-def default_max_bytes(state: State) -> int:
-    """The largest patch worth accepting for `state`: its dense size, plus header slack."""
-    return sum(t.numel() * t.element_size() for t in state.values()) * 11 // 10 + _HEADER_SLACK
-
-
-def apply(old: State, patch: bytes, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
-    """The state `patch` produces from `old`. `old` is never modified.
-
-    Raises a `ProtocolError` subclass for any patch that is malformed, does not apply to `old`,
-    or does not produce the state it names; nothing is returned in that case.
-    """
-    cap = default_max_bytes(old) if max_bytes is None else max_bytes
-    parsed = _parse(old, patch, cap)
-    held = state_hash(old)
-    if held != parsed.base_hash:
-        raise StateHashMismatch(f"patch applies to state {parsed.base_hash[:16]}, this state is {held[:16]}")
-    new = _decode_body(old, parsed)
-    got = state_hash(new)
-    if got != parsed.result_hash:
-        raise StateHashMismatch(f"patch should produce state {parsed.result_hash[:16]} but produced {got[:16]}")
-    return new
-
-
-def apply_unverified(old: State, patch: bytes, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
-    """`apply` without either state hash check: for measuring the codec alone, never for peer bytes."""
-    cap = default_max_bytes(old) if max_bytes is None else max_bytes
-    return _decode_body(old, _parse(old, patch, cap))
 
 
 @dataclass
@@ -254,8 +309,46 @@ class _Parsed:
     entries: list[_Entry]
     model_keys: np.ndarray
     model_counts: np.ndarray
-    words: np.ndarray
-    dense: list[memoryview]
+
+
+def default_max_bytes(state: State) -> int:
+    """The largest patch worth accepting for `state`: its dense size, plus header slack."""
+    return sum(t.numel() * t.element_size() for t in state.values()) * 11 // 10 + _HEADER_SLACK
+
+
+def apply(old: State, patch: bytes, *, max_bytes: int | None = None, held_hash: str | None = None) -> StateDict:
+    """The state `patch` produces from `old`. `old` is never modified.
+
+    `held_hash`: the hash of `old` if the caller already knows it (a node knows the hash of the
+    state it holds), so that only the new state is hashed. Raises a `ProtocolError` subclass for
+    any patch that is malformed, does not apply to `old`, or does not produce the state it names;
+    nothing is returned in that case.
+    """
+    return apply_with_digests(old, patch, max_bytes=max_bytes, held_hash=held_hash)[0]
+
+
+def apply_with_digests(
+    old: State, patch: bytes, *, max_bytes: int | None = None, held_hash: str | None = None
+) -> tuple[StateDict, StateDigests]:
+    """`apply`, also returning the new state's chunk digests (statehash.py), already verified."""
+    parsed = _parse(old, patch, default_max_bytes(old) if max_bytes is None else max_bytes)
+    plans = _plan(parsed)  # every check that needs no weights, before hashing or decoding anything
+    held = held_hash or state_hash(old)
+    if held != parsed.base_hash:
+        raise StateHashMismatch(f"patch applies to state {parsed.base_hash[:16]}, this state is {held[:16]}")
+    new, digests = _decode_body(old, parsed, plans, hashing=True)
+    assert digests is not None
+    got = digests.root()
+    if got != parsed.result_hash:
+        raise StateHashMismatch(f"patch should produce state {parsed.result_hash[:16]} but produced {got[:16]}")
+    return new, digests
+
+
+def apply_unverified(old: State, patch: bytes, *, max_bytes: int | None = None) -> StateDict:
+    """`apply` without either state hash check: for measuring the codec alone, never for peer bytes."""
+    cap = default_max_bytes(old) if max_bytes is None else max_bytes
+    parsed = _parse(old, patch, cap)
+    return _decode_body(old, parsed, _plan(parsed), hashing=False)[0]
 
 
 def _parse(old: State, patch: bytes, cap: int) -> _Parsed:
@@ -264,15 +357,19 @@ def _parse(old: State, patch: bytes, cap: int) -> _Parsed:
     reader = Reader(patch, "PULSESync patch")
     base_hash, result_hash = _read_preamble(reader)
     entries = _read_entries(reader, old)
-    changes = sum(int(e.k.sum()) for e in entries)
+    changes = sum(e.table.total for e in entries if e.table is not None)
     max_key = max(DTYPE_CODES.values()) * NUM_CONTEXTS + NUM_CONTEXTS - 1
     keys, counts = read_histograms(
-        reader, max_key=max_key, alphabet=values.ALPHABET, max_count=changes, what="value model"
+        reader, max_key=max_key, alphabet=syncpass.ALPHABET, max_count=changes, what="value model"
     )
-    words = reader.u32_array(reader.varint(1 << 40, "stream words"))  # a lie shows up as truncation
-    dense = [reader.raw(e.dense_len) for e in entries if e.mode == DENSE]
+    for e in entries:
+        if e.mode == SPARSE:  # a copy: aligned for the compiled walker
+            e.words = reader.u16_array(e.stream_len)
+    for e in entries:
+        if e.mode == DENSE:
+            e.dense = reader.raw(e.dense_len)
     reader.expect_end()
-    return _Parsed(base_hash, result_hash, entries, keys, counts, words, dense)
+    return _Parsed(base_hash, result_hash, entries, keys, counts)
 
 
 def _read_preamble(reader: Reader) -> tuple[str, str]:
@@ -309,92 +406,194 @@ def _read_entry(reader: Reader, name: str, dtype: str, numel: int) -> _Entry:
         return _Entry(name, dtype, mode, dense_len=reader.varint(1 << 40, f"{name} dense length"))
     if mode != SPARSE:
         raise MalformedPayload(f"{name}: unknown tensor mode {mode}")
-    classes, k, theta = positions.read_table(reader, name, numel)
-    if not len(classes):
+    table = positions.read_table(reader, name, numel)
+    if not len(table.classes):
         raise MalformedPayload(f"{name}: a sparse tensor needs at least one changed class")
-    return _Entry(name, dtype, mode, classes=classes, k=k, theta=theta)
+    if dtype == "float16" and table.classes[-1] > EXPONENT[dtype][1]:
+        raise MalformedPayload(f"{name}: context {table.classes[-1]} is not a float16 exponent")
+    # the length only bounds a view of bytes already in hand: a lie shows up as truncation
+    return _Entry(name, dtype, mode, table=table, stream_len=reader.varint(1 << 40, f"{name} stream words"))
 
 
-def _decode_body(old: State, parsed: _Parsed) -> dict[str, torch.Tensor]:
-    entries, keys, counts = parsed.entries, parsed.model_keys, parsed.model_counts
-    sparse = [e for e in entries if e.mode == SPARSE]
-    # one context order per sparse tensor, alive only during this decode (8 bytes per weight)
-    orders = parallel_map(lambda e: _context(bits(old[e.name]), e.dtype), sparse)
-    tables = [
-        positions.check_table(e.name, e.classes, e.k, e.theta, order.counts)
-        for e, (_, order) in zip(sparse, orders, strict=True)
-    ]
-    dec = AnsDecoder(parsed.words)
-    gaps = positions.decode_tables(dec, tables)
-    ends = np.cumsum([int(t.k.sum()) for t in tables]).tolist()
-    located = [
-        _positions(e.dtype, ctx_order, table, gaps[end - int(table.k.sum()) : end])
-        for e, ctx_order, table, end in zip(sparse, orders, tables, ends, strict=True)
-    ]
-    pos_by_tensor = [pos for pos, _ in located]
-    model_keys = [key for _, key in located]
-    key_all = np.concatenate(model_keys) if sparse else np.zeros(0, dtype=np.int64)
-    model_of = np.searchsorted(keys, key_all)
-    if len(key_all) and (np.any(model_of >= len(keys)) or np.any(keys[np.minimum(model_of, len(keys) - 1)] != key_all)):
-        raise MalformedPayload("a changed weight's exponent has no value model in the patch")
-    if not np.array_equal(np.bincount(model_of, minlength=len(keys)), counts.sum(axis=1)):
+@dataclass
+class _Walk:
+    """A sparse tensor's per-class decoding state (arrays indexed by context)."""
+
+    left: np.ndarray
+    code_b: np.ndarray
+    code_t: np.ndarray
+    row: np.ndarray
+
+
+def _plan(parsed: _Parsed) -> dict[str, _Walk]:
+    """Per sparse tensor: its classes' model rows and codes, after the checks that need no weights:
+    every changed class has a value model, the models count exactly the changes they cover, and
+    each stream is long enough for what its table claims."""
+    index = {int(key): i for i, key in enumerate(parsed.model_keys)}
+    covered = np.zeros(len(parsed.model_keys), np.int64)
+    plans = {}
+    for e in parsed.entries:
+        if e.mode != SPARSE:
+            continue
+        assert e.table is not None and e.words is not None
+        base = DTYPE_CODES[e.dtype] * NUM_CONTEXTS
+        zeros = lambda: np.zeros(NUM_CONTEXTS, np.int64)  # noqa: E731
+        walk = _Walk(left=zeros(), code_b=zeros(), code_t=zeros(), row=np.full(NUM_CONTEXTS, -1, np.int64))
+        b, t = positions.split_code(e.table.code)
+        for c, k, bc, tc in zip(e.table.classes.tolist(), e.table.k.tolist(), b.tolist(), t.tolist(), strict=True):
+            if base + c not in index:
+                raise MalformedPayload(f"{e.name}: exponent {c} has changes but no value model")
+            walk.left[c], walk.code_b[c], walk.code_t[c], walk.row[c] = k, bc, tc, index[base + c]
+            covered[index[base + c]] += k
+        _require(e)
+        plans[e.name] = walk
+    if not np.array_equal(covered, parsed.model_counts.sum(axis=1)):
         raise MalformedPayload("value model counts disagree with the number of changes they cover")
-    z = values.decode_values(dec, model_of, counts)
-    dec.finish()
-    return _assemble(old, entries, pos_by_tensor, z, parsed.dense)
+    return plans
 
 
-def _context(raw_old: np.ndarray, dtype: str) -> tuple[np.ndarray, ContextOrder]:
-    ctx = exponent_context(raw_old, dtype)
-    return ctx, ContextOrder(ctx)
+def _require(e: _Entry) -> None:
+    """Refuse a table that claims more than its stream can carry: each change is at least one
+    value symbol, each coded gap one geometric symbol plus its remainder bits."""
+    assert e.table is not None and e.words is not None
+    symbols, raw = positions.group_cost(e.table.k, e.table.code)
+    require(e.words, e.table.total + symbols, raw, f"{e.name}: stream")
 
 
-def _positions(
-    dtype: str, ctx_order: tuple[np.ndarray, ContextOrder], table: positions.ClassTable, gaps: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Changed positions of one tensor (class-major) and the value model key of each."""
-    ctx, order = ctx_order
-    sidx = positions.join_gaps(gaps, order.starts[table.classes], table.n, table.k)
-    pos = order.positions(sidx)
-    return pos, DTYPE_CODES[dtype] * NUM_CONTEXTS + ctx[pos].astype(np.int64)
+def _decode_body(
+    old: State, parsed: _Parsed, plans: dict[str, _Walk], *, hashing: bool
+) -> tuple[StateDict, StateDigests | None]:
+    models = Models.from_counts(parsed.model_counts) if len(parsed.model_keys) else None
 
-
-def _assemble(
-    old: State, entries: list[_Entry], pos_by_tensor: list[np.ndarray], z: np.ndarray, dense: list[memoryview]
-) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    sparse_i = dense_i = offset = 0
-    for e in entries:
+    def one(e: _Entry) -> tuple[torch.Tensor, list[bytes]]:
         tensor = old[e.name]
-        raw = bits(tensor)
-        if e.mode == SAME:
-            new_raw = raw
-        elif e.mode == DENSE:
-            new_raw = _inflate(dense[dense_i], raw, e.name)
-            dense_i += 1
-        else:
-            pos = pos_by_tensor[sparse_i]
-            sparse_i += 1
-            new_raw = raw.copy()
-            new_raw[pos] = values.from_symbols(raw[pos], z[offset : offset + len(pos)], e.dtype)
-            offset += len(pos)
-        out[e.name] = from_bits(new_raw, e.dtype, tuple(tensor.shape))
-    return out
+        if e.mode == SPARSE:
+            return _walk_tensor(e, tensor, plans[e.name], models, hashing)
+        if e.mode == DENSE:
+            return _inflate(e, tensor, hashing)
+        return _copy(tensor, hashing)
+
+    results = parallel_map(one, parsed.entries)
+    new = {e.name: t for e, (t, _) in zip(parsed.entries, results, strict=True)}
+    if not hashing:
+        return new, None
+    digests = tuple(tensor_digests(e.name, old[e.name], d) for e, (_, d) in zip(parsed.entries, results, strict=True))
+    return new, StateDigests(digests)
 
 
-def _inflate(section: memoryview, raw_old: np.ndarray, name: str) -> np.ndarray:
-    """Decompress a dense section, reading at most one byte more than the tensor's size."""
-    size = raw_old.nbytes
+def _slabs(tensor: torch.Tensor) -> int:
+    return max(1, _SLAB_BYTES // tensor.element_size())
+
+
+def _sink(new: torch.Tensor) -> tuple[np.ndarray | None, torch.Tensor]:
+    """A writable host view of `new` when it lives on the CPU (None otherwise), and its flat view."""
+    flat = new.view(-1)
+    return (bits(new) if tensorbytes.on_host(new) else None), flat
+
+
+def _store(view: np.ndarray | None, flat: torch.Tensor, lo: int, out: np.ndarray) -> None:
+    """Put a decoded host slab into the new tensor (a no-op when it was decoded in place)."""
+    if view is None:
+        signed = out.view(out.dtype.str.replace("u", "i"))
+        flat[lo : lo + len(out)].copy_(torch.from_numpy(signed).view(flat.dtype))
+
+
+def _walk_tensor(
+    e: _Entry, tensor: torch.Tensor, plan: _Walk, models: Models | None, hashing: bool
+) -> tuple[torch.Tensor, list[bytes]]:
+    assert e.words is not None and e.table is not None and models is not None
+    shift, emask = EXPONENT[e.dtype]
+    new = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    view, flat = _sink(new)
+    left = plan.left.copy()
+    state = np.array([0, 0], np.int64)
+    state[0], state[1] = _stream_start(e)
+    cnt, nxt = np.zeros(NUM_CONTEXTS, np.int64), np.zeros(NUM_CONTEXTS, np.int64)
+    _check(syncpass.start_walk(e.words, left, plan.code_b, plan.code_t, state, nxt), e.name)
+    digests: list[bytes] = []
+    slab = _slabs(tensor)
+    for lo, a in zip(range(0, tensor.numel(), slab), host_slabs(tensor, 0, tensor.numel(), slab), strict=True):
+        out = view[lo : lo + len(a)] if view is not None else np.empty_like(a)
+        status = syncpass.walk(
+            a, out, shift, emask, _WIDTH[e.dtype], e.words, state, cnt, nxt, left,
+            plan.code_b, plan.code_t, plan.row, models.packed,
+        )  # fmt: skip
+        _check(status, e.name)
+        _store(view, flat, lo, out)
+        if hashing:
+            digests += digest_bytes(out)
+    _finish(e, left, cnt, state)
+    return new, digests
+
+
+def _stream_start(e: _Entry) -> tuple[int, int]:
+    assert e.words is not None
+    if len(e.words) < 2:
+        raise TruncatedPayload(f"{e.name}: stream is shorter than its two-word state")
+    x = (int(e.words[0]) << 16) | int(e.words[1])
+    if x < 1 << 16:
+        raise MalformedPayload(f"{e.name}: stream starts with an impossible state")
+    return x, 2
+
+
+def _check(status: int, name: str) -> None:
+    if status != 0:
+        raise TruncatedPayload(f"{name}: stream ends before its last symbol")
+
+
+def _finish(e: _Entry, left: np.ndarray, cnt: np.ndarray, state: np.ndarray) -> None:
+    """After the walk: every change found, fully-changed classes exactly full, the stream spent."""
+    assert e.table is not None and e.words is not None
+    if np.any(left):
+        raise InvalidPositions(f"{e.name}: a change's rank is past the end of its exponent class")
+    full = e.table.code == positions.FULL
+    if np.any((e.table.k == cnt[e.table.classes]) != full):
+        raise MalformedPayload(f"{e.name}: the fully-changed flag disagrees with the exponent class sizes")
+    if state[1] != len(e.words):
+        raise TrailingBytes(f"{e.name}: {len(e.words) - state[1]} stream words after the last symbol")
+    if state[0] != 1 << 16:
+        raise MalformedPayload(f"{e.name}: stream does not end in the encoder's initial state")
+
+
+def _inflate(e: _Entry, tensor: torch.Tensor, hashing: bool) -> tuple[torch.Tensor, list[bytes]]:
+    """A dense section: exactly one zstd frame that declares exactly the tensor's size, nothing after it."""
+    assert e.dense is not None
+    size = tensor.numel() * tensor.element_size()
     try:
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(section)) as stream:
-            data = stream.read(size + 1)
+        declared = zstandard.frame_content_size(e.dense)
     except zstandard.ZstdError as exc:
-        raise MalformedPayload(f"{name}: dense section does not decompress: {exc}") from exc
-    if len(data) > size:
-        raise DecompressionBomb(f"{name}: dense section expands past the tensor's {size} bytes")
-    if len(data) < size:
-        raise MalformedPayload(f"{name}: dense section has {len(data)} bytes, tensor needs {size}")
-    return np.frombuffer(data, dtype=raw_old.dtype).copy()
+        raise MalformedPayload(f"{e.name}: dense section is not a zstd frame: {exc}") from exc
+    if declared > size:
+        raise DecompressionBomb(f"{e.name}: dense section declares {declared} bytes, the tensor has {size}")
+    if declared != size:  # smaller, or unknown (-1): zstd would size its output from the data
+        raise MalformedPayload(f"{e.name}: dense section declares {declared} bytes, the tensor needs {size}")
+    try:
+        data = zstandard.ZstdDecompressor().decompress(e.dense, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise MalformedPayload(f"{e.name}: dense section is not exactly one whole zstd frame: {exc}") from exc
+    if len(data) != size:
+        raise MalformedPayload(f"{e.name}: dense section has {len(data)} bytes, tensor needs {size}")
+    new = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    view, flat = _sink(new)
+    raw = np.frombuffer(data, dtype=raw_dtype(e.dtype).newbyteorder("<")).astype(raw_dtype(e.dtype), copy=False)
+    if view is not None:
+        view[:] = raw
+    else:
+        _store(None, flat, 0, raw)
+    return new, digest_bytes(raw) if hashing else []
+
+
+def _copy(tensor: torch.Tensor, hashing: bool) -> tuple[torch.Tensor, list[bytes]]:
+    new = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    view, flat = _sink(new)
+    if view is not None:
+        view[:] = bits(tensor)  # numpy's copy: no thread pool to wake (this runs on the codec's own threads)
+    else:
+        flat.copy_(tensor.reshape(-1))
+    if not hashing:
+        return new, []
+    slab = _slabs(tensor)
+    return new, [d for raw in host_slabs(new, 0, new.numel(), slab) for d in digest_bytes(raw)]
 
 
 def bits_per_changed(stats: PatchStats) -> float:

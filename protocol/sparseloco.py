@@ -13,30 +13,33 @@ invariant: e_new == acc - sent evaluated in FP32, bit for bit. At 1-D and unpick
 that is exact; at picked ones acc - centroid is one FP32 rounding (half an ulp of the residual)
 from the real difference, as no 4-value codebook can make every residual representable.
 
-Positions are gaps within each chunk (positions.py, one geometric ratio per tensor): ~7.45 bits
-against the log2 C(4096, 64) / 64 = 7.36-bit bound; bins are entropy-coded with their counts
-(~2 bits); Templar ships 12-bit indices plus a byte per value (20 bits).
+Positions are gaps within each chunk (positions.py, one gap code per tensor) against the
+log2 C(4096, 64) / 64 = 7.36-bit bound; bins are entropy-coded with their counts (~2 bits), all
+with rANS (ans.py); Templar ships 12-bit indices plus a byte per value (20 bits).
 
-Format v1 (after the common header of codec.py):
+Format v2 (after the common header of codec.py):
 
     varint k
-    per tensor of 2+ dims, sorted by name: u8 theta | 4 x f32 centroids | 4 x varint bin counts
+    per tensor of 2+ dims, sorted by name: u8 gap code (0 = every chunk fully sent) |
+        4 x f32 centroids | 4 x varint bin counts
     dense value model (floatcode.write_models, one context: exponent 127)
-    varint words | u32 words    positions stream
-    varint words | u32 words    values stream: bins per sparse tensor, then dense values
+    varint words | u16 words    positions stream
+    varint words | u16 words    values stream: bins of every sparse tensor, then dense values
+Version 1 (constriction's coder) is refused as unknown.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 
 from protocol import floatcode, positions
-from protocol.ans import AnsDecoder, AnsEncoder
-from protocol.codec import Codec, CodecStats, State, check_gaps, f32_tensor, numel, read_words, write_words
-from protocol.errors import MalformedPayload, NonFiniteValues
+from protocol.ans import AnsDecoder, AnsEncoder, Models, require
+from protocol.codec import Codec, CodecStats, State, f32_tensor, numel, read_words, require_finite, write_words
+from protocol.errors import InvalidPositions, MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
 
 TILE = 64
@@ -50,12 +53,25 @@ def is_dense(shape: torch.Size) -> bool:
     return len(shape) < 2
 
 
+def is_tiled(shape: torch.Size) -> bool:
+    return len(shape) == 2 and shape[0] % TILE == 0 and shape[1] % TILE == 0
+
+
 def chunk_order(shape: torch.Size) -> np.ndarray | None:
-    """Flat index of each chunk-order index (64x64 tiles), or None when chunks are flat runs."""
-    if len(shape) == 2 and shape[0] % TILE == 0 and shape[1] % TILE == 0:
+    """Flat index of each chunk-order index (64x64 tiles), or None when chunks are flat runs.
+    (A reference for tests; the codec permutes tensors with `in_chunk_order`.)"""
+    if is_tiled(shape):
         rows, cols = shape
         return np.arange(rows * cols).reshape(rows // TILE, TILE, cols // TILE, TILE).transpose(0, 2, 1, 3).reshape(-1)
     return None
+
+
+def in_chunk_order(t: torch.Tensor) -> torch.Tensor:
+    """The flat tensor in chunk order: 64x64 tiles row-major (a copy), or itself as flat runs."""
+    if is_tiled(t.shape):
+        rows, cols = t.shape
+        return t.reshape(rows // TILE, TILE, cols // TILE, TILE).permute(0, 2, 1, 3).reshape(-1)
+    return t.reshape(-1)
 
 
 def chunk_sizes(n: int) -> np.ndarray:
@@ -78,7 +94,7 @@ def quantize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Sparse:
     sizes: np.ndarray  # per chunk
     k: np.ndarray  # picked per chunk
-    theta: int  # geometric ratio byte for the tensor's gaps (0 if every chunk is fully picked)
+    code: int  # gap code byte for the tensor's gaps (FULL if every chunk is fully picked)
     gaps: np.ndarray  # per picked position, chunk-major
     bins: np.ndarray
     centroids: np.ndarray  # (4,) float32
@@ -87,7 +103,7 @@ class _Sparse:
 class SparseLoCoCodec(Codec):
     name = "sparseloco"
     magic = b"SLOC"
-    version = 1
+    version = 2
 
     def __init__(self, k: int = 64, beta: float = 0.95) -> None:
         if not 1 <= k <= CHUNK:
@@ -106,13 +122,14 @@ class SparseLoCoCodec(Codec):
         for name in sorted(weights):
             acc = (error[name] * self.beta + delta[name]).reshape(-1)
             if is_dense(weights[name].shape):
+                require_finite(name, acc)
                 sent = acc.to(torch.bfloat16).float()  # acc - sent is exact (Sterbenz)
-                dense.append(sent.numpy())
+                dense.append(sent.cpu().numpy())
                 new_error[name] = (acc - sent).reshape(weights[name].shape)
                 continue
             part, e_new = self._sparsify(acc, weights[name].shape)
             new_error[name] = e_new.reshape(weights[name].shape)
-            w.u8(part.theta)
+            w.u8(part.code)
             w.raw(part.centroids.astype("<f4").tobytes())
             for c in np.bincount(part.bins, minlength=BINS).tolist():
                 w.varint(c)
@@ -125,13 +142,12 @@ class SparseLoCoCodec(Codec):
         pos_enc, val_enc = AnsEncoder(), AnsEncoder()
         cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
         positions.encode_gaps(
-            pos_enc,
-            cat([p.gaps for p in sparse]),
-            cat([np.repeat(positions.golomb_m(p.sizes, p.k), p.k) for p in sparse]),
-            cat([np.repeat(np.where(p.k < p.sizes, p.theta, 0), p.k) for p in sparse]),
+            pos_enc, cat([p.gaps for p in sparse]), cat([p.k for p in sparse]), cat([_chunk_codes(p) for p in sparse])
         )
-        for part in sparse:
-            val_enc.categorical(part.bins, np.bincount(part.bins, minlength=BINS))
+        if sparse:
+            bins = Models.from_counts(np.stack([np.bincount(p.bins, minlength=BINS) for p in sparse]))
+            lengths = np.array([len(p.bins) for p in sparse])
+            val_enc.categorical(np.concatenate([p.bins for p in sparse]), bins, runs=(np.arange(len(sparse)), lengths))
         floatcode.encode(val_enc, coded, floatcode.BF16_MANTISSA)
         pos_words, val_words = pos_enc.finish(), val_enc.finish()
         write_words(w, pos_words)
@@ -141,36 +157,39 @@ class SparseLoCoCodec(Codec):
             elements=numel(weights),
             sent=n_sparse + len(dense_values),
             payload_bytes=0,
-            position_bytes=4 * pos_words.size,
-            value_bytes=4 * val_words.size + model_bytes,
+            position_bytes=2 * pos_words.size,
+            value_bytes=2 * val_words.size + model_bytes,
         )
         return new_error, stats
 
     def _sparsify(self, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
-        """Pick top-k per chunk of the flat `acc`; the part to send and the new flat buffer."""
-        perm = chunk_order(shape)
-        co = acc[torch.from_numpy(perm)] if perm is not None else acc  # chunk order
+        """Pick top-k per chunk of the flat `acc` (a buffer this codec owns); the part to send and
+        the new buffer, which reuses acc's memory (the residual written back in tensor order)."""
+        co = in_chunk_order(acc.reshape(shape))
+        magnitude = co.abs()
+        require_finite(f"sparseloco tensor of shape {tuple(shape)}", co, magnitude)
         sizes = chunk_sizes(acc.numel())
         k = np.minimum(self.k, sizes)
-        picked = []
         n_full = int((sizes == CHUNK).sum())
-        if n_full:
-            top = co[: n_full * CHUNK].view(n_full, CHUNK).abs().topk(int(k[0]), dim=1).indices  # (chunks, k)
-            picked.append((top.sort(dim=1).values + torch.arange(n_full)[:, None] * CHUNK).reshape(-1))
-        if len(sizes) > n_full:
-            tail = co[n_full * CHUNK :].abs().topk(int(k[-1])).indices.sort().values
-            picked.append(tail + n_full * CHUNK)
-        sidx = torch.cat(picked).numpy() if picked else np.zeros(0, dtype=np.int64)
-        values = co.numpy()[sidx]
+        full = co[: n_full * CHUNK].view(n_full, CHUNK)
+        top = magnitude[: n_full * CHUNK].view(n_full, CHUNK).topk(self.k, dim=1).indices.sort(dim=1).values
+        tail = co[n_full * CHUNK :]
+        tail_top = magnitude[n_full * CHUNK :].topk(int(k[-1]) if len(sizes) > n_full else 0).indices.sort().values
+        del magnitude
+        values = torch.cat([full.gather(1, top).reshape(-1), tail[tail_top]]).cpu().numpy()
         bins, centroids = quantize(values)
-        flat_idx = torch.from_numpy(perm[sidx] if perm is not None else sidx)
-        e_new = acc.clone()
-        e_new[flat_idx] = acc[flat_idx] - torch.from_numpy(centroids[bins])
-        _, gaps = positions.split_gaps(sidx, np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes)
-        coded = np.repeat(k < sizes, k)
-        q = gaps // np.repeat(positions.golomb_m(sizes, k), k)
-        theta = positions.fit_theta(q[coded]) if coded.any() else 0
-        return _Sparse(sizes, k, theta, gaps, bins, centroids), e_new
+        sent = torch.from_numpy(centroids[bins]).to(co.device)
+        full.scatter_add_(1, top, -sent[: top.numel()].view_as(top))  # co is ours: the residual in place
+        tail[tail_top] -= sent[top.numel() :]
+        gaps = chunk_gaps(top, tail_top)
+        _back_to_tensor_order(co, acc, shape)
+        code = positions.FULL
+        if self.k < CHUNK or (len(sizes) > n_full and k[-1] < sizes[-1]):
+            partial = np.repeat(k < sizes, k)
+            one_class = np.zeros(int(partial.sum()), np.int64)
+            codes, _ = positions.choose_codes(one_class, gaps[partial], np.array([CHUNK]), np.array([self.k]))
+            code = int(codes[0])
+        return _Sparse(sizes, k, code, gaps, bins.astype(np.uint8), centroids), acc
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         k = r.varint(CHUNK, "k")
@@ -186,17 +205,27 @@ class SparseLoCoCodec(Codec):
         dense_models = floatcode.read_models(r, n_dense)
         pos_words, val_words = read_words(r), read_words(r)
         r.expect_end()
-        sidx = self._decode_positions(pos_words, weights, headers)
+        picked = sum(int(c.sum()) for _, _, c in headers.values())
+        require(val_words, picked + n_dense, n_dense * floatcode.BF16_MANTISSA, "values stream")
+        gaps = self._decode_gaps(pos_words, weights, headers)
         dec = AnsDecoder(val_words)
         out: dict[str, torch.Tensor] = {}
-        for name, (_, centroids, counts) in headers.items():
-            bins = dec.categorical(int(counts.sum()), counts)
-            if not np.array_equal(np.bincount(bins, minlength=BINS), counts):
+        if headers:
+            counts = np.stack([c for _, _, c in headers.values()])
+            all_bins = dec.categorical(Models.from_counts(counts), runs=(np.arange(len(headers)), counts.sum(axis=1)))
+        offset = 0
+        for name, (_, centroids, c) in headers.items():
+            total = int(c.sum())
+            bins, tensor_gaps = all_bins[offset : offset + total], gaps[offset : offset + total]
+            offset += total
+            if not np.array_equal(np.bincount(bins, minlength=BINS), c):
                 raise MalformedPayload(f"{name}: decoded bins disagree with their counts")
+            shape = weights[name].shape
             flat = np.zeros(weights[name].numel(), dtype=np.float32)
-            perm = chunk_order(weights[name].shape)
-            flat[perm[sidx[name]] if perm is not None else sidx[name]] = centroids[bins]
-            out[name] = f32_tensor(flat, weights[name], name)
+            cols = shape[1] if is_tiled(shape) else 0
+            if not _scatter(flat, tensor_gaps, min(self.k, CHUNK), cols, bins, centroids):
+                raise InvalidPositions(f"{name}: a picked position is past the end of its chunk")
+            out[name] = torch.from_numpy(flat).reshape(shape)  # finite: centroids are checked in the header
         dense = floatcode.decode(
             dec, np.full(n_dense, DENSE_CTX, dtype=np.uint8), dense_models, floatcode.BF16_MANTISSA
         )
@@ -205,12 +234,14 @@ class SparseLoCoCodec(Codec):
         for name in names:
             if name not in headers:
                 size = weights[name].numel()
-                out[name] = f32_tensor(dense[offset : offset + size], weights[name], name)
+                out[name] = f32_tensor(dense[offset : offset + size], weights[name], name)  # a copy of a slice
                 offset += size
         return {name: out[name] for name in names}
 
     def _read_header(self, r: Reader, name: str, n: int) -> tuple[int, np.ndarray, np.ndarray]:
-        theta = r.u8()
+        code = r.u8()
+        if code > positions.MAX_CODE:
+            raise MalformedPayload(f"{name}: unknown gap code {code}")
         centroids = np.frombuffer(r.raw(4 * BINS), dtype="<f4").astype(np.float32)
         if not np.isfinite(centroids).all():
             raise NonFiniteValues(f"{name}: NaN or inf centroid")
@@ -219,29 +250,75 @@ class SparseLoCoCodec(Codec):
         k = np.minimum(self.k, sizes)
         if int(counts.sum()) != int(k.sum()):
             raise MalformedPayload(f"{name}: bin counts add up to {int(counts.sum())}, top-k sends {int(k.sum())}")
-        if (theta == 0) != bool((k == sizes).all()):
-            raise MalformedPayload(f"{name}: theta 0 must mean every chunk is fully sent")
-        return theta, centroids, counts
+        if (code == positions.FULL) != bool((k == sizes).all()):
+            raise MalformedPayload(f"{name}: gap code 0 must mean every chunk is fully sent")
+        return code, centroids, counts
 
-    def _decode_positions(
+    def _decode_gaps(
         self, words: np.ndarray, weights: State, headers: dict[str, tuple[int, np.ndarray, np.ndarray]]
-    ) -> dict[str, np.ndarray]:
-        """Chunk-order picked indices per sparse tensor, ascending."""
-        geometry = {}
-        for name, (theta, _, _) in headers.items():
+    ) -> np.ndarray:
+        """The gaps of every sparse tensor's picks, chunk by chunk, tensors in order."""
+        ks, codes = [], []
+        for name, (code, _, _) in headers.items():
             sizes = chunk_sizes(weights[name].numel())
             k = np.minimum(self.k, sizes)
-            geometry[name] = (sizes, k, np.repeat(np.where(k < sizes, theta, 0), k))
-        cat = lambda i: np.concatenate([g[i] for g in geometry.values()]) if geometry else np.zeros(0, dtype=np.int64)  # noqa: E731
-        sizes_all, k_all, theta_all = cat(0), cat(1), cat(2)
+            ks.append(k)
+            codes.append(np.where(k < sizes, code, positions.FULL))
+        cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731
         dec = AnsDecoder(words)
-        gaps = positions.decode_gaps(dec, np.repeat(positions.golomb_m(sizes_all, k_all), k_all), theta_all)
+        gaps = positions.decode_gaps(dec, cat(ks), cat(codes))
         dec.finish()
-        check_gaps(gaps, np.repeat(sizes_all, k_all))
-        out, offset = {}, 0
-        for name, (sizes, k, _) in geometry.items():
-            total = int(k.sum())
-            starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-            out[name] = positions.join_gaps(gaps[offset : offset + total], starts, sizes, k) if total else gaps[:0]
-            offset += total
-        return out
+        return gaps
+
+
+def chunk_gaps(top: torch.Tensor, tail_top: torch.Tensor) -> np.ndarray:
+    """Gaps between the sorted picks of each chunk (the first from -1): (chunks, k) and the tail."""
+    gaps = [
+        torch.diff(top, dim=1, prepend=top.new_full((top.shape[0], 1), -1)).reshape(-1) - 1,
+        torch.diff(tail_top, prepend=tail_top.new_full((1,), -1)) - 1,
+    ]
+    return torch.cat(gaps).to(torch.int32).cpu().numpy()
+
+
+def _back_to_tensor_order(co: torch.Tensor, acc: torch.Tensor, shape: torch.Size) -> None:
+    """Write the chunk-ordered `co` into `acc` in the tensor's own order (nothing to do for runs)."""
+    if is_tiled(shape) and co.data_ptr() != acc.data_ptr():  # one tile column: chunk order is the order
+        rows, cols = shape
+        acc.view(rows // TILE, TILE, cols // TILE, TILE).copy_(
+            co.view(rows // TILE, cols // TILE, TILE, TILE).transpose(1, 2)
+        )
+
+
+@numba.njit(nogil=True, cache=True)
+def _scatter(flat: np.ndarray, gaps: np.ndarray, k: int, cols: int, bins: np.ndarray, centroids: np.ndarray) -> bool:
+    """flat[position of pick j] = centroids[bins[j]]: picks are gaps inside chunks of CHUNK
+    (k a chunk; the last chunk smaller and fully sent when it has at most k weights), 64x64 tiles
+    when cols > 0. False if a pick falls past its chunk."""
+    n = len(flat)
+    tiles_per_row = cols // TILE if cols else 0
+    j = 0
+    start = 0
+    while start < n:
+        size = min(CHUNK, n - start)
+        rank = -1
+        for _ in range(min(k, size)):
+            rank += int(gaps[j]) + 1
+            if rank >= size:
+                return False
+            sidx = start + rank
+            if cols:
+                tile, inner = sidx // CHUNK, sidx % CHUNK
+                sidx = (
+                    ((tile // tiles_per_row) * TILE + inner // TILE) * cols
+                    + (tile % tiles_per_row) * TILE
+                    + inner % TILE
+                )
+            flat[sidx] = centroids[bins[j]]
+            j += 1
+        start += size
+    return True
+
+
+def _chunk_codes(part: _Sparse) -> np.ndarray:
+    """The gap code of each chunk: the tensor's, or FULL for a fully sent one."""
+    return np.where(part.k < part.sizes, part.code, positions.FULL)

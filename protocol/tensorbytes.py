@@ -6,6 +6,8 @@ same width so that every pattern (NaN payloads, -0.0, subnormals) survives exact
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
@@ -36,11 +38,37 @@ def torch_dtype(name: str) -> torch.dtype:
         raise UnsupportedDtype(f"unknown dtype name {name!r}") from None
 
 
+def raw_dtype(name: str) -> np.dtype:
+    """The numpy unsigned dtype that holds the bit patterns of wire dtype `name`."""
+    return np.dtype(_DTYPES[name][2])
+
+
 def bits(tensor: torch.Tensor) -> np.ndarray:
     """Flat unsigned-integer view of a tensor's bit patterns (a copy only if not contiguous)."""
     _, int_dtype, np_dtype, _ = _DTYPES[dtype_name(tensor.dtype)]
     flat = tensor.detach().to("cpu").contiguous().view(int_dtype).reshape(-1)
     return flat.numpy().view(np_dtype)
+
+
+def on_host(tensor: torch.Tensor) -> bool:
+    """Whether numpy can work on the tensor's memory directly (a CPU tensor); codecs stream
+    anything else through host slabs (tests force that path on the CPU by patching this)."""
+    return tensor.device.type == "cpu"
+
+
+def host_slabs(tensor: torch.Tensor, lo: int, hi: int, slab: int) -> Iterator[np.ndarray]:
+    """Little-endian bit-pattern views of elements [lo, hi) of the flat tensor, `slab` at a time.
+
+    On the CPU these are views (no copy); a tensor on another device is copied to the host one
+    slab at a time, so the host never holds more than one slab of it.
+    """
+    _, int_dtype, np_dtype, _ = _DTYPES[dtype_name(tensor.dtype)]
+    flat = tensor.detach().reshape(-1)
+    le = np.dtype(np_dtype).newbyteorder("<")
+    for start in range(lo, hi, slab):
+        piece = flat[start : min(start + slab, hi)]
+        raw = piece.to("cpu").contiguous().view(int_dtype).numpy().view(np_dtype)
+        yield raw.astype(le, copy=False)
 
 
 def from_bits(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -69,6 +69,10 @@ class Reader:
         self._pos += n
         return view
 
+    def peek(self) -> memoryview:
+        """Every byte not read yet, without consuming any (for a parser that reports its length)."""
+        return self._buf[self._pos :]
+
     def u8(self) -> int:
         return int(self.raw(1)[0])
 
@@ -93,6 +97,10 @@ class Reader:
 
     def u32_array(self, count: int) -> np.ndarray:
         return np.frombuffer(self.raw(4 * count), dtype="<u4").astype(np.uint32)
+
+    def u16_array(self, count: int) -> np.ndarray:
+        """`count` little-endian u16 (a native, aligned copy)."""
+        return np.frombuffer(self.raw(2 * count), dtype="<u2").astype(np.uint16)
 
     def expect_end(self) -> None:
         if self.remaining:

@@ -7,6 +7,8 @@ tensors untouched) is in test_codec_contract.py.
 from __future__ import annotations
 
 import struct
+import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -25,6 +27,8 @@ from protocol.errors import (
     NonFiniteUpdate,
     NonFiniteValues,
     SizeLimitExceeded,
+    TruncatedPayload,
+    UnknownVersion,
 )
 from protocol.positions import ClassTable, write_table
 from protocol.pulseloco import PulseLoCoCodec, gate
@@ -149,6 +153,7 @@ def rejects(payload: bytes, weights: StateDict, exc: type[Exception], **kw: int)
 
 def test_header_lies(case: tuple[StateDict, bytes]) -> None:
     weights, payload = case
+    rejects(payload[:4] + b"\x01" + payload[5:], weights, UnknownVersion)  # version 1: the old coder
     digest_at = 6  # magic, version, one-byte tensor count
     rejects(payload[:digest_at] + bytes(8) + payload[digest_at + 8 :], weights, LayoutMismatch)
     rejects(payload[:14] + b"\x07" + payload[15:], weights, MalformedPayload)  # value format byte
@@ -156,20 +161,29 @@ def test_header_lies(case: tuple[StateDict, bytes]) -> None:
     rejects(payload, transposed, LayoutMismatch)
 
 
+GAP_CODE = positions.code_of(0, 5)  # b = 0 and a middle geometric model: any gap can be coded
+
+
 def craft(
-    weights: StateDict, gaps: np.ndarray, values: np.ndarray, theta: int = 200, k_claim: int | None = None
+    weights: StateDict,
+    gaps: np.ndarray,
+    values: np.ndarray,
+    code: int = GAP_CODE,
+    k_claim: int | None = None,
+    cut_words: int = 0,
 ) -> bytes:
-    """A PULSELoCo payload sending positions (gaps in context class 0..) of the first tensor only."""
+    """A PULSELoCo payload sending positions (gaps in context class 0..) of the first tensor only;
+    `cut_words` drops that many words from the end of the values stream (its length says so)."""
     w = Writer()
     w.raw(b"PLOC")
-    w.u8(1)
+    w.u8(PulseLoCoCodec.version)
     w.varint(len(weights))
     w.raw(layout_digest(weights))
     w.u8(0)  # FP32 values
     names = sorted(weights)
     ctx0 = int((weights[names[0]].reshape(-1)[0].view(torch.int16).item() >> 7) & 0xFF)
     k = np.array([k_claim or len(gaps)])
-    write_table(w, ClassTable(np.array([ctx0]), k, n=k, theta=np.array([theta]), m=np.ones(1, dtype=np.int64)))
+    write_table(w, ClassTable(np.array([ctx0]), k, np.array([code])))
     for _ in names[1:]:
         w.varint(0)
     raw = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
@@ -178,13 +192,13 @@ def craft(
     models = floatcode.Models(np.array([ctx0]), np.bincount(sym, minlength=floatcode.ALPHABET)[None, :])
     floatcode.write_models(w, models)
     enc = AnsEncoder()
-    n = int((weights[names[0]].view(torch.int16) >> 7 & 0xFF).eq(ctx0).sum())  # size of class ctx0
-    m = positions.golomb_m(np.array([n]), np.array([k_claim or len(gaps)]))
-    positions.encode_gaps(enc, gaps, np.repeat(m, len(gaps)), np.full(len(gaps), theta))
+    coded_as = code if code <= positions.MAX_CODE else GAP_CODE  # an unknown code byte lies in the table only
+    positions.encode_gaps(enc, gaps, np.array([len(gaps)]), np.array([coded_as]))  # one group: the class
     write_words(w, enc.finish())
     enc = AnsEncoder()
     floatcode.encode(enc, floatcode.Coded(sym, raw & 0x7FFFFF, ctx, models), 23)
-    write_words(w, enc.finish())
+    words = enc.finish()
+    write_words(w, words[: len(words) - cut_words])
     return w.getvalue()
 
 
@@ -200,4 +214,52 @@ def test_out_of_range_positions_and_non_finite_values() -> None:
     rejects(craft(weights, np.zeros(17, dtype=np.int64), np.ones(17, np.float32)), weights, SizeLimitExceeded)
     rejects(craft(weights, np.array([0, 3]), np.array([1.0, np.inf], np.float32)), weights, NonFiniteValues)
     rejects(craft(weights, np.array([0, 3]), np.array([np.nan, 1.0], np.float32)), weights, NonFiniteValues)
-    rejects(craft(weights, np.zeros(8, dtype=np.int64), np.ones(8, np.float32)), weights, MalformedPayload)  # theta
+    rejects(
+        craft(weights, np.zeros(8, dtype=np.int64), np.ones(8, np.float32)), weights, MalformedPayload
+    )  # full, coded
+    rejects(
+        craft(weights, np.zeros(5, dtype=np.int64), np.ones(5, np.float32), code=positions.FULL),
+        weights,
+        MalformedPayload,
+    )
+    rejects(
+        craft(weights, np.array([0, 3]), ok, code=positions.MAX_CODE + 1), weights, MalformedPayload
+    )  # unknown code
+
+
+def test_values_stream_that_ends_early_is_truncated() -> None:
+    """Reading past the last word is an error: the decoder never invents zeros to keep going."""
+    a = torch.tensor([0.5] * 8 + [1.0] * 8, dtype=torch.bfloat16)
+    weights = {"a": a, "b": torch.ones(4, dtype=torch.bfloat16)}
+    values = np.linspace(1.0, 2.0, 6, dtype=np.float32)
+    PulseLoCoCodec().decompress(craft(weights, np.zeros(6, dtype=np.int64), values), weights)  # whole: fine
+    rejects(craft(weights, np.zeros(6, dtype=np.int64), values, cut_words=1), weights, TruncatedPayload)
+
+
+def test_tiny_payload_claiming_full_density_is_refused_fast() -> None:
+    """Every class of a 4M-weight layout declared fully sent, in a payload of a few hundred bytes:
+    refused from the header (the values stream cannot carry 7 mantissa bits per value), before
+    any per-position array is built."""
+    n = 1 << 22
+    weights = {"w": torch.full((n,), 0.5, dtype=torch.bfloat16)}
+    ctx0 = int((weights["w"][0].view(torch.int16).item() >> 7) & 0xFF)
+    w = Writer()
+    w.raw(b"PLOC")
+    w.u8(PulseLoCoCodec.version)
+    w.varint(1)
+    w.raw(layout_digest(weights))
+    w.u8(1)  # BF16 values
+    write_table(w, ClassTable(np.array([ctx0]), np.array([n]), np.array([positions.FULL])))
+    floatcode.write_models(w, floatcode.Models(np.array([ctx0]), np.eye(1, floatcode.ALPHABET, dtype=np.int64) * n))
+    write_words(w, np.array([1, 0], dtype=np.uint16))  # an empty positions stream: FULL needs no gap
+    write_words(w, np.array([1, 0] + [0] * 100, dtype=np.uint16))
+    payload = w.getvalue()
+    assert len(payload) < 400
+    tracemalloc.start()
+    start = time.perf_counter()
+    with pytest.raises(SizeLimitExceeded, match="stream holds"):
+        PulseLoCoCodec().decompress(payload, weights)
+    elapsed = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert elapsed < 2.0 and peak < 8 * 1024 * 1024  # not one array of n entries was built

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -9,8 +11,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import pulsesync
-from protocol.ans import AnsEncoder
+from protocol import positions, pulsesync, syncpass
+from protocol.ans import Models
 from protocol.errors import (
     DecompressionBomb,
     IncompatibleStates,
@@ -25,7 +27,6 @@ from protocol.errors import (
     UnknownVersion,
     UnsupportedDtype,
 )
-from protocol.positions import encode_gaps
 from protocol.statehash import state_hash
 from protocol.tensorbytes import bits, from_bits
 from protocol.wire import Writer
@@ -222,6 +223,8 @@ def test_garbage_is_rejected(junk: bytes) -> None:
 
 
 # Hand-built patches: a lying header behind valid hashes, for each field a peer controls.
+# Layout (v2): preamble | count | entries (a sparse entry ends with its stream length) | value
+# models | streams (u16 words) | dense sections.
 
 
 def forge(
@@ -235,9 +238,8 @@ def forge(
     w.varint(1)
     w.raw(entry)
     w.raw(models)
-    words = np.zeros(0, dtype=np.uint32) if stream is None else stream
-    w.varint(words.size)
-    w.raw(words.astype("<u4").tobytes())
+    if stream is not None:
+        w.raw(stream.astype("<u2").tobytes())
     w.raw(tail)
     return w.getvalue()
 
@@ -259,6 +261,40 @@ def varints(*xs: int) -> bytes:
 
 
 ONE = {"x": torch.full((64,), 0.5, dtype=torch.bfloat16)}  # all 64 weights in one exponent class
+CTX = int(bits(ONE["x"])[0] >> 7)
+GAP_CODE = positions.code_of(0, 5)  # b = 0, the fifth geometric model: any gap can be coded
+
+
+def sparse_body(k: int, code: int, words: int) -> bytes:
+    """One class (CTX) with k changes under gap code `code`, then the stream length."""
+    return varints(1, CTX, k) + bytes([code]) + varints(words)
+
+
+def walker_stream(ranks: list[int], code: int = GAP_CODE, z: int = 0) -> np.ndarray:
+    """A real stream for changes at `ranks` of class CTX, each value z (0: one ulp down)."""
+    cls = np.full(len(ranks), CTX, dtype=np.uint8)
+    gap = np.diff(np.array(ranks), prepend=-1) - 1  # from the previous change of the class
+    b, t = (np.zeros(256, np.int64) for _ in range(2))
+    t[:] = -1
+    if code != positions.FULL:
+        (b[CTX],), (t[CTX],) = positions.split_code(np.array([code]))
+    row = np.zeros(256, dtype=np.int64)
+    models = Models.from_counts(np.bincount([syncpass.value_symbol(z)] * len(ranks), minlength=syncpass.ALPHABET))
+    zs = np.full(len(ranks), z, dtype=np.uint16)
+    return syncpass.encode_stream(cls, gap.astype(np.int32), zs, b, t, row, models.freq, models.cum)
+
+
+def one_model(count: int, key: int = 256 + CTX) -> bytes:
+    return varints(1, key, 1, 0, count)  # one model; one symbol (z = 0) seen `count` times
+
+
+def test_the_crafted_patch_itself_works() -> None:
+    words = walker_stream([0, 3])
+    new = pulsesync.apply_unverified(
+        ONE, forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(2, GAP_CODE, len(words))), words, one_model(2))
+    )
+    changed = np.flatnonzero(bits(new["x"]) != bits(ONE["x"]))
+    assert changed.tolist() == [0, 3]
 
 
 def test_zstd_bomb_in_dense_section() -> None:
@@ -271,8 +307,28 @@ def test_dense_section_too_short() -> None:
     rejects(ONE, forge(ONE, entry(64, pulsesync.DENSE, varints(len(short))), tail=short), MalformedPayload)
 
 
+def test_dense_section_without_a_declared_size() -> None:
+    frame = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(128))
+    rejects(ONE, forge(ONE, entry(64, pulsesync.DENSE, varints(len(frame))), tail=frame), MalformedPayload)
+
+
+def test_dense_section_with_data_after_its_frame() -> None:
+    frame = zstandard.ZstdCompressor().compress(bytes(128))
+    for extra in (b"\x00", b"junk", frame):  # bytes after the frame, or a second whole frame
+        section = frame + extra
+        rejects(ONE, forge(ONE, entry(64, pulsesync.DENSE, varints(len(section))), tail=section), MalformedPayload)
+    ok = forge(ONE, entry(64, pulsesync.DENSE, varints(len(frame))), tail=frame)
+    assert same_bits(pulsesync.apply_unverified(ONE, ok), {"x": torch.zeros(64, dtype=torch.bfloat16)})
+
+
 def test_dense_length_that_lies() -> None:
     rejects(ONE, forge(ONE, entry(64, pulsesync.DENSE, varints(10_000))), TruncatedPayload)
+
+
+def test_stream_length_that_lies() -> None:
+    words = walker_stream([0, 3])
+    body = sparse_body(2, GAP_CODE, len(words) + 50)
+    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(2)), TruncatedPayload)
 
 
 def test_layout_that_lies() -> None:
@@ -284,12 +340,30 @@ def test_unknown_tensor_mode() -> None:
     rejects(ONE, forge(ONE, entry(64, 7, b"")), MalformedPayload)
 
 
+def test_unknown_gap_code() -> None:
+    words = walker_stream([0, 3])
+    body = sparse_body(2, positions.MAX_CODE + 1, len(words))
+    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(2)), MalformedPayload)
+
+
 def test_more_changes_than_positions_in_class() -> None:
-    ctx = int(bits(ONE["x"])[0] >> 7)
-    body = varints(1, ctx, 65) + bytes([0])
+    body = varints(1, CTX, 65) + bytes([0]) + varints(0)
     rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body)), SizeLimitExceeded)  # k above numel
-    body = varints(1, ctx, 64) + bytes([5])  # all changed, yet theta says otherwise
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body)), MalformedPayload)
+    words = walker_stream(list(range(64)))  # all 64 changed, yet coded with gaps, not as FULL
+    rejects(
+        ONE,
+        forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(64, GAP_CODE, len(words))), words, one_model(64)),
+        MalformedPayload,
+    )
+
+
+def test_fully_changed_flag_on_a_class_that_is_not_full() -> None:
+    words = walker_stream(list(range(10)), code=positions.FULL)
+    body = sparse_body(10, positions.FULL, len(words))
+    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(10)), MalformedPayload)
+    words = walker_stream(list(range(64)), code=positions.FULL)  # the honest form of a full class
+    ok = forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(64, positions.FULL, len(words))), words, one_model(64))
+    assert (bits(pulsesync.apply_unverified(ONE, ok)["x"]) == bits(ONE["x"]) - 1).all()
 
 
 def test_context_out_of_range() -> None:
@@ -298,26 +372,83 @@ def test_context_out_of_range() -> None:
 
 
 def test_out_of_range_positions() -> None:
-    ctx = int(bits(ONE["x"])[0] >> 7)
-    enc = AnsEncoder()
     # two changes in a 64-position class, the second 500 positions past the first
-    encode_gaps(enc, np.array([0, 500]), np.array([1, 1]), np.array([128, 128]))
-    body = varints(1, ctx, 2) + bytes([128])
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), stream=enc.finish()), InvalidPositions)
+    words = walker_stream([0, 501])
+    rejects(
+        ONE,
+        forge(ONE, entry(64, pulsesync.SPARSE, sparse_body(2, GAP_CODE, len(words))), words, one_model(2)),
+        InvalidPositions,
+    )
 
 
 def test_value_models_that_disagree_with_the_changes() -> None:
-    ctx = int(bits(ONE["x"])[0] >> 7)
-    enc = AnsEncoder()
-    encode_gaps(enc, np.array([0, 3]), np.array([1, 1]), np.array([128, 128]))
-    body = varints(1, ctx, 2) + bytes([128])
-    models = varints(1, 256 + ctx, 1, 0, 5)  # one model for the right key, counting 5 changes, not 2
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), enc.finish(), models), MalformedPayload)
-    models = varints(1, 256 + ctx + 1, 1, 0, 2)  # a model for another exponent
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), enc.finish(), models), MalformedPayload)
+    words = walker_stream([0, 3])
+    body = sparse_body(2, GAP_CODE, len(words))
+    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(5)), MalformedPayload)  # 5, not 2
+    rejects(
+        ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), words, one_model(2, key=256 + CTX + 1)), MalformedPayload
+    )
 
 
 def test_stream_with_leftover_data() -> None:
-    enc = AnsEncoder()
-    encode_gaps(enc, np.array([7]), np.array([1]), np.array([128]))  # symbols nobody reads
-    rejects(ONE, forge(ONE, entry(64, pulsesync.SAME, b""), stream=enc.finish()), TrailingBytes)
+    words = walker_stream([0, 3])
+    padded = np.concatenate([words, np.array([7, 7], dtype=np.uint16)])
+    body = sparse_body(2, GAP_CODE, len(padded))
+    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), padded, one_model(2)), TrailingBytes)
+    rejects(ONE, forge(ONE, entry(64, pulsesync.SAME, b""), words), TrailingBytes)  # a stream nobody reads
+
+
+def test_stream_that_ends_early_is_truncated_not_zeros() -> None:
+    """Reading past the last word is an error: the decoder never invents zeros to keep going."""
+    words = walker_stream(list(range(0, 60, 2)))
+    short = words[: len(words) // 2]
+    body = sparse_body(30, GAP_CODE, len(short))
+    rejects(ONE, forge(ONE, entry(64, pulsesync.SPARSE, body), short, one_model(30)), TruncatedPayload)
+
+
+def test_tiny_patch_claiming_every_weight_is_refused_before_any_work() -> None:
+    """A few hundred bytes that declare every weight of a large state changed (every class
+    full, no gap to code) are refused from the header: the stream cannot carry that many symbols."""
+    big = {"w": torch.full((1 << 22,), 0.5, dtype=torch.bfloat16)}
+    words = walker_stream([0, 1, 2], code=positions.FULL)
+    body = varints(1, CTX, 1 << 22) + bytes([positions.FULL]) + varints(len(words))
+    patch = forge(big, entry(1 << 22, pulsesync.SPARSE, body), words, one_model(1 << 22))
+    assert len(patch) < 200
+    start = time.perf_counter()
+    with pytest.raises(SizeLimitExceeded, match="stream holds"):
+        pulsesync.apply(big, patch)
+    assert time.perf_counter() - start < 5.0  # from the header alone; no hash of the state either
+
+
+def test_old_format_is_refused_by_version() -> None:
+    old, new = weight_pair()
+    patch = pulsesync.encode(old, new)
+    v1 = patch[:4] + bytes([1]) + patch[5:]
+    with pytest.raises(UnknownVersion, match="version 1 is not supported"):
+        pulsesync.apply(old, v1)
+
+
+def test_device_paths_stream_through_host_slabs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a tensor on a GPU goes through (host slabs in, host slabs out), forced on the CPU:
+    the same patch bytes, the same result, walks resumed across slabs."""
+    old, new = weight_pair(n=60_000)
+    old["z"], new["z"] = torch.zeros(300, dtype=torch.bfloat16), torch.full((300,), 1e-3, dtype=torch.bfloat16)
+    patch = pulsesync.encode(old, new)
+    monkeypatch.setattr(pulsesync.tensorbytes, "on_host", lambda t: False)
+    monkeypatch.setattr(pulsesync, "_HOST_SLAB", 7_000)  # the encoder's walk in 9 pieces
+    assert pulsesync.encode(old, new) == patch
+    assert same_bits(pulsesync.apply(old, patch), new)
+    monkeypatch.setattr(pulsesync, "_SLAB_BYTES", 2 * 5_000)  # and the decoder's in 6
+    assert same_bits(pulsesync.apply_unverified(old, patch), new)
+
+
+def test_a_held_hash_spares_hashing_the_old_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    old, new = weight_pair()
+    patch = pulsesync.encode(old, new)
+    held = state_hash(old)
+    calls = []
+    monkeypatch.setattr(pulsesync, "state_hash", lambda s: calls.append(1) or held)
+    assert same_bits(pulsesync.apply(old, patch, held_hash=held), new)
+    assert calls == []  # only the new state was hashed, slab by slab while it was decoded
+    with pytest.raises(StateHashMismatch):  # a held hash that is not the patch's base
+        pulsesync.apply(old, patch, held_hash="00" * 32)

@@ -171,15 +171,14 @@ def test_header_lies(case: tuple[StateDict, bytes, CodecStats]) -> None:
 def test_positions_beyond_a_chunk_are_rejected(monkeypatch: pytest.MonkeyPatch, where: int, extra: int) -> None:
     """An encoder that lies about one gap: past the chunk outright, or pushing the chunk's last rank out."""
     weights, delta, error = make_case(11)
-    split = sparseloco.positions.split_gaps
+    honest = sparseloco.chunk_gaps
 
-    def lying(*args: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        cls, gaps = split(*args)
-        gaps = gaps.copy()
+    def lying(*args: torch.Tensor) -> np.ndarray:
+        gaps = honest(*args).copy()
         gaps[where] += extra
-        return cls, gaps
+        return gaps
 
-    monkeypatch.setattr(sparseloco.positions, "split_gaps", lying)
+    monkeypatch.setattr(sparseloco, "chunk_gaps", lying)
     payload = SparseLoCoCodec().compress(delta, error, weights)[0]
     monkeypatch.undo()
     rejects(payload, weights, InvalidPositions)

@@ -1,11 +1,13 @@
 """`pulse bench ...`: benchmarks. Each module exposes `configure(parser)` and `run(args) -> BenchResult`.
 
 - `report.py`      what a benchmark returns: a JSON-able summary and the tables a person reads
-- `trace.py`       real BF16 update traces from the base model (`load_trace`) and their sparsity
+- `peakmem.py`     the peak resident memory (and CUDA memory) of one phase of a benchmark
+- `trace.py`       real BF16 update traces (the tiny base model, or a 0.5B model) and their sparsity
 - `plainpatch.py`  the plain sparse patch encoding PULSESync is measured against
-- `sync.py`        PULSESync size and speed against `plainpatch.py`
+- `sync.py`        PULSESync size, speed and memory against `plainpatch.py`, on both traces
 - `transfer.py`    blob fetch over libp2p versus a plain TCP copy
-- `loco.py`        DDP, dense DiLoCo, SparseLoCo and PULSELoCo: loss and bytes
+- `locospeed.py`   codec speed and memory at 0.5B, and the plain reference encoding of SparseLoCo's selection
+- `loco.py`        DDP, dense DiLoCo, SparseLoCo and PULSELoCo: loss and bytes (`--speed`: locospeed.py)
 - `arena.py`       an in-process run of fake miners and a `Validator`
 - `gauntlet.py`    the validator against fake miners: selection, loss, time and memory
 - `rlsim.py`, `rl.py` decentralized GRPO with the real pieces (the miner's `RLTrainer`, the validator's

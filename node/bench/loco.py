@@ -10,6 +10,9 @@ one AdamW run on the R batches together, and ships H dense FP32 gradients per ro
 Two regimes: pre-training (inner lr 1e-3, from scratch) and fine-tuning (inner lr 1e-6, from
 the cached base, node/learn/basecache.py). Every final loss is measured on the BF16 weights a node
 would hold, on fixed held-out batches.
+
+`--speed` measures something else: compress and decompress speed and peak memory of SparseLoCo
+and PULSELoCo at 0.5B parameters, against a plain reference encoding (node/bench/locospeed.py).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from node.bench.locospeed import run_speed
 from node.bench.report import BenchResult, table
 from node.events import steps
 from node.learn.basecache import load_or_train
@@ -201,9 +206,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-embd", type=int, default=128, help="GPT channels")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 suits a shared 2-core machine)")
+    parser.add_argument("--speed", action="store_true", help="codec speed and memory at 0.5B instead (locospeed.py)")
+    parser.add_argument("--speed-model", choices=["qwen2-0.5b", "gpt"], default="qwen2-0.5b", help="--speed: weights")
+    parser.add_argument("--device", default="cpu", help="--speed: where the tensors live (cpu or cuda)")
+    parser.add_argument("--repeat", type=int, default=3, help="--speed: timing repeats; the fastest counts")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="--speed: where the 0.5B trace may be cached")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
+    if args.speed:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device here")
+        torch.set_num_threads(args.threads)
+        return run_speed(args)
     if min(args.replicas, args.rounds, args.inner_steps, args.batch_size) < 1:
         raise SystemExit("--replicas, --rounds, --inner-steps and --batch-size must be >= 1")
     chosen = args.methods.split(",") if args.methods else None

@@ -6,6 +6,11 @@ for the requested LR is written as `DIR/step_0000.safetensors` (the starting sta
 `step_NNNN.safetensors` plus `DIR/trace.json`; the sweep over `SWEEP_LRS` runs in memory. The
 table is the fraction of BF16 weights whose bits are unchanged between step t and t+k, averaged
 over t: k = 1 is the synchronous case, larger k a peer that syncs k steps late.
+
+`make_hf_trace` makes the same kind of trace at the size users run: a model of Qwen2.5-0.5B's
+architecture (`node.learn.hfmodel.QWEN2_5_0_5B`, seeded weights, nothing downloaded), AdamW on
+byte ids of the embedded corpus, each BF16 state written to disk as soon as it exists (about
+1 GB each), so a later run reads the cached trace instead of training again.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from node.bench.report import BenchResult, table
 from node.events import progress
 from node.learn.basecache import DEFAULT_STEPS, CachedBase, default_cache_dir, load_or_train
 from node.learn.data import Corpus, stdlib_corpus
+from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config
 from node.learn.model import GPT
 from node.learn.train import (
     BatchFn,
     InnerOptimConfig,
+    StepHook,
     bf16_state,
     corpus_batches,
     derive_seed,
@@ -44,7 +51,7 @@ SWEEP_LRS = (1e-6, 3e-6, 1e-5, 1e-4)
 DELAYS = (1, 8, 32)
 BATCH_SIZE = 8  # sequences of block_size bytes per step: modest, so the sweep fits 2 CPU cores
 MANIFEST = "trace.json"
-FORMAT = "pulse-trace/v1"
+FORMAT = "pulse-trace/v2"  # v2: the manifest's digests are state hashes v2 (protocol/statehash.py)
 EVAL_BATCHES = 8  # held-out batches for the loss column
 MASTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -90,16 +97,29 @@ def _same_bits(a: State, b: State) -> int:
 
 def write_trace(out_dir: Path, states: Sequence[StateDict], info: dict[str, Any]) -> None:
     """Write `states` as step files and the manifest (last, so a present manifest means a whole trace)."""
+    begin_trace(out_dir)
+    files = [write_step(out_dir, i, state) for i, state in enumerate(states)]
+    finish_trace(out_dir, files, info)
+
+
+def begin_trace(out_dir: Path) -> None:
+    """Make `out_dir` ready for a new trace: no manifest until the trace is whole."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)
-    files = []
-    for i, state in enumerate(states):
-        digest = state_hash(state)
-        name = f"step_{i:04d}.safetensors"
-        write_atomic(out_dir / name, save(state, metadata={"step": str(i), "state_sha256": digest}))
-        files.append({"file": name, "sha256": digest})
+
+
+def write_step(out_dir: Path, i: int, state: StateDict) -> dict[str, str]:
+    """Write state i of a trace; its manifest entry."""
+    digest = state_hash(state)
+    name = f"step_{i:04d}.safetensors"
+    write_atomic(out_dir / name, save(state, metadata={"step": str(i), "state_sha256": digest}))
+    return {"file": name, "sha256": digest}
+
+
+def finish_trace(out_dir: Path, files: list[dict[str, str]], info: dict[str, Any]) -> None:
+    """Drop step files of an earlier, longer trace, then write the manifest."""
     keep = {f["file"] for f in files}
-    for stale in out_dir.glob("step_*.safetensors"):  # left by an earlier, longer trace
+    for stale in out_dir.glob("step_*.safetensors"):
         if stale.name not in keep:
             stale.unlink()
     manifest = {"format": FORMAT, **info, "files": files}
@@ -123,6 +143,16 @@ def iter_trace(trace_dir: Path) -> Iterator[StateDict]:
         if state_hash(state) != entry["sha256"]:
             raise ValueError(f"{trace_dir / name}: content does not match the manifest SHA-256")
         yield state
+
+
+def trace_pairs(trace_dir: Path, delay: int) -> Iterator[tuple[StateDict, StateDict]]:
+    """(state t, state t + delay) for every t, holding only delay + 1 states at a time."""
+    window: list[StateDict] = []
+    for state in iter_trace(Path(trace_dir)):
+        window.append(state)
+        if len(window) > delay:
+            yield window[0], window[-1]
+            window.pop(0)
 
 
 def load_trace(trace_dir: Path) -> list[StateDict]:
@@ -155,6 +185,49 @@ def make_trace(
     }
     write_trace(out_dir, trace.states, info)
     return trace
+
+
+HF_BATCH = 4  # sequences of HF_SEQ byte ids per step: one step of the 0.5B model fits a CPU node
+HF_SEQ = 128
+HF_MODELS = {"qwen2-0.5b": QWEN2_5_0_5B}
+
+
+def hf_trace_dir(cache_dir: Path, model: str, lr: float, seed: int = 0) -> Path:
+    return cache_dir / f"trace-{model}-lr{lr:g}-seed{seed}"
+
+
+def make_hf_trace(
+    out_dir: Path, model_name: str, lr: float, steps: int, *, seed: int = 0, device: str = "cpu"
+) -> list[float]:
+    """AdamW steps (FP32 master on `device`) of a seeded model of `model_name`'s architecture on the
+    embedded corpus' byte ids; each BF16 state is written as it comes. Returns the step losses."""
+    model = build_hf_from_config(HF_MODELS[model_name], seed).to(device)
+    cpu_batches = corpus_batches(stdlib_corpus(), derive_seed("hf-trace", seed), HF_BATCH, HF_SEQ)
+
+    def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = cpu_batches(step)
+        return x.to(device), y.to(device)
+
+    begin_trace(out_dir)
+    files = [write_step(out_dir, 0, bf16_state(model))]
+    snapshot: StepHook = lambda step, _loss: files.append(write_step(out_dir, step + 1, bf16_state(model)))  # noqa: E731
+    start = time.perf_counter()
+    losses = inner_train(model, InnerOptimConfig(lr=lr), batches, steps, on_step=snapshot)
+    info = {
+        "lr": lr,
+        "steps": steps,
+        "seed": seed,
+        "master": "fp32",
+        "model": model_name,
+        "batch_size": HF_BATCH,
+        "seq_len": HF_SEQ,
+        "optim": InnerOptimConfig(lr=lr).model_dump(),
+        "losses": losses,
+        "train_seconds": time.perf_counter() - start,
+        "device": device,
+    }
+    finish_trace(out_dir, files, info)
+    return losses
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from protocol.warmup import warm_up
 from tests.swarm import procs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_codecs() -> None:
+    """Every codec kernel compiled (and cached on disk) before any node process starts, so that no
+    node of a fresh checkout compiles one against a round's deadline."""
+    warm_up()
 
 
 @pytest.fixture(scope="module", autouse=True)
