@@ -29,6 +29,7 @@ from protocol.messages import (
     WireModel,
 )
 from protocol.signing import SignedMessage, sign
+from tests.helpers import commitments
 
 RUN = hashlib.sha256(b"validator-run").hexdigest()
 PEER = "/ip4/127.0.0.1/tcp/4000/p2p/12D3KooWJDZW5oetBduTcnsaAHQat9C9sTKdmejTcWTReSBr8CHv"

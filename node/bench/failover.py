@@ -6,7 +6,7 @@ Two runs of separate `pulse` processes (`node/swarm/demo.py`):
    for ROUNDS rounds. The active validator is killed (SIGKILL, its whole process group) at five
    points of five rounds, and restarted on its state folder after the round was taken over; the
    next kill waits until it has caught up as a standby (a restart takes ~40 s on a loaded 2-core
-   machine, several rounds: five kill cycles need about 30 rounds, the default):
+   machine, 10 rounds or more: five kill cycles need about 50 rounds, the default):
 
        collecting     1 s after it opened the round
        evaluating     0.3 s after the last miner's submission reached it (closing starts then)
@@ -40,7 +40,7 @@ from typing import Any
 from node.bench.report import BenchResult, table
 from node.events import EventLog, read_events
 from node.events.audit import Audited, AuditMismatch, Standby, TookOver
-from node.events.models import Final, Received, RoundClosed, RoundOpened, Submitted
+from node.events.models import Done, Final, Received, RoundClosed, RoundOpened, Submitted
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
@@ -53,12 +53,17 @@ WAIT = 240.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=30, help="rounds of the takeover run (%(default)s)")
+    parser.add_argument("--rounds", type=int, default=50, help="rounds of the takeover run (%(default)s)")
     parser.add_argument("--miners", type=int, default=4, help="miners of the takeover run (%(default)s)")
     parser.add_argument("--deadline", type=float, default=10.0, help="round deadline in seconds (%(default)s)")
     parser.add_argument("--takeover", type=float, default=4.0, help="takeover_seconds (%(default)s)")
     parser.add_argument("--out", type=Path, help="keep the runs' events and logs here (default: a temporary folder)")
     parser.add_argument("--skip-lies", action="store_true", help="only the takeover run")
+    parser.add_argument(
+        "--points",
+        default=",".join(KILL_POINTS),
+        help="kill points, in order, comma-separated (%(default)s); as many as fit in --rounds",
+    )
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -135,6 +140,7 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     starts = {"a": 0, "b": 0}
     kills: list[dict[str, Any]] = []
     peaks: dict[str, float] = {}
+    failures: list[str] = []
 
     def start(v: str) -> None:
         starts[v] += 1
@@ -148,32 +154,14 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         workers = [swarm.start_role(m, "miner", keys[m][0]) for m in miners]
         auditor = swarm.start_role("auditor", "follow", None, extra=["--audit"])
         workers.append(auditor)
-        for point in KILL_POINTS:
-            r = max(_open_round(swarm) + 1, 2)  # the next round to open: a standby is caught up by now
-            if r >= args.rounds - 1:
-                break
-            active = _active(swarm, by_key, r)
-            if active is None:
-                break
-            _kill_at(swarm, procs[active], point, r, len(miners), out / "work" / f"validator-{active}")
-            _peak(procs[active], peaks, "validator")
-            _peak(auditor, peaks, "auditor")
-            swarm.kill(procs[active])
-            kills.append({"point": point, "round": r, "killed": active, "at": time.time()})
-            # a standby takes the round over; if it cannot (killed right after publishing, nobody
-            # fetched the round's evidence yet: the standby cannot verify the new state), the run
-            # waits for the killed validator to come back, as its operator would restart it
-            stalled = not _wait(
-                swarm,
-                f"round {r + 1} closed",
-                functools.partial(_closed, r=r + 1),
-                soft=True,
-                within=args.deadline + 3 * args.takeover + 20,
-            )
-            kills[-1]["stalled_until_restart"] = stalled
-            start(active)  # it comes back on its state folder: a standby now (or the active one, if stalled)
-            _wait(swarm, f"round {r + 1} closed after the restart", functools.partial(_closed, r=r + 1))
-            _wait(swarm, f"{procs[active].name} caught up", functools.partial(_caught_up, name=procs[active].name))
+        points = [p for p in args.points.split(",") if p]
+        unknown = set(points) - set(KILL_POINTS)
+        if unknown:
+            raise ValueError(f"unknown kill points {sorted(unknown)}: choose from {KILL_POINTS}")
+        try:
+            _kills(swarm, points, args, by_key, procs, kills, peaks, auditor, start, len(miners), out)
+        except RuntimeError as exc:  # a wait timed out: the figures say what happened up to here
+            failures.append(str(exc))
 
         def sample() -> None:
             _peak(auditor, peaks, "auditor")
@@ -183,7 +171,50 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         _wait_exits(workers, sample)
     finally:
         swarm.stop_all()
-    return _takeover_figures(read_events(out / "events"), kills, by_key, args.rounds, peaks)
+    figures = _takeover_figures(read_events(out / "events"), kills, by_key, args.rounds, peaks)
+    return {**figures, "failures": failures}
+
+
+def _kills(
+    swarm: Swarm,
+    points: list[str],
+    args: argparse.Namespace,
+    by_key: dict[str, str],
+    procs: dict[str, Proc],
+    kills: list[dict[str, Any]],
+    peaks: dict[str, float],
+    auditor: Proc,
+    start: Callable[[str], None],
+    miners: int,
+    out: Path,
+) -> None:
+    """Kill the active validator at each of `points` (one round each, as many as fit) and restart it."""
+    for point in points:
+        r = max(_open_round(swarm) + 1, 2)  # the next round to open: a standby is caught up by now
+        if r >= args.rounds - 1:
+            break
+        active = _active(swarm, by_key, r)
+        if active is None:
+            break
+        _kill_at(swarm, procs[active], point, r, miners, out / "work" / f"validator-{active}")
+        _peak(procs[active], peaks, "validator")
+        _peak(auditor, peaks, "auditor")
+        swarm.kill(procs[active])
+        kills.append({"point": point, "round": r, "killed": active, "at": time.time()})
+        # a standby takes the round over; if it cannot (killed right after publishing, nobody
+        # fetched the round's evidence yet: the standby cannot verify the new state), the run
+        # waits for the killed validator to come back, as its operator would restart it
+        stalled = not _wait(
+            swarm,
+            f"round {r + 1} closed",
+            functools.partial(_closed, r=r + 1),
+            soft=True,
+            within=args.deadline + 3 * args.takeover + 20,
+        )
+        kills[-1]["stalled_until_restart"] = stalled
+        start(active)  # it comes back on its state folder: a standby now (or the active one, if stalled)
+        _wait(swarm, f"round {r + 1} closed after the restart", functools.partial(_closed, r=r + 1))
+        _wait(swarm, f"{procs[active].name} caught up", functools.partial(_caught_up, name=procs[active].name))
 
 
 def _active(swarm: Swarm, by_key: dict[str, str], r: int) -> str | None:
@@ -226,7 +257,8 @@ def _open_round(swarm: Swarm) -> int:
 def _caught_up(log: EventLog, name: str) -> bool:
     """`name` stands by at the round open now (it audited up to it), or is active again."""
     head = max((e.round for e in log.events(RoundOpened)), default=-1)
-    return log.has(RoundOpened, name) or any(e.round >= head for e in log.events(Standby, name))
+    standing = any(e.round >= head for e in log.events(Standby, name))
+    return standing or log.has(RoundOpened, name) or log.has(Done, name)
 
 
 def _received(log: EventLog, name: str, r: int) -> int:
