@@ -18,6 +18,7 @@ from node.run.task import task_for
 from node.swarm.campaign import crafting
 from node.swarm.campaign.crafting import Forge
 from protocol.identity import Identity
+from protocol.state import State
 from validator.core import Validator
 from validator.intake import Submission
 
@@ -85,12 +86,18 @@ def _crafted(forge: Forge, honest: list[bytes]) -> dict[str, Submission]:
     }
 
 
+def _trained(setup: RunSetup, miner: Identity, weights: State) -> bytes:
+    trainer = task_for(setup).trainer(miner)
+    return trainer.compress(trainer.train(0, weights), weights)
+
+
 def test_each_crafted_submission_gets_its_reason(validator: tuple[Validator, RunSetup]) -> None:
     v, setup = validator
     forge = Forge(setup, v.round, v.weights, v.state_hash)
     miners = [_key(f"honest{i}") for i in range(3)]
-    # stand-ins for honest updates: independent random directions of the same size
-    honest = [forge.compress(forge.small_update(100 + i)) for i in range(3)]
+    # honest updates, trained on each miner's own assignment: a copy group's owner is the member whose
+    # update helps its own data, so with untrained stand-ins which member owns it is left to chance
+    honest = [_trained(setup, m, v.weights) for m in miners]
     crafted = _crafted(forge, honest)
     subs = [forge.submission(m, p) for m, p in zip(miners, honest, strict=True)] + list(crafted.values())
     report = v.run_round(subs)

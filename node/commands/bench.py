@@ -19,6 +19,8 @@ BENCHES = {
     "transfer": "node.bench.transfer",
     "loco": "node.bench.loco",
     "gauntlet": "node.bench.gauntlet",
+    "scale": "node.bench.scale",
+    "memory": "node.bench.memory",
     "rl": "node.bench.rl",
     "attacks": "node.bench.attacks",
     "failover": "node.bench.failover",

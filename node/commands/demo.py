@@ -1,4 +1,5 @@
-"""`pulse demo [--task lm|rl] [--miners N] [--rounds R] [--out DIR] [--json]`: a loopback swarm (`demo.py`).
+"""`pulse demo [--task lm|rl] [--miners N] [--rounds R] [--device cpu|cuda] [--out DIR] [--json]`: a loopback
+swarm (`demo.py`).
 
 `--task rl` runs the RL preset (`configs/rl.toml`): followers are inference workers publishing
 rollouts, miners train GRPO on them, and the table shows the held-out reward per round.
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -34,6 +36,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--rounds", type=int, default=12, help="rounds to run (%(default)s)")
     parser.add_argument("--out", type=Path, default=Path("pulse-demo"), help="report folder (%(default)s)")
     parser.add_argument("--config", type=Path, default=None, help="base manifest (configs/tiny.toml; rl.toml for rl)")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where miners train and the validator evaluates"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     parser.add_argument(
@@ -49,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"pulse demo: {exc}", file=sys.stderr)
         return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("pulse demo: --device cuda: this torch build sees no CUDA device", file=sys.stderr)
+        return 2
     if base.task != args.task:
         print(f"pulse demo: {config} is a task '{base.task}' manifest, not '{args.task}'", file=sys.stderr)
         return 2
@@ -58,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(out / stale, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     manifest, validator_key, miner_keys = prepare(out, base, args.miners)
-    swarm = Swarm(out, manifest, args.rounds)
+    swarm = Swarm(out, manifest, args.rounds, device=args.device)
     console = Console(stderr=args.json)
     ok = False
     try:

@@ -74,7 +74,7 @@ def register(subparsers: Any) -> None:
             "--device",
             choices=["cpu", "cuda"],
             default="cpu",
-            help="where miners train (%(default)s); cuda needs a CUDA torch",
+            help="where miners train and the validator evaluates (%(default)s); cuda needs a CUDA torch",
         )
         parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
         parser.add_argument("--rounds", type=int, help="stop after the run reaches this round (default: never)")
@@ -193,11 +193,11 @@ async def _main(
     try:
         service: ValidatorService | ValidatorRole | Miner | Follower | Auditor
         if role == "validator" and len(setup.manifest.validators) > 1:  # active or standby
-            service = validator_role_for(setup, task, identity, folder, peer, events)
+            service = validator_role_for(setup, task, identity, folder, peer, events, device=device)
         elif role == "validator":  # opening or creating its state takes a while: off the event loop
             loop = asyncio.get_running_loop()
             service = await loop.run_in_executor(
-                None, lambda: validator_for(setup, task, identity, folder, peer, events)
+                None, lambda: validator_for(setup, task, identity, folder, peer, events, device=device)
             )
         elif role == "miner":
             service = miner_for(setup, task, identity, peer, events, device=device)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class GPTConfig(BaseModel):
@@ -77,6 +78,10 @@ class CausalLM(nn.Module):
         logits = self(x)  # (B, T, V)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
+    def set_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (training only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no activation checkpointing")
+
 
 class GPT(CausalLM):
     def __init__(self, cfg: GPTConfig) -> None:
@@ -88,6 +93,7 @@ class GPT(CausalLM):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.wte.weight  # tied: one parameter, though state_dict() names it twice
+        self.checkpointing = False
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
@@ -106,8 +112,12 @@ class GPT(CausalLM):
         pos = torch.arange(t, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for block in self.blocks:
-            x = block(x)
+            # checkpointed: only each block's input (B, T, C) is kept; the block reruns in backward
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointing and self.training else block(x)
         return self.head(self.ln_f(x))
+
+    def set_checkpointing(self, enabled: bool) -> None:
+        self.checkpointing = enabled
 
 
 def build_gpt(cfg: GPTConfig, seed: int = 0) -> GPT:

@@ -3,6 +3,8 @@
 - `bf16_state` / `load_bf16_state`: the BF16 weights a node ships and compares (one entry per
   tensor: tied aliases such as `head.weight` -> `wte.weight` appear once).
 - `inner_train`: H AdamW steps on FP32 master weights, gradient clipping, per-step losses.
+- `MemoryConfig`: what the inner loop spends memory on (BF16 AdamW moments, activation
+  checkpointing, a BF16 error-feedback buffer); `make_optimizer` and `apply_memory` honour it.
 - `evaluate`: mean loss over batches without gradients.
 
 Deterministic for a given model, config and batch source: nothing here draws random numbers.
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from node.learn.adamw16 import AdamWBF16
 from node.learn.data import Corpus
 from node.learn.model import CausalLM
 
@@ -48,6 +52,36 @@ class InnerOptimConfig(BaseModel):
 
     def lr_at(self, step: int) -> float:
         return self.lr * min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else self.lr
+
+
+BF16_MAX_BETA = 1 - 2**-7  # BF16 moments lose relative updates below ~2^-9 (adamw16.py)
+
+
+class MemoryConfig(BaseModel):
+    """What a miner's inner loop keeps in memory, per parameter, beside its FP32 weights and gradients.
+
+    Today's default is the first value of each field: FP32 AdamW moments (8 bytes per parameter),
+    every activation kept for the backward pass, an FP32 error-feedback buffer (4 bytes, in host
+    memory). `pulse bench memory` measures what each choice does to loss, bytes and time.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    moments: Literal["fp32", "bf16"] = "fp32"
+    """AdamW's two moments: FP32 (8 bytes per parameter) or BF16 (4; the step is computed in FP32)."""
+    checkpointing: bool = False
+    """Activation checkpointing: keep only each block's input and recompute the block in the backward
+    pass. Exact (the same loss); about one more forward pass of compute per step."""
+    error_feedback: Literal["fp32", "bf16"] = "fp32"
+    """How the error-feedback buffer is stored between rounds (the codec works on it in FP32)."""
+
+    def check_betas(self, inner: InnerOptimConfig) -> None:
+        if self.moments == "bf16" and max(inner.beta1, inner.beta2) > BF16_MAX_BETA:
+            raise ValueError(f"BF16 moments need AdamW betas <= {BF16_MAX_BETA} (1 - 2^-7): smaller updates round away")
+
+    @property
+    def error_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.error_feedback == "bf16" else torch.float32
 
 
 def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -106,14 +140,33 @@ def changed_fraction(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Te
     return changed / max(sum(t.numel() for t in new.values()), 1)
 
 
-def make_optimizer(model: nn.Module, cfg: InnerOptimConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on tensors of 2+ dims only (the nanoGPT convention)."""
+def make_optimizer(
+    model: nn.Module, cfg: InnerOptimConfig, memory: MemoryConfig | None = None
+) -> torch.optim.Optimizer:
+    """AdamW with weight decay on tensors of 2+ dims only (the nanoGPT convention); BF16 moments
+    (`AdamWBF16`) where `memory` asks for them."""
     params = [p for p in model.parameters() if p.requires_grad]  # parameters() skips tied aliases
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    if memory is not None and memory.moments == "bf16":
+        memory.check_betas(cfg)
+        return AdamWBF16(groups, lr=cfg.lr_at(0), betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     return torch.optim.AdamW(groups, lr=cfg.lr_at(0), betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
+def apply_memory(model: CausalLM, memory: MemoryConfig) -> None:
+    """Set the model-side memory options (activation checkpointing) of `memory`."""
+    if memory.checkpointing:
+        model.set_checkpointing(True)
+
+
+def autocast(device: torch.device, enabled: bool, memory: MemoryConfig) -> torch.autocast:
+    """BF16 autocast for the inner steps. With checkpointing its weight cache is off: the cache would
+    keep a BF16 copy of every weight (2 bytes per parameter) through the whole step, where without it
+    only the block being (re)computed holds its copies."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=not memory.checkpointing)
 
 
 def inner_train(

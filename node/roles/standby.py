@@ -128,6 +128,7 @@ class ValidatorRole:
         *,
         poll: float = POLL_SECONDS,
         can_take_over: bool = True,
+        device: str = "cpu",
     ) -> None:
         """`can_take_over`: whether a standby may close a round another validator opened (the task's say)."""
         manifest = setup.manifest
@@ -135,7 +136,7 @@ class ValidatorRole:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
         self.setup, self.task, self.hooks, self.identity = setup, task, hooks, identity
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
-        self.can_take_over = can_take_over
+        self.can_take_over, self.device = can_take_over, device
         self.order, self.me = tuple(manifest.validators), identity.public_hex
         self.auditor = Auditor(setup, peer, events, folder, task.initial_master, poll=2 * poll)
         cfg = manifest.gauntlet()
@@ -184,7 +185,9 @@ class ValidatorRole:
     def _new_service(self) -> ValidatorService:
         """The active service on this validator's committed state (it takes the pushed submissions)."""
         s, me = self.setup, self.identity
-        return ValidatorService(s, self.task, self.hooks, me, self.folder, self.peer, self.events, poll=self.poll)
+        return ValidatorService(
+            s, self.task, self.hooks, me, self.folder, self.peer, self.events, poll=self.poll, device=self.device
+        )
 
     def _stand_down(self, exc: Superseded) -> None:
         self.events.emit(

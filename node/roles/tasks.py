@@ -48,10 +48,12 @@ def validator_for(
     events: Events,
     *,
     poll: float = POLL_SECONDS,
+    device: str = "cpu",
 ) -> ValidatorService:
-    """The validator service of the run (builds or reopens its state: run it in an executor)."""
-    hooks = round_hooks(task, peer, events, poll)
-    return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll)
+    """The validator service of the run (builds or reopens its state: run it in an executor); its
+    evaluation and held-out measures run on `device` where the task can use one."""
+    hooks = round_hooks(task, peer, events, poll, device)
+    return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll, device=device)
 
 
 def validator_role_for(
@@ -63,10 +65,13 @@ def validator_role_for(
     events: Events,
     *,
     poll: float = POLL_SECONDS,
+    device: str = "cpu",
 ) -> ValidatorRole:
     """The validator of the run, active or standby (`standby.py`): what `pulse validator` runs."""
-    hooks = round_hooks(task, peer, events, poll)
-    return ValidatorRole(setup, task, hooks, identity, folder, peer, events, poll=poll, can_take_over=takes_over(task))
+    hooks = round_hooks(task, peer, events, poll, device)
+    return ValidatorRole(
+        setup, task, hooks, identity, folder, peer, events, poll=poll, can_take_over=takes_over(task), device=device
+    )
 
 
 def miner_for(
@@ -103,18 +108,19 @@ def follower_for(
 
 
 @singledispatch
-def round_hooks(task: Task, peer: Peer, events: Events, poll: float) -> RoundHooks:
+def round_hooks(task: Task, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
     raise NotImplementedError(f"no validator round hooks for task {task.kind!r}")
 
 
 @round_hooks.register
-def _(task: LMTask, peer: Peer, events: Events, poll: float) -> RoundHooks:
-    return HeldOutLoss(task.setup.new_model(), task.held_out())
+def _(task: LMTask, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
+    held_out = [(x.to(device), y.to(device)) for x, y in task.held_out()]
+    return HeldOutLoss(task.setup.new_model(initial=False).to(device), held_out)  # loads W before measuring
 
 
 @round_hooks.register
-def _(task: RLTask, peer: Peer, events: Events, poll: float) -> RoundHooks:
-    return RLRoundHooks(task, peer, events, task.setup.new_model(), poll=poll)
+def _(task: RLTask, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
+    return RLRoundHooks(task, peer, events, task.setup.new_model(), poll=poll)  # small models: the CPU
 
 
 @singledispatch

@@ -80,12 +80,13 @@ class ValidatorService:
         events: Events,
         *,
         poll: float = POLL_SECONDS,
+        device: str = "cpu",
     ) -> None:
         if identity.public_hex not in setup.manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
         self.setup, self.task, self.hooks, self.identity = setup, task, hooks, identity
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
-        self.validator = self._open_state()
+        self.validator = self._open_state(device)
         self.received: dict[str, Submission] = {}  # by sender, this round
         self.previous_senders: set[str] = set()
         self.closed = True
@@ -96,14 +97,15 @@ class ValidatorService:
         self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
         peer.take_submissions(self._accept, self._on_submission, self._favoured)
 
-    def _open_state(self) -> Validator:
+    def _open_state(self, device: str) -> Validator:
         s, task = self.setup, self.task
         folder = self.folder / "validator"
         cfg, run_id = s.manifest.gauntlet(), s.run_id
+        evaluator = task.evaluator(device)  # the Gauntlet's forward passes run on `device`
         if StateStore(folder, cfg.keep_rounds).exists():
-            return Validator.open(folder, cfg, run_id, self.identity, task.evaluator(), task.batch_fn())
+            return Validator.open(folder, cfg, run_id, self.identity, evaluator, task.batch_fn())
         master = task.initial_master()
-        return Validator.create(folder, cfg, run_id, self.identity, master, task.evaluator(), task.batch_fn())
+        return Validator.create(folder, cfg, run_id, self.identity, master, evaluator, task.batch_fn())
 
     @property
     def round(self) -> int:

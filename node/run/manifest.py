@@ -24,9 +24,10 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from node.learn.hfmodel import ARCHITECTURES
 from node.learn.model import GPTConfig
 from node.learn.rl.config import RLConfig
-from node.learn.train import InnerOptimConfig
+from node.learn.train import InnerOptimConfig, MemoryConfig
 from protocol.codec import Codec
 from protocol.codec_options import build_codec
 from protocol.errors import ConfigError
@@ -42,20 +43,37 @@ class ModelSection(BaseModel):
     model_config = _STRICT
 
     kind: Literal["gpt", "hf"] = "gpt"
-    """'gpt': the embedded byte-level GPT; 'hf': a Hugging Face causal LM from a local directory."""
+    """'gpt': the embedded byte-level GPT; 'hf': a Hugging Face causal LM (see `init`)."""
     gpt: GPTConfig = GPTConfig()
     """Sizes of the embedded GPT (kind 'gpt')."""
     seed: int = Field(default=0, ge=0)
-    """Seed of the embedded GPT's initial weights; every node derives the same W_0 from it."""
+    """Seed of the initial weights W_0: the embedded GPT's, or a seeded 'hf' model's (`init = "seeded"`)."""
+    init: Literal["pretrained", "seeded"] = "pretrained"
+    """Kind 'hf': 'pretrained' loads the weights under `path`; 'seeded' builds the architecture of
+    `path`'s config.json (no weights file needed) or of `architecture`, with weights drawn from
+    `seed`: a pre-training run from scratch. (The embedded GPT is always seeded.)"""
     path: str | None = None
-    """Local directory of the Hugging Face model (kind 'hf'), the same files on every node."""
+    """Local directory of the Hugging Face model (kind 'hf'): config.json, the weights unless seeded,
+    and the tokenizer files if any (without them tokens are bytes). The same files on every node."""
+    architecture: str | None = None
+    """Kind 'hf', seeded: a built-in architecture instead of `path` (one of `hfmodel.ARCHITECTURES`,
+    e.g. 'qwen2.5-0.5b'); nothing on disk, tokens are bytes."""
     precision: Literal["fp32", "bf16-autocast"] = "fp32"
     """Inner-step arithmetic: plain FP32, or BF16 autocast on CUDA (weights stay FP32 masters)."""
 
     @model_validator(mode="after")
-    def _path_for_hf(self) -> Self:
-        if self.kind == "hf" and not self.path:
-            raise ValueError("a model of kind 'hf' needs `path`, a local model directory")
+    def _source(self) -> Self:
+        if self.kind == "gpt":
+            if self.architecture is not None or self.init != "pretrained":
+                raise ValueError("`architecture` and `init` are for kind 'hf' (the embedded GPT is always seeded)")
+            return self
+        if self.architecture is not None:
+            if self.architecture not in ARCHITECTURES:
+                raise ValueError(f"architecture {self.architecture!r} is not one of {sorted(ARCHITECTURES)}")
+            if self.path is not None or self.init != "seeded":
+                raise ValueError("a built-in `architecture` needs init = 'seeded' and no `path`")
+        elif not self.path:
+            raise ValueError("a model of kind 'hf' needs `path` (a local model directory) or `architecture`")
         return self
 
 
@@ -92,9 +110,17 @@ class TrainSection(UpdateRules):
     """H: inner steps a miner trains per round."""
     inner: InnerOptimConfig = InnerOptimConfig(lr=1e-3)
     """Inner AdamW settings."""
+    memory: MemoryConfig = MemoryConfig()
+    """What the inner loop keeps in memory: AdamW moments, activations, the error-feedback buffer
+    (`pulse bench memory` compares the choices)."""
     overlap: bool = True
     """Miners train round r+1 from W_r while round r is scored, and submit that one-round-stale
     pseudo-gradient for r+1 (as in overlapped / streaming DiLoCo), so they do not sit idle."""
+
+    @model_validator(mode="after")
+    def _memory_fits_optimizer(self) -> Self:
+        self.memory.check_betas(self.inner)
+        return self
 
 
 class RoundSection(BaseModel):

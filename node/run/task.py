@@ -43,8 +43,9 @@ class Task(ABC):
         """W_0 in FP32."""
 
     @abstractmethod
-    def evaluator(self) -> Evaluator:
-        """The validator's scoring model (a fresh one: it loads and perturbs weights)."""
+    def evaluator(self, device: str = "cpu") -> Evaluator:
+        """The validator's scoring model (a fresh one: it loads and perturbs weights), on `device` where
+        the task can use one."""
 
     @abstractmethod
     def batch_fn(self) -> BatchFn:
@@ -63,8 +64,8 @@ class LMTask(Task):
     def initial_master(self) -> StateDict:
         return {n: t.detach().clone().float() for n, t in unique_state(self.setup.new_model()).items()}
 
-    def evaluator(self) -> GPTEvaluator:
-        return GPTEvaluator(self.setup.new_model())
+    def evaluator(self, device: str = "cpu") -> GPTEvaluator:
+        return GPTEvaluator(self.setup.new_model(initial=False).to(device))  # it loads W before every loss
 
     def batch_fn(self) -> BatchFn:
         return self.setup.eval_batch
@@ -80,7 +81,7 @@ class LMTask(Task):
         m = self.setup.manifest
         # BF16 autocast only where the manifest asks for it and the device has it (CUDA)
         autocast = m.model.precision == "bf16-autocast" and torch.device(device).type == "cuda"
-        model = self.setup.new_model().to(device)
+        model = self.setup.new_model(initial=False).to(device)  # W_r is loaded before every round
         return LMTrainer(self.spec, model, identity, self.batches, device=device, autocast=autocast)
 
 
@@ -105,8 +106,8 @@ class RLTask(Task):
         """The KL term's reference policy: W_0 (cached on disk, so cheap after once), if the run has one."""
         return self.initial_master() if self.cfg.kl_coef > 0 else None
 
-    def evaluator(self) -> GRPOEvaluator:
-        return GRPOEvaluator(self.setup.new_model(), self.cfg, self.reference())
+    def evaluator(self, device: str = "cpu") -> GRPOEvaluator:
+        return GRPOEvaluator(self.setup.new_model(), self.cfg, self.reference())  # on the CPU: small models
 
     def batch_fn(self) -> BatchFn:
         return self.pool  # seed -> rollout tensors, what GRPOEvaluator scores

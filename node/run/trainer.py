@@ -26,7 +26,17 @@ from node.learn.model import CausalLM
 from node.learn.rl.config import RLConfig
 from node.learn.rl.evaluator import PoolSource
 from node.learn.rl.grpo import GRPOTrainer
-from node.learn.train import Batch, InnerOptimConfig, inner_train, load_bf16_state, make_optimizer, unique_state
+from node.learn.train import (
+    Batch,
+    InnerOptimConfig,
+    MemoryConfig,
+    apply_memory,
+    autocast,
+    inner_train,
+    load_bf16_state,
+    make_optimizer,
+    unique_state,
+)
 from node.run.manifest import Manifest
 from protocol.assignment import Assignment
 from protocol.codec import CodecStats
@@ -47,6 +57,7 @@ class MinerSpec:
     steps: int  # H inner steps per round
     assignment_batches: int
     codec_options: CodecOptions = field(default_factory=CodecOptions)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)  # what the inner loop keeps (train.memory)
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> MinerSpec:
@@ -57,6 +68,7 @@ class MinerSpec:
             steps=m.train.inner_steps,
             assignment_batches=m.selection.assignment_batches,
             codec_options=m.train.codec_options,
+            memory=m.train.memory,
         )
 
 
@@ -80,8 +92,12 @@ class Trainer(ABC):
         return Assignment(self.spec.run_id, round_, miner or self.identity.public_hex, self.spec.assignment_batches)
 
     def compress(self, delta: State, weights: State) -> bytes:
-        """`delta` plus the error buffer, compressed against the BF16 `weights`; the buffer keeps the rest."""
-        payload, self.error, self.last_stats = self.codec.compress(delta, self.error, weights)
+        """`delta` plus the error buffer, compressed against the BF16 `weights`; the buffer keeps the rest
+        (stored as `train.memory.error_feedback` says; the codec works on it in FP32)."""
+        error = None if self.error is None else {n: e.float() for n, e in self.error.items()}
+        payload, new_error, self.last_stats = self.codec.compress(delta, error, weights)
+        del error
+        self.error = {n: e.to(self.spec.memory.error_dtype) for n, e in new_error.items()}
         return payload
 
     def header(self, round_: int, payload: bytes, base_hash: str, digest: str | None = None) -> SubmissionHeader:
@@ -120,7 +136,8 @@ class LMTrainer(Trainer):
     ) -> None:
         super().__init__(spec, model, identity)
         self.batch, self.device, self.autocast = batch, torch.device(device), autocast
-        self.optimizer = make_optimizer(model, spec.inner)
+        apply_memory(model, spec.memory)
+        self.optimizer = make_optimizer(model, spec.inner, spec.memory)
 
     def train(self, round_: int, weights: State) -> State:
         return self.train_on(self.assignment(round_), weights)
@@ -134,10 +151,11 @@ class LMTrainer(Trainer):
             x, y = self.batch(assignment.step_seed(step - first))
             return x.to(self.device), y.to(self.device)
 
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        with autocast(self.device, self.autocast, self.spec.memory):
             losses = inner_train(
                 self.model, self.spec.inner, batch, self.spec.steps, optimizer=self.optimizer, first_step=first
             )
+        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the delta and the codec run
         self.steps_done += self.spec.steps
         self.last_loss = sum(losses) / len(losses)
         return self._delta(weights)

@@ -45,6 +45,7 @@ class Swarm:
     out: Path
     manifest: Manifest
     rounds: int
+    device: str = "cpu"  # where miners train and the validator evaluates (`--device` of each role)
     procs: list[Proc] = field(default_factory=list)
     bootstrap: list[str] = field(default_factory=list)
     unclean: list[str] = field(default_factory=list)  # roles that did not shut down cleanly on Ctrl+C
@@ -111,6 +112,8 @@ class Swarm:
             str(self.rounds),
             "--threads",
             "1",
+            "--device",
+            self.device,
             "--events",
             str(self.out / "events" / f"{name}.jsonl"),
             "--state-dir",

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from node.commands.cli import main
 from node.commands.roles import DEFAULT_CONFIG
@@ -53,3 +54,39 @@ def test_demo_refuses_a_manifest_of_the_other_task(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "node", "demo", "--task", "rl", "--config", str(DEFAULT_CONFIG)]
     done = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "is a task 'lm' manifest, not 'rl'" in done.stderr
+
+
+def test_demo_of_a_seeded_model_from_its_config_alone(tmp_path: Path) -> None:
+    """The 0.5B seeded preset's recipe (BF16 moments, checkpointing, PULSELoCo) on a toy Qwen2
+    architecture from a config.json alone, `--device` passed to every role."""
+    from node.run.manifest import load_manifest, parse_manifest
+    from node.run.presets import preset
+    from tests.test_seeded_model import TINY_QWEN
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_QWEN))
+    data = load_manifest(preset("qwen2.5-0.5b-seeded")).model_dump(mode="python")
+    data["model"].update(architecture=None, path=str(tmp_path / "model"))
+    data["data"].update(batch_size=2, seq_len=32)
+    data["train"]["inner_steps"] = 2
+    data["round"].update(deadline_seconds=30.0, min_seconds=0.0)
+    data["selection"].update(eval_batch_size=2, held_out_batches=1)
+    config = tmp_path / "seeded.toml"
+    config.write_text(parse_manifest(data).to_toml())
+    cmd = [sys.executable, "-m", "node", "demo", "--config", str(config), "--miners", "2", "--rounds", "2"]
+    done = subprocess.run(
+        [*cmd, "--device", "cpu", "--out", str(tmp_path / "out"), "--json"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["rounds"] == 2 and summary["hashes_agree"] and summary["clean_shutdown"]
+    logs = "".join(p.read_text() for p in (tmp_path / "out" / "logs").glob("*.log"))
+    assert "tokens are bytes" in logs and "--device" not in done.stderr
+
+
+def test_demo_on_cuda_needs_a_cuda_torch(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cmd = [sys.executable, "-m", "node", "demo", "--device", "cuda", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no CUDA device" in done.stderr
