@@ -254,6 +254,46 @@ class CheckpointAnnouncement(WireModel):
     """File format of the blob, e.g. 'safetensors'."""
 
 
+HEAD_ROUND = 0
+"""The round a `RunHead` is stored under: always this one, so a node that knows nothing of the run
+yet finds the head at one fixed key (`dht_key(run, "head", HEAD_ROUND)`)."""
+
+
+class RunHead(WireModel):
+    """Where the run is: the validator's pointer to its round, the head of the hash chain, the latest
+    checkpoint and the peer that serves them, re-published every round and on a timer.
+
+    Round results and checkpoint announcements are stored for `record_ttl_seconds` under their own
+    round's key, so a node that joins late cannot find the current round by searching from round 0
+    once round 0's records are gone. A joiner reads this one record and knows at once where to start:
+    the checkpoint, then the round results from the checkpoint's round to `open_round`. Written only by
+    the run's validators (readers and DHT peers refuse anyone else's); `sent_at` is its signed freshness:
+    a reader keeps the newest head.
+    """
+
+    KIND: ClassVar[str] = "head"
+
+    open_round: Round
+    """The round the validator is at: it holds W_open_round, and round results exist for every
+    earlier round."""
+    state_hash: Sha256Hex
+    """SHA-256 of W_open_round: the head of the hash chain."""
+    checkpoint: CheckpointAnnouncement
+    """The newest full checkpoint (its round is at most `open_round`)."""
+    validator_peer: PeerIdText
+    """The validator's libp2p peer id: it serves the checkpoint and every patch since."""
+    sent_at: int = Field(ge=0, le=2**40)
+    """When the validator signed this head (unix seconds); the newest head wins."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.round != HEAD_ROUND:
+            raise ValueError(f"a head is stored at round {HEAD_ROUND}; its round is `open_round`")
+        if self.checkpoint.run_id != self.run_id or self.checkpoint.round > self.open_round:
+            raise ValueError("the head's checkpoint is of another run or later than its open round")
+        return self
+
+
 class Heartbeat(WireModel):
     """'I am alive at round r, reachable at this peer id, and I serve these blobs.'"""
 
@@ -330,6 +370,7 @@ MESSAGE_TYPES: dict[str, type[WireModel]] = {
         Heartbeat,
         RolloutAnnouncement,
         RolloutPool,
+        RunHead,
     )
 }
 

@@ -4,7 +4,8 @@
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
     inspect                decode one at a time: finite, norm, sketch; the round's median norm;
                            norm far above the median -> rejected, near zero -> free rider
-    evaluate (scoring.py)  decode one at a time again: gains on A and R, indicator
+    evaluate (scoring.py)  decode one at a time again: gains on A and R, and those of the update's
+                           reference (the mean direction of the others): indicator
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
                            by score, everyone else last
@@ -18,8 +19,8 @@
 its `Decision`, which the validator commits with the new weights or not at all.
 
 Memory: payloads stay compressed; at most one decoded update is alive at a time, beside the
-round's reference update and the aggregate, so a round's peak does not grow with the number of
-miners beyond their compressed bytes.
+round's sum of directions, the one reference built from it and the aggregate, so a round's peak
+does not grow with the number of miners beyond their compressed bytes.
 
 Every submission gets exactly one `Outcome` in the local report. The signed result names every
 submission whose sender is proven (see intake.py): aggregated with its final score, or rejected
@@ -46,6 +47,7 @@ from validator.config import GauntletConfig
 from validator.intake import Candidate, Screened, reason_text
 from validator.ratings import Ratings
 from validator.scoring import (
+    Batch,
     BatchFn,
     CopyCandidate,
     Evaluator,
@@ -53,6 +55,7 @@ from validator.scoring import (
     RoundEvaluation,
     RoundSecret,
     Sketch,
+    copy_groups,
     copy_owners,
     moving_average,
 )
@@ -69,6 +72,7 @@ class Assessment:
     indicator: int = 0
     problem: str | None = None
     copy: bool = False
+    alone: bool = False  # no other admissible update to build its reference from (see `select`)
 
     @property
     def index(self) -> int:
@@ -119,7 +123,9 @@ class Decision:
 class Inspection:
     assessments: list[Assessment]
     median: float
-    reference: StateDict | None  # mean direction of the admissible updates, at the median norm
+    directions: StateDict | None  # sum of update / norm over the distinct admissible updates
+    kept: int  # how many updates that sum holds
+    copies: dict[str, tuple[str, ...]]  # payload hash -> the other distinct payloads of its copy group
 
 
 class RoundPipeline:
@@ -136,7 +142,7 @@ class RoundPipeline:
         """Inspect, evaluate, mark copies, rate, select: the round's outcomes and the next standing."""
         inspection = self.inspect(screened.candidates, secret)
         evaluated = self.evaluate(inspection, secret, run_id, round_)
-        self.mark_copies(evaluated)
+        self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
         selected, finals, reasons = select(self.cfg, evaluated, after.ratings.ordinal, after.indicators)
         outcomes, scored, rejections = outcomes_and_result(
@@ -155,6 +161,8 @@ class RoundPipeline:
         """Indicator averages of the evaluated, and one rating match: evaluated by score, the rest last."""
         indicators = dict(standing.indicators)
         for a in evaluated:
+            if a.alone:  # its indicator is the plain check, too noisy to count (scoring.py): not recorded
+                continue
             indicators[a.sender] = moving_average(indicators.get(a.sender, 0.0), a.indicator, self.cfg.indicator_decay)
         ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
         last = [a.sender for a in inspection.assessments if a.problem is not None]
@@ -188,11 +196,18 @@ class RoundPipeline:
         for a in out:
             original = first[a.candidate.header.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
-        kept = sum(1 for a in distinct if a.problem is None and a.norm > 0)
-        reference = None
-        if directions is not None and kept:
-            reference = {name: t.mul_(median / kept) for name, t in directions.items()}
-        return Inspection(out, median, reference)
+        admissible = [a for a in distinct if a.problem is None and a.norm > 0]
+        return Inspection(out, median, directions if admissible else None, len(admissible), self._copies(admissible))
+
+    def _copies(self, admissible: Sequence[Assessment]) -> dict[str, tuple[str, ...]]:
+        """Each admissible payload's near copies among the others (`copy_groups`), by payload hash."""
+        items = [(a.candidate.header.payload_sha256, a.sketch) for a in admissible if a.sketch is not None]
+        copies: dict[str, tuple[str, ...]] = {}
+        for members in copy_groups(items, self.cfg.copy_overlap, self.cfg.copy_cosine):
+            hashes = [items[i][0] for i in members]
+            for h in hashes:
+                copies[h] = tuple(other for other in hashes if other != h)
+        return copies
 
     def _measure(self, a: Assessment, offset: int) -> StateDict | None:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
@@ -220,27 +235,61 @@ class RoundPipeline:
         todo = [a for a in inspection.assessments if a.problem is None]
         if not todo:
             return []
-        batches = self.cfg.assignment_batches
-        assigned = {
-            a.index: self.batch_fn(
-                Assignment(run_id, round_, a.sender, batches).seeds[secret.assigned_index(a.sender, batches)]
-            )
-            for a in todo
-        }
-        randoms = [self.batch_fn(seed) for seed in secret.random_seeds(self.cfg.random_batches)]
-        ev = RoundEvaluation(self.evaluator, self.weights, self.cfg.eval_step, randoms, assigned, inspection.reference)
-        inspection.reference = None  # no longer needed: free it before decoding the rest
+        cfg = self.cfg
+        assigned = {a.index: self._assigned_batches(a.sender, secret, run_id, round_) for a in todo}
+        randoms = [self.batch_fn(seed) for seed in secret.random_seeds(cfg.random_batches)]
+        ev = RoundEvaluation(self.evaluator, self.weights, cfg.eval_step, randoms, assigned)
         for a in todo:
-            update = self.decode(a.candidate.payload)
+            update, reference = self._update_and_reference(a, inspection)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
-            a.gains = ev.gains(a.index, update, scale)
-            a.indicator = a.gains.indicator(self.cfg.indicator_margin)
-            del update
+            a.gains = ev.gains(a.index, update, scale, reference)
+            a.indicator = a.gains.indicator(cfg.indicator_margin)
+            a.alone = reference is None
+            del update, reference
+        inspection.directions = None  # no longer needed: free it before the aggregate
         return todo
 
-    def mark_copies(self, evaluated: Sequence[Assessment]) -> None:
+    def _update_and_reference(self, a: Assessment, inspection: Inspection) -> tuple[StateDict, StateDict | None]:
+        """`a`'s decoded update and its reference update: the mean direction of the OTHER distinct
+        admissible updates at the median norm (leave-one-out, scoring.py), leaving out its near copies
+        too, which are the same work. None when no other update is left (a lone miner): the
+        indicator is then the plain own-data check. Never two decoded updates alive at once: the
+        copies are taken out of the sum before `a`'s own update is decoded."""
+        digest = a.candidate.header.payload_sha256
+        copies = inspection.copies.get(digest, ())
+        others = inspection.kept - 1 - len(copies)
+        if inspection.directions is None or others < 1 or a.norm <= 0:
+            return self.decode(a.candidate.payload), None
+        reference = {name: t.clone() for name, t in inspection.directions.items()}
+        norms = {x.candidate.header.payload_sha256: (x.norm, x.candidate.payload) for x in inspection.assessments}
+        for h in copies:
+            norm, payload = norms[h]
+            _accumulate(reference, self.decode(payload), -1.0 / norm)
+        update = self.decode(a.candidate.payload)
+        _accumulate(reference, update, -1.0 / a.norm)
+        for t in reference.values():
+            t.mul_(inspection.median / others)
+        return update, reference
+
+    def _assigned_batches(self, miner: str, secret: RoundSecret, run_id: str, round_: int) -> list[Batch]:
+        """The sample of `miner`'s assigned batches the validator scores it on (secret, per round)."""
+        batches = self.cfg.assignment_batches
+        seeds = Assignment(run_id, round_, miner, batches).seeds
+        return [
+            self.batch_fn(seeds[j]) for j in secret.assigned_indices(miner, batches, self.cfg.scored_assigned_batches)
+        ]
+
+    def mark_copies(self, evaluated: Sequence[Assessment], standing: Standing) -> None:
+        decay = self.cfg.indicator_decay
         items = [
-            CopyCandidate(a.index, a.candidate.header.payload_sha256, a.sketch, a.gains.margin, a.indicator)
+            CopyCandidate(
+                a.index,
+                a.candidate.header.payload_sha256,
+                a.sketch,
+                a.gains.margin,
+                a.indicator,
+                moving_average(standing.indicators.get(a.sender, 0.0), a.indicator, decay),
+            )
             for a in evaluated
             if a.sketch is not None and a.gains is not None
         ]
@@ -267,14 +316,17 @@ def select(
     finals: dict[int, float] = {}
     reasons: dict[int, str] = {}
     eligible: list[Assessment] = []
-    for a in evaluated:
-        if a.copy or a.gains is None:
-            continue
-        average = averages[a.sender]
-        final = finals[a.index] = ordinal(a.sender) * max(average, 0.0)
+    ranked = [a for a in evaluated if not a.copy and a.gains is not None]
+    for a in ranked:
+        assert a.gains is not None  # `ranked` holds the evaluated ones only
+        average = averages.get(a.sender, 0.0)
+        # a lone update (no other admissible one this round) has no reference to measure its own-data
+        # gain against and nobody to be ranked with: its score alone decides. A run starts with one
+        # miner; it used to get indicator -1 every round and never trained.
+        final = finals[a.index] = a.gains.random if a.alone else ordinal(a.sender) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:
             reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
-        elif average < cfg.min_indicator_average:
+        elif not a.alone and average < cfg.min_indicator_average:
             reasons[a.index] = (
                 f"indicator average {average:.3f} below {cfg.min_indicator_average} (this round {a.indicator:+d})"
             )

@@ -106,13 +106,12 @@ def recompute(
     update = codec.decompress(payload, weights, max_bytes=cfg.max_payload_bytes or default_max_bytes(weights))
     norm = global_norm(update)
     batches = cfg.assignment_batches
-    seed = Assignment(evidence.run_id, evidence.round, receipt.miner, batches).seeds[
-        secret.assigned_index(receipt.miner, batches)
-    ]
+    seeds = Assignment(evidence.run_id, evidence.round, receipt.miner, batches).seeds
+    picked = secret.assigned_indices(receipt.miner, batches, cfg.scored_assigned_batches)
     randoms = [batch_fn(s) for s in secret.random_seeds(cfg.random_batches)]
-    ev = RoundEvaluation(evaluator, weights, cfg.eval_step, randoms, {0: batch_fn(seed)}, None)
+    ev = RoundEvaluation(evaluator, weights, cfg.eval_step, randoms, {0: [batch_fn(seeds[j]) for j in picked]})
     median = evidence.median_norm
-    mine = ev.gains(0, update, min(1.0, median / norm) if norm > 0 else 1.0)
+    mine = ev.gains(0, update, min(1.0, median / norm) if norm > 0 else 1.0, None)
     _, _, assigned_ref, random_ref = committed.gains
     gains = Gains(mine.assigned, mine.random, assigned_ref, random_ref)
     indicator = gains.indicator(cfg.indicator_margin)

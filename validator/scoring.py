@@ -1,21 +1,33 @@
 """Scoring: loss before and after a small evaluation step, relative gains, the indicator, copies.
 
-For a submission with (clipped) update g, the validator evaluates W - eta*g on the miner's
-assigned batch A and on its own random batches R (`eta` = evaluation step):
+For a submission with (clipped) update g, the validator evaluates W - eta*g on a sample of the
+miner's assigned batches A (`scored_assigned_batches` of them, drawn secretly) and on its own
+random batches R (`eta` = evaluation step):
 
-    gain(B, g)  = (L(B, W) - L(B, W - eta*g)) / L(B, W)        relative improvement
+    gain(B, g)  = (L(B, W) - L(B, W - eta*g)) / L(B, W)        relative improvement (mean over A)
     score       = gain(R, g)
 
 The indicator asks whether the miner trained on its own data. A batch can be easy or hard to
-improve whoever trained, so the own-data advantage is measured against the round's reference
-update ref (the mean direction of the round's admissible updates, at the median norm):
+improve whoever trained, so the own-data advantage is measured against a reference update ref_i
+made without miner i's data:
 
-    margin    = (gain(A, g) - gain(A, ref)) - (gain(R, g) - gain(R, ref))
-    indicator = +1 if margin > indicator_margin * |gain(R, ref)| else -1
+    margin    = (gain(A, g) - gain(A, ref_i)) - (gain(R, g) - gain(R, ref_i))
+    indicator = +1 if margin > indicator_margin * |gain(R, ref_i)| else -1
 
-An update trained on A helps A more than the typical update does; one trained elsewhere helps
-A no more than R. On the embedded GPT this difference-in-differences separates the two far
-better than comparing gain(A, g) with gain(R, g) alone (`pulse bench gauntlet`).
+ref_i is the mean direction of the round's OTHER admissible updates, at the median norm
+(leave-one-out): updates trained on other data, so they help A only as much as any batch of the
+corpus; an update trained on A helps A more, one trained elsewhere (a thief's) does not. A
+reference that contained g itself would share its own-data advantage, and with a single miner it
+would BE g: margin 0 and indicator -1 every round, so a lone miner never trained. On the embedded
+GPT this difference-in-differences separates honest miners from thieves far better than
+comparing gain(A, g) with gain(R, g) alone (`pulse bench gauntlet`).
+
+With no other admissible update there is no reference (ref_i = 0): the indicator is then the plain
+comparison gain(A, g) - gain(R, g) > 0, which with a fresh batch every inner step is mostly batch
+difficulty (an honest lone miner fails it about every other round). So it is reported but neither
+recorded in the miner's moving average nor a gate: a lone update is aggregated when its score (its
+gain on the validator's secret random batches) is positive (`gauntlet.select`). Alone, there is
+nobody's work to take; whatever helps random data helps the run.
 
 Copies: a `Sketch` keeps an update's nonzero values at every stride-th coordinate (offset chosen
 per round by the validator), a few kilobytes, so a round compares all pairs without holding
@@ -85,8 +97,10 @@ class RoundSecret:
     def random_seeds(self, count: int) -> list[int]:
         return [self.number("random-batch", i) for i in range(count)]
 
-    def assigned_index(self, miner: str, batches: int) -> int:
-        return self.number("assigned", miner) % batches
+    def assigned_indices(self, miner: str, batches: int, count: int) -> list[int]:
+        """`count` distinct indices of a miner's `batches` assigned batches (all if fewer), ascending."""
+        ranked = sorted(range(batches), key=lambda j: self.number("assigned", miner, j))
+        return sorted(ranked[:count])
 
     def sketch_offset(self, stride: int) -> int:
         return self.number("sketch") % stride
@@ -131,8 +145,8 @@ def moving_average(average: float, indicator: int, decay: float) -> float:
 class RoundEvaluation:
     """Loss measurements of one round, sharing what every submission needs.
 
-    Losses at W and at W - eta*ref are measured once for R and for every assigned batch; each
-    submission then costs one weight load and the forward passes on its A and on R.
+    Losses at W are measured once for R and for every sampled assigned batch; each submission then
+    costs two weight loads (its update, its reference) and the forward passes on its A and on R.
     """
 
     def __init__(
@@ -141,32 +155,27 @@ class RoundEvaluation:
         weights: State,
         step: float,
         random: Sequence[Batch],
-        assigned: Mapping[int, Batch],  # candidate index -> its assigned batch A
-        reference: State | None,
+        assigned: Mapping[int, Sequence[Batch]],  # candidate index -> its sampled assigned batches A
     ) -> None:
         self.evaluator, self.weights, self.step = evaluator, weights, step
-        self.random, self.assigned = list(random), dict(assigned)
+        self.random, self.assigned = list(random), {i: list(bs) for i, bs in assigned.items()}
         evaluator.load(weights)
         self.before_r = self._loss_r()
-        self.before_a = {i: evaluator.loss(b) for i, b in self.assigned.items()}
-        if reference is None:
-            self.ref_r, self.ref_a = 0.0, dict.fromkeys(self.assigned, 0.0)
-        else:
-            evaluator.load(weights, reference, step)
-            self.ref_r = relative_gain(self.before_r, self._loss_r())
-            self.ref_a = {i: relative_gain(self.before_a[i], evaluator.loss(b)) for i, b in self.assigned.items()}
+        self.before_a = {i: [evaluator.loss(b) for b in bs] for i, bs in self.assigned.items()}
 
-    def gains(self, index: int, update: State, scale: float) -> Gains:
-        """Gains of `update` * `scale` for candidate `index` (its A was given at construction)."""
-        self.evaluator.load(self.weights, update, self.step * scale)
-        after_a = self.evaluator.loss(self.assigned[index])
-        after_r = self._loss_r()
-        return Gains(
-            assigned=relative_gain(self.before_a[index], after_a),
-            random=relative_gain(self.before_r, after_r),
-            assigned_ref=self.ref_a[index],
-            random_ref=self.ref_r,
-        )
+    def gains(self, index: int, update: State, scale: float, reference: State | None) -> Gains:
+        """Gains of `update` * `scale` and of `reference` for candidate `index` (its A was given at
+        construction); without a reference, the reference gains are 0."""
+        assigned, random = self._gains(index, update, self.step * scale)
+        assigned_ref, random_ref = (0.0, 0.0) if reference is None else self._gains(index, reference, self.step)
+        return Gains(assigned=assigned, random=random, assigned_ref=assigned_ref, random_ref=random_ref)
+
+    def _gains(self, index: int, update: State, step: float) -> tuple[float, float]:
+        """(mean relative gain on candidate `index`'s A, relative gain on R) of W - step * update."""
+        self.evaluator.load(self.weights, update, step)
+        pairs = zip(self.before_a[index], self.assigned[index], strict=True)
+        on_a = [relative_gain(before, self.evaluator.loss(b)) for before, b in pairs]
+        return sum(on_a) / max(len(on_a), 1), relative_gain(self.before_r, self._loss_r())
 
     def _loss_r(self) -> float:
         return sum(self.evaluator.loss(b) for b in self.random) / len(self.random)
@@ -213,18 +222,13 @@ class CopyCandidate:
     sketch: Sketch
     margin: float
     indicator: int
+    average: float = 0.0  # the miner's indicator moving average with this round's indicator in it
 
 
-def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -> dict[int, int]:
-    """index -> index of the submission it copies, for every copy among `items`.
-
-    Submissions with the same payload hash, or whose sketches overlap by at least `overlap` with
-    cosine at least `cosine`, form a group. Its owner is, among the members whose indicator is +1
-    this round (the update helps their own data), the one with the largest margin; if there is
-    none, the earliest. The rest are copies. Templar penalizes the later uploader; asking the
-    data first means a thief that trains on its victim's assignment and uploads first does not
-    turn its victim into the copy.
-    """
+def copy_groups(items: Sequence[tuple[str, Sketch]], overlap: float, cosine: float) -> list[list[int]]:
+    """Positions in `items` ((payload SHA-256, sketch) pairs) that are copies of each other, one list
+    per group of two or more, ascending: the same payload hash, or sketches that overlap by at least
+    `overlap` with cosine at least `cosine` (transitively)."""
     parent = list(range(len(items)))
 
     def root(i: int) -> int:
@@ -233,23 +237,39 @@ def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -
             i = parent[i]
         return i
 
-    for j, later in enumerate(items):
+    for j, (later_hash, later) in enumerate(items):
         for i in range(j):
-            earlier = items[i]
-            same = earlier.payload_sha256 == later.payload_sha256
-            if same or (
-                earlier.sketch.overlap(later.sketch) >= overlap and earlier.sketch.cosine(later.sketch) >= cosine
-            ):
+            earlier_hash, earlier = items[i]
+            if earlier_hash == later_hash or (earlier.overlap(later) >= overlap and earlier.cosine(later) >= cosine):
                 parent[root(j)] = root(i)
     groups: dict[int, list[int]] = {}
     for i in range(len(items)):
         groups.setdefault(root(i), []).append(i)
+    return [members for members in groups.values() if len(members) > 1]
+
+
+def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -> dict[int, int]:
+    """index -> index of the submission it copies, for every copy among `items`.
+
+    Submissions in one `copy_groups` group: its owner is the member whose own data the update
+    helps, on the record: among the members with a positive indicator average (this round's
+    indicator in it) or a +1 indicator this round, the one with the highest average, then the +1,
+    then the largest margin; if there is none, the earliest. The rest are copies. Templar penalizes
+    the later uploader; asking the data first means a thief that trains on its victim's
+    assignment and uploads first does not turn its victim into the copy. Asking the record before
+    this round's margin means a copier must beat its victim's history, not one noisy measurement:
+    an honest miner whose margin is below zero in one round (it happens: the own-data advantage
+    of one batch is small) does not lose its update to a near copy that got +1 by chance. Between
+    two keys with no history this is the old rule: the +1 with the largest margin.
+    """
     owners: dict[int, int] = {}
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        trained = [i for i in members if items[i].indicator > 0]
-        owner = max(trained, key=lambda i: (items[i].margin, -i)) if trained else members[0]
+    for members in copy_groups([(c.payload_sha256, c.sketch) for c in items], overlap, cosine):
+        evidence = [i for i in members if items[i].indicator > 0 or items[i].average > 0]
+        owner = (
+            max(evidence, key=lambda i: (items[i].average, items[i].indicator, items[i].margin, -i))
+            if evidence
+            else members[0]
+        )
         for i in members:
             if i != owner:
                 owners[items[i].index] = items[owner].index

@@ -68,7 +68,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--inner-steps", type=int, default=15, help="H AdamW steps per round")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per inner step")
-    parser.add_argument("--assignment-batches", type=int, default=2, help="batches a miner cycles over per round")
+    parser.add_argument(
+        "--assignment-batches",
+        type=int,
+        default=None,
+        help="batches a miner cycles over per round (default: H, a fresh one per step)",
+    )
     parser.add_argument("--lr", type=float, default=1e-3, help="inner AdamW learning rate")
     parser.add_argument("--top-g", type=int, default=8, help="submissions aggregated per round")
     parser.add_argument(
@@ -90,6 +95,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     if min(args.honest, args.rounds, args.inner_steps, args.batch_size) < 1 or not kinds:
         raise SystemExit("--honest, --rounds, --inner-steps, --batch-size and --kinds must be non-empty")
     torch.set_num_threads(args.threads)
+    args.assignment_batches = args.assignment_batches or args.inner_steps
     bench = Bench(args)
     mixed = bench.play(args.adversaries, kinds)
     honest_only = bench.play(0, kinds)

@@ -116,7 +116,8 @@ def manifest(
             "model": {"kind": "gpt", "gpt": cfg.model_dump()},
             "data": {"batch_size": args.batch_size, "seq_len": cfg.block_size},
             "train": train,
-            "selection": {"assignment_batches": home.selection.assignment_batches},
+            # the preset's fresh batch per step, as far as these steps go (a manifest refuses more)
+            "selection": {"assignment_batches": min(home.selection.assignment_batches, args.inner_steps)},
         },
         "pulse bench memory",
     )

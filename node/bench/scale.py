@@ -157,6 +157,8 @@ def run_manifest(home: Manifest, model: dict[str, str], steps: int, batch: int, 
     data["data"] = {"kind": "embedded", "cap_bytes": 4 * 2**20, "batch_size": batch, "seq_len": seq}
     data["train"]["inner_steps"] = steps
     data["selection"].update(eval_batch_size=eval_batch, min_indicator_average=0.0, held_out_batches=0)
+    # the preset's fresh batch per step, as far as these steps go (a manifest refuses more)
+    data["selection"]["assignment_batches"] = min(data["selection"]["assignment_batches"], steps)
     return parse_manifest(data, "pulse bench scale")
 
 

@@ -1,7 +1,9 @@
 """The `pulse` CLI: each module parses one command's flags and calls the library.
 
-- `cli.py`        the entry point; `COMMANDS` lists the modules below in `--help` order
+- `cli.py`        the entry point; `COMMANDS` lists the commands in `--help` order, with the module
+                  of each (only the module of the command being run is imported: `--help` is fast)
 - `keygen.py`     `pulse keygen`
+- `runid.py`      `pulse run-id --config`: the manifest's run id
 - `dht.py`        `pulse dht`: a bootstrap peer that prints its multiaddrs
 - `roles.py`      `pulse validator` (active or standby), `pulse miner`, `pulse follow [--audit]`, `pulse audit`
 - `receipt.py`    `pulse receipt`: a miner's verdict in a round and its gains recomputed

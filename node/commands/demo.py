@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -83,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
         ) as live:
             while time.monotonic() < deadline:
                 live.update(_table(read_events(out / "events"), args.rounds))
-                if all(w.popen.poll() is not None for w in workers) or validator.popen.poll() is not None:
+                if all(w.popen.poll() is not None for w in workers):
+                    break
+                if validator.popen.poll() not in (None, 0):  # it failed; after its last round it stops by itself
                     break
                 time.sleep(0.5)
         ok = all(w.popen.poll() == 0 for w in workers)
@@ -121,25 +125,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(log: EventLog, rounds: int) -> Table:
-    table = Table(title=f"pulse demo: {rounds} rounds on loopback")
+    """One row per round, narrow enough for an 80-column terminal with a handful of miners."""
+    table = Table(
+        title=f"pulse demo: {rounds} rounds on loopback", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
+    )
     rl = any(e.reward is not None for e in log.events(RoundClosed)) or any(
         e.reward is not None for e in log.events(Baseline)
     )
-    metric = f"held-out {'reward' if rl else 'loss'}"
-    for col in ("round", metric, "submissions", "selected", "sent", "vs dense", "patch", "scores"):
-        table.add_column(col, justify="right" if col != "scores" else "left")
+    metric = "reward" if rl else "loss"
+    for col in ("round", metric, "subm.", "agg.", "sent kB", "patch kB", "scores of the aggregated"):
+        table.add_column(col, justify="right" if not col.startswith("scores") else "left", no_wrap=True)
     names = {key: name for name, key in log.keys().items()}
     for e in log.events(RoundClosed):
-        scores = ", ".join(f"{names.get(k, k[:8])} {v:.3g}" for k, v in sorted(e.scores.items(), key=lambda kv: -kv[1]))
+        ranked = sorted(e.scores.items(), key=lambda kv: -kv[1])
+        scores = " ".join(f"{_short(names.get(k, k[:8]))}:{v:.2g}" for k, v in ranked)
         value = e.reward if rl else e.loss
         table.add_row(
             str(e.round),
             "-" if value is None else f"{value:.4f}",
             str(e.submissions),
             str(e.selected),
-            f"{e.bytes / 1e3:.1f} kB",
-            f"{e.dense_bytes / max(e.bytes, 1):.0f}x smaller",
-            f"{e.patch_bytes / 1e3:.1f} kB",
+            f"{e.bytes / 1e3:.1f}",
+            f"{e.patch_bytes / 1e3:.1f}",
             scores or "-",
         )
     return table
+
+
+def _short(name: str) -> str:
+    """miner0 -> m0: the demo's names, short enough for the scores column."""
+    return re.sub(r"^miner", "m", name)

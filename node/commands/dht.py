@@ -82,7 +82,10 @@ def run_dht(args: argparse.Namespace) -> int:
             print(addr)
         print("ready (Ctrl-C to stop)", flush=True)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        # SIGINT too: a shell script's `pulse dht &` starts with SIGINT ignored, and Python then never
+        # turns it into KeyboardInterrupt, so Ctrl-C (or kill -INT) did nothing
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(WATCH_SECONDS):
             if not dht.alive:
                 dht.restart()

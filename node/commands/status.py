@@ -43,13 +43,30 @@ def run(args: argparse.Namespace) -> int:
         status = asyncio.run(read_status(DHTView(dht, run_records(manifest))))
     finally:
         dht.shutdown()
+    if not status.found:
+        print(
+            f"pulse status: {nothing_found(manifest.run_id, bool(manifest.validators), bool(args.initial_peers))}",
+            file=sys.stderr,
+        )
+        return 1
     show(status, Console())
     return 0
 
 
+def nothing_found(run_id: str, validators: bool, peers: bool) -> str:
+    """Why a node may see nothing of its run, in one line."""
+    if not validators:
+        return "the manifest names no validator: use the run's own manifest (--config)"
+    hint = "" if peers else "; no --initial-peers were given, so this node knows no other peer"
+    return (
+        f"nothing of run {run_id[:16]}... found: is your manifest the validator's (run ids differ when one "
+        f"byte differs), and is the run up?{hint}"
+    )
+
+
 def show(status: RunStatus, console: Console) -> None:
     current = status.open_round
-    console.print(f"run {status.run_id[:16]}...: round {current} is the open round ({current} rounds completed)")
+    console.print(f"run {status.run_id[:16]}...: round {current} is the current round ({current} rounds completed)")
     active = Table(title="active nodes (heartbeats of the last two rounds)")
     for col in ("role", "key", "round", "state", "seen"):
         active.add_column(col)

@@ -67,6 +67,14 @@ class Events:
 
     def emit(self, event: Event, text: str) -> None:
         self.log.info(text)
+        self._record(event)
+
+    def warn(self, event: Event, text: str) -> None:
+        """`emit`, logged as a warning: something the user should act on."""
+        self.log.warning(text)
+        self._record(event)
+
+    def _record(self, event: Event) -> None:
         for sink in self.sinks:
             sink(event)
         if self.path is None:

@@ -71,6 +71,16 @@ class Final(Event):
     """Miners: seconds training and compressing / wall seconds since the first round trained."""
 
 
+class Quiet(Event):
+    """A node waited `seconds` without finding anything of its run (no head, no checkpoint)."""
+
+    event: Literal["quiet"] = "quiet"
+    seconds: float
+    run_id: str
+    hint: str
+    """The likely reasons, as the log line gives them."""
+
+
 # -- miners --------------------------------------------------------------------------------------
 
 
@@ -233,6 +243,7 @@ ROLE_EVENTS = (
     Exited,
     CheckpointLoaded,
     PatchApplied,
+    Quiet,
     Final,
     Training,
     Late,

@@ -92,7 +92,9 @@ class P2PPeer(Peer):
         except BaseException:
             dht.shutdown()
             raise
-        return cls(dht, p2p, store, service, run, identity, role)
+        peer = cls(dht, p2p, store, service, run, identity, role)
+        peer.alone = not config.initial_peers
+        return peer
 
     @property
     def peer_id(self) -> str:

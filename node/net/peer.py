@@ -50,7 +50,16 @@ from node.net.streams import DEFAULT_LIMITS, TransferLimits
 from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, fetch_deadline
 from protocol.errors import NetworkError, PeerBusy, TransferError
 from protocol.identity import Identity
-from protocol.messages import MAX_HELD_BLOBS, MESSAGE_TYPES, CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
+from protocol.messages import (
+    HEAD_ROUND,
+    MAX_HELD_BLOBS,
+    MESSAGE_TYPES,
+    CheckpointAnnouncement,
+    Heartbeat,
+    RoundResult,
+    RunHead,
+    WireModel,
+)
 from protocol.signing import SignedMessage, Verified
 
 log = logging.getLogger(__name__)
@@ -125,6 +134,26 @@ class RunView(ABC):
                 return verified
         return None
 
+    async def head(self) -> RunHead | None:
+        """The newest head (by its signed `sent_at`) that one of the run's validators published: one
+        read at one fixed key, whatever the round."""
+        heads = [v.message for v in await self.get(RunHead, HEAD_ROUND) if v.sender_hex in self.run.validators]
+        return max(heads, key=lambda h: (h.sent_at, h.open_round), default=None)
+
+    async def position(self) -> tuple[int, CheckpointAnnouncement | None, RunHead | None]:
+        """(the open round, the newest checkpoint at or before it, the head they came from).
+
+        From the head when there is one: constant cost at any round, and independent of whether the
+        early rounds' records still live. Without one (a validator that has published none yet, or a
+        DHT that lost it: the validator re-publishes it within `head_refresh_seconds`), by searching
+        the round results from round 0.
+        """
+        head = await self.head()
+        if head is not None:
+            return head.open_round, head.checkpoint, head
+        current = await self.latest_result_round() + 1
+        return current, await self.latest_checkpoint(current), None
+
     async def latest_result(self, start: int = 0) -> tuple[int, RoundResult | None]:
         """(the last round with a round result, searched from `start`, that result); (start - 1, None) if none.
 
@@ -165,7 +194,8 @@ class Peer(RunView):
         super().__init__(run)
         self.identity, self.store, self.role, self.limits = identity, store, role, limits
         self.held: list[str] = []  # blobs announced in heartbeats, newest last
-        self.validator_peer: str | None = None  # the active validator's peer id, from its heartbeat
+        self.validator_peer: str | None = None  # the active validator's peer id, from its heartbeat or head
+        self.alone = False  # started with no peer to dial first: it can find nobody (libp2p peers only)
         self.holders = HolderBook()  # who delivered blobs, who failed
         self.keeper = Keeper(store, run.retention())
 

@@ -27,7 +27,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from node.events import Events, mb, progress
-from node.events.models import CheckpointLoaded, PatchApplied, Scored
+from node.events.models import CheckpointLoaded, PatchApplied, Quiet, Scored
 from node.net.peer import Peer
 from protocol import pulsesync
 from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch, TransferError
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "safetensors"
 PROGRESS_SECONDS = 0.25  # how often a download's progress bar is updated
+QUIET_SECONDS = 30.0  # a node that finds nothing of its run for this long says so (then after 2x, 4x, ...)
 
 
 class Broken(Enum):
@@ -91,8 +92,16 @@ class Chain:
     key) also reports how that miner's submission fared in each round it applies.
     """
 
-    def __init__(self, peer: Peer, events: Events, me: str | None = None, *, poll: float = 1.0) -> None:
-        self.peer, self.events, self.me, self.poll = peer, events, me, poll
+    def __init__(
+        self,
+        peer: Peer,
+        events: Events,
+        me: str | None = None,
+        *,
+        poll: float = 1.0,
+        quiet_seconds: float = QUIET_SECONDS,
+    ) -> None:
+        self.peer, self.events, self.me, self.poll, self.quiet_seconds = peer, events, me, poll, quiet_seconds
         self.held: Held | None = None
         self.behind = 0  # patches to apply after the last join
 
@@ -119,15 +128,22 @@ class Chain:
                 self.held = None
 
     async def _join(self) -> Held:
-        """The newest announced checkpoint; waits until the validator has announced one that loads."""
+        """The newest announced checkpoint; waits until the validator has announced one that loads.
+
+        Where the run is comes from the validator's head (one read at any round, `Peer.position`);
+        while nothing of the run is found, the wait is reported (`Quiet`), never silent."""
+        quiet = QuietWatch(self.events, self.peer, self.quiet_seconds)
         while True:
-            current = await self.peer.latest_result_round() + 1
-            announcement = await self.peer.latest_checkpoint(current)
+            current, announcement, head = await self.peer.position()
+            if head is not None:
+                self.peer.validator_peer = head.validator_peer  # it serves the checkpoint and the patches
             if announcement is not None:
                 held = await self._load(announcement, behind=current - announcement.round)
                 if held is not None:
                     self.behind = current - held.round  # patches published since the checkpoint
                     return held
+            else:
+                quiet.check()
             await asyncio.sleep(self.poll)
 
     async def _load(self, a: CheckpointAnnouncement, behind: int) -> Held | None:
@@ -198,6 +214,33 @@ async def fetch_showing(peer: Peer, sha256: str, size: int, round_: int, what: s
         finally:
             fetching.cancel()  # a no-op once done; stops the fetch if this task is cancelled
         return fetching.result()
+
+
+class QuietWatch:
+    """Says, after `seconds` and then at doubling intervals, that nothing of the run has been found,
+    with the likely reasons: a manifest other than the validator's (another run id: nothing of the
+    run is ever visible), a manifest that names no validator, no `--initial-peers`."""
+
+    def __init__(self, events: Events, peer: Peer, seconds: float) -> None:
+        self.events, self.peer, self.seconds = events, peer, seconds
+        self.start, self.next = time.monotonic(), seconds
+
+    def check(self) -> None:
+        waited = time.monotonic() - self.start
+        if waited < self.next:
+            return
+        self.next *= 2
+        run = self.peer.run
+        if not run.validators:
+            hint = "the manifest names no validator, so no round result can count: use the run's own manifest"
+        else:
+            hint = "is your manifest the validator's? (run ids differ when one byte differs)"
+        if self.peer.alone:
+            hint += "; this node was started without --initial-peers, so it knows no other peer"
+        self.events.warn(
+            Quiet(seconds=round(waited, 1), run_id=run.run_id, hint=hint),
+            f"no validator of run {run.run_id[:8]}... seen for {waited:.0f} s: {hint}",
+        )
 
 
 def _report_placement(events: Events, result: RoundResult, me: str) -> None:

@@ -2,13 +2,14 @@
 
 It joins from the newest checkpoint, then applies every round's patch, verifying each state hash
 (`catchup.Chain`), and announces itself once a round (a heartbeat listing the patches and the
-checkpoint it re-serves, so fetchers can spread over it). With `--audit` its weights come from an
-auditor instead (`auditor.py`): an FP32 replica that recomputes every round, so it never holds a
-state it has not verified.
+checkpoint it re-serves, so fetchers can spread over it, and `pulse status` lists it). With
+`--audit` its weights come from an auditor instead (`auditor.py`): an FP32 replica that recomputes
+every round, so it never holds a state it has not verified.
 
 For each round it holds, it runs its round services: none in a language modelling run (an
 inference worker serves its own requests), the rollout worker in an RL run (`rl/worker.py`,
-generating and publishing the round's rollouts).
+generating and publishing the round's rollouts). Stopping at `rounds`, it announces the state it
+ends on.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Follower:
                 await service.serve(held)
             await asyncio.sleep(self.poll)
             held = await self.chain.sync()
+        await self.peer.heartbeat(held.round, held.state_hash)  # the validator lingers until it sees this
         self.events.emit(
             Final(round=held.round, state_hash=held.state_hash),
             f"holding the state of round {held.round}, hash {held.state_hash[:12]}",

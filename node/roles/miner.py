@@ -80,6 +80,7 @@ class Miner:
         while rounds is None or held.round < rounds:
             await self._mine(held)
             held = await self.chain.sync()
+        await self.peer.heartbeat(held.round, held.state_hash)  # the validator lingers until it sees this
         self.events.emit(
             Final(round=held.round, state_hash=held.state_hash, busy_fraction=self.busy_fraction),
             f"holding the state of round {held.round}, hash {held.state_hash[:12]}",

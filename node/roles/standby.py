@@ -49,7 +49,7 @@ from node.net.peer import Peer
 from node.roles.auditor import Auditor
 from node.roles.catchup import Held
 from node.roles.hooks import RoundHooks
-from node.roles.validator_service import SERVE_HEARTBEAT_SECONDS, ValidatorService
+from node.roles.validator_service import ValidatorService
 from node.run.setup import RunSetup
 from node.run.task import Task
 from protocol.codec import default_max_bytes
@@ -62,6 +62,7 @@ from validator.intake import Submission
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
+SERVE_HEARTBEAT_SECONDS = 10.0  # a standby done with its rounds announces itself this often while it serves
 T = TypeVar("T")
 
 

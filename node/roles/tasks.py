@@ -17,6 +17,7 @@ own pieces here, and the roles themselves never ask which task they run.
 
 from __future__ import annotations
 
+import logging
 from functools import singledispatch
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from node.run.trainer import Trainer
 from protocol.identity import Identity
 
 POLL_SECONDS = 0.5
+
+log = logging.getLogger(__name__)
 
 
 def validator_for(
@@ -84,6 +87,7 @@ def miner_for(
     device: str = "cpu",
     poll: float = POLL_SECONDS,
 ) -> Miner:
+    warn_if_validator_key(identity, peer, "miner")
     trainer, inputs = trainer_and_inputs(task, identity, peer, device)
     return Miner(setup, peer, events, trainer, inputs, poll=poll)
 
@@ -100,8 +104,22 @@ def follower_for(
     audit: Path | None = None,
 ) -> Follower:
     """`audit`: a folder for an auditor's FP32 replica; the follower then holds only verified states."""
+    warn_if_validator_key(identity, peer, "follower")
     weights = Auditor(setup, peer, events, audit, task.initial_master, poll=2 * poll) if audit else None
     return Follower(peer, events, round_services(task, identity, peer, events, device), poll=poll, weights=weights)
+
+
+def warn_if_validator_key(identity: Identity, peer: Peer, role: str) -> None:
+    """A miner or follower that signs with one of the run's validator keys: almost always the
+    validator's key file used by mistake (two nodes on one machine, one default key path). It runs,
+    but everything it signs is signed as that validator."""
+    if identity.public_hex in peer.run.validators:
+        log.warning(
+            "this %s signs with %s..., one of the run's VALIDATOR keys: give it its own key file "
+            "(`pulse keygen --out miner.key`, then --key miner.key)",
+            role,
+            identity.public_hex[:16],
+        )
 
 
 # -- per task ------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Round r, as the validator runs it:
 
 1. open: publish a heartbeat for r (its `sent_at` starts the deadline clock), and every
    `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob plus its announcement;
+   then the run's head (`RunHead`: round r, W_r's hash, the latest checkpoint, this peer);
 2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only;
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
@@ -24,6 +25,15 @@ What depends on the task comes from two objects: the `Task` (W_0, the Gauntlet's
 batch function) and its `RoundHooks` (RL: the rollout pool before a round opens; the held-out loss
 or reward after it closes). The network is the `Peer` the service is given.
 
+Records live `record_ttl_seconds`, but a run and even one round may last longer: while it runs, the
+service re-publishes the head and the round results since the latest checkpoint on a timer (every
+`head_refresh_seconds`), so a node joining at any round finds where the run is and the whole patch
+chain it needs, in a number of reads that does not grow with the round.
+
+With `rounds`, it stops after round `rounds - 1` (holding W_rounds) once every node seen in the last
+round holds that state (its heartbeat says so), or after `linger_seconds`: the last patch stays
+fetchable for them until then.
+
 State lives in `folder/validator` (committed once per round) and patches in `folder/blobs`, so a
 restarted validator resumes at its last committed round and continues the hash chain.
 """
@@ -31,6 +41,7 @@ restarted validator resumes at its last committed round and continues the hash c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -50,10 +61,12 @@ from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, NetworkError, Superseded
 from protocol.identity import Identity
 from protocol.messages import (
+    HEAD_ROUND,
     CheckpointAnnouncement,
     Heartbeat,
     RoundMetrics,
     RoundResult,
+    RunHead,
     Standing,
     SubmissionHeader,
 )
@@ -65,7 +78,13 @@ from validator.state import StateStore
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
-SERVE_HEARTBEAT_SECONDS = 5.0
+HEAD_REFRESH_SECONDS = 60.0  # at most; a quarter of the record lifetime when that is shorter
+MIN_LINGER_SECONDS = 30.0
+
+
+def head_refresh_seconds(record_ttl_seconds: float) -> float:
+    """How often the head and the results since the checkpoint are re-published: well within a record's life."""
+    return min(HEAD_REFRESH_SECONDS, record_ttl_seconds / 4)
 
 
 class ValidatorService:
@@ -91,6 +110,11 @@ class ValidatorService:
         self.previous_senders: set[str] = set()
         self.closed = True
         self.opened_at = 0.0
+        self.checkpoint: CheckpointAnnouncement | None = None  # the latest one announced
+        self.since_checkpoint: list[RoundResult] = []  # the results of the rounds since it, in order
+        timing = setup.manifest.round
+        self.refresh_seconds = head_refresh_seconds(timing.record_ttl_seconds)
+        self.linger_seconds = max(timing.deadline_seconds, MIN_LINGER_SECONDS)
         self.dense_bytes = setup.dense_bytes()
         self.kept: dict[int, list[str]] = {}  # round -> aggregated payloads and evidence, kept fetchable
         # refuse an oversize payload from its header, before its body is read or stored
@@ -115,7 +139,9 @@ class ValidatorService:
 
     def _accept(self, header: SubmissionHeader) -> str | None:
         if self.closed or header.round != self.round:
-            return f"round {header.round} is not open (the open round is {self.round}, closed={self.closed})"
+            if header.round == self.round:
+                return f"round {header.round} has closed: the validator is scoring it"
+            return f"round {header.round} is not open (the open round is {self.round})"
         if header.sender in self.received:
             return "one submission per miner per round"
         if header.payload_size > self.max_payload:
@@ -140,7 +166,7 @@ class ValidatorService:
     # -- rounds ----------------------------------------------------------------------------------
 
     async def run(self, rounds: int | None = None) -> None:
-        """Run rounds until `rounds` have completed in total (None: forever); then keep serving blobs."""
+        """Run rounds until `rounds` have completed in total (None: forever), then linger (see above)."""
         key, peer_id = self.identity.public_hex, self.peer.peer_id
         self.events.emit(
             Started(sender=key, round=self.round, peer_id=peer_id),
@@ -152,21 +178,73 @@ class ValidatorService:
             if measured.measured:
                 text = f"held-out {measured.describe()} of the initial weights"
                 self.events.emit(Baseline(loss=measured.loss, reward=measured.reward), text)
-        first = True
-        while rounds is None or self.round < rounds:
-            await self._check_counted()
-            await self._await_standbys(self.round)
-            await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
-            first = False
-            await self._collect()
-            await self._close()
-        self.events.emit(
-            Done(round=self.round, state_hash=self.validator.state_hash),
-            f"completed round {self.round - 1}; serving blobs until stopped",
-        )
+        refresher = asyncio.ensure_future(self._keep_fresh())
+        try:
+            first = True
+            while rounds is None or self.round < rounds:
+                await self._check_counted()
+                await self._await_standbys(self.round)
+                await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
+                first = False
+                await self._collect()
+                await self._close()
+            await self._publish_head()
+            self.events.emit(
+                Done(round=self.round, state_hash=self.validator.state_hash),
+                f"completed round {self.round - 1}; serving the last patch until the nodes of the run hold "
+                f"state {self.validator.state_hash[:12]} (at most {self.linger_seconds:.0f} s)",
+            )
+            await self._linger()
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+
+    async def _linger(self) -> None:
+        """Until every miner or follower seen in the last round announces the final state, or `linger_seconds`."""
+        final, last = self.validator.state_hash, self.round - 1
+        deadline = time.monotonic() + self.linger_seconds
+        while time.monotonic() < deadline:
+            seen = {
+                v.sender_hex
+                for r in (last, self.round)
+                for v in await self.peer.get(Heartbeat, r)
+                if v.message.role in ("miner", "follower")
+            }
+            done = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.state_hash == final}
+            if seen <= done:
+                return
+            await asyncio.sleep(self.poll)
+        log.info("stopping: not every node announced the final state within %.0f s", self.linger_seconds)
+
+    async def _keep_fresh(self) -> None:
+        """Every `refresh_seconds`: the head, and the results since the latest checkpoint (re-signed, so
+        each gets a new lifetime), so that what a joiner needs outlives any record's lifetime."""
         while True:
-            await self.peer.heartbeat(self.round, self.validator.state_hash)
-            await asyncio.sleep(SERVE_HEARTBEAT_SECONDS)
+            await asyncio.sleep(self.refresh_seconds)
+            await self._publish_head()
+            for result in list(self.since_checkpoint):
+                try:
+                    await self.peer.publish(result)
+                except NetworkError as exc:
+                    log.warning("could not refresh the result of round %d: %s", result.round, exc)
+
+    async def _publish_head(self) -> None:
+        if self.checkpoint is None:
+            return
+        head = RunHead(
+            run_id=self.setup.run_id,
+            round=HEAD_ROUND,
+            open_round=self.round,
+            state_hash=self.validator.state_hash,
+            checkpoint=self.checkpoint,
+            validator_peer=self.peer.peer_id,
+            sent_at=int(time.time()),
+        )
+        try:
+            await self.peer.publish(head)
+        except NetworkError as exc:  # joiners search the round results meanwhile; the timer tries again
+            log.warning("could not publish the run's head at round %d: %s", self.round, exc)
 
     async def _cpu(self, measure: Callable[[State], HeldOut]) -> HeldOut:
         return await asyncio.get_running_loop().run_in_executor(None, measure, self.validator.weights)
@@ -238,6 +316,7 @@ class ValidatorService:
         self.closed = False
         self.opened_at = time.time()
         await self.peer.heartbeat(r, self.validator.state_hash)
+        await self._publish_head()
         self.events.emit(
             RoundOpened(round=r, state_hash=self.validator.state_hash),
             f"round {r} open, state {self.validator.state_hash[:12]}",
@@ -255,9 +334,10 @@ class ValidatorService:
             blob_size=len(data),
             format=CHECKPOINT_FORMAT,
         )
+        self.checkpoint, self.since_checkpoint = announcement, []  # the head names it from now on
         try:
             await self.peer.publish(announcement)
-        except NetworkError as exc:  # joiners use an older or the next checkpoint meanwhile
+        except NetworkError as exc:  # the head names it all the same
             log.warning("checkpoint of round %d not announced: %s", r, exc)
         else:
             text = f"announced the checkpoint of round {r} ({mb(len(data))})"
@@ -290,6 +370,7 @@ class ValidatorService:
             log.warning("round %d result not stored in the DHT yet (%s); retrying once", r, exc)
             await asyncio.sleep(1.0)
             await self.peer.publish_signed(report.envelope)
+        self.since_checkpoint.append(report.result)
         self.previous_senders = set(self.received)
         start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
@@ -380,11 +461,15 @@ class ValidatorService:
             held_out_seconds=held_out_seconds if measured.measured else None,
         )
         held_out = f", held-out {measured.describe()}" if measured.measured else ""
+        received = (
+            f"{mb(sent)} received ({self.dense_bytes * len(submissions) / sent:.0f}x smaller than dense)"
+            if sent
+            else "nothing received"
+        )
         self.events.emit(
             event,
             f"round {report.round} closed: {len(submissions)} submissions, {len(selected)} aggregated, "
-            f"{mb(sent)} received ({self.dense_bytes * max(len(submissions), 1) / max(sent, 1):.0f}x smaller "
-            f"than dense), patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
+            f"{received}, patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
         )
 
     async def shutdown(self) -> None:

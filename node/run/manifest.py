@@ -193,6 +193,17 @@ class Manifest(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _every_assigned_batch_trained(self) -> Self:
+        # the validator scores a miner on a secret sample of its assigned batches: each must be one
+        # it trained on (inner step s trains on batch s mod assignment_batches)
+        if self.task == "lm" and self.selection.assignment_batches > self.train.inner_steps:
+            raise ValueError(
+                f"selection.assignment_batches {self.selection.assignment_batches} exceeds train.inner_steps "
+                f"{self.train.inner_steps}: a miner would never train on some of its batches"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _rl_needs_bytes(self) -> Self:
         if self.task == "rl" and self.model.kind != "gpt":
             raise ValueError("task 'rl' runs on the embedded byte-level GPT (model.kind 'gpt')")

@@ -257,8 +257,12 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     rl = bool(summary["reward_per_round"])
     values = summary["reward_per_round"] if rl else summary["loss_per_round"]
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    xs = list(range(len(values) + 1))
-    ax.plot(xs, [summary["reward_first" if rl else "loss_first"], *values], marker="o")
+    # the value after round r at x = r, as the table numbers rounds; the initial weights' as a line
+    ax.plot(range(len(values)), values, marker="o", markersize=3, label="after the round")
+    first = summary["reward_first" if rl else "loss_first"]
+    if first is not None:
+        ax.axhline(first, color="grey", linestyle="--", linewidth=1, label="initial weights")
+    ax.legend(fontsize=8)
     if rl:
         ax.set(xlabel="round", ylabel="held-out reward (greedy)", title="Reward per round")
     else:
@@ -267,14 +271,14 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     fig.savefig(out / ("reward.png" if rl else "loss.png"), dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = plt.subplots(figsize=(7, 3.2))
     n = len(summary["bytes_per_round"])
     ax.bar([i - 0.2 for i in range(n)], summary["dense_bytes_per_round"], width=0.4, label="dense FP32")
     ax.bar([i + 0.2 for i in range(n)], summary["bytes_per_round"], width=0.4, label="sent (compressed)")
     ax.plot(range(n), summary["patch_bytes_per_round"], "k.", label="PULSESync patch")
     ax.set_yscale("log")
     ax.set(xlabel="round", ylabel="bytes", title="Bytes on the wire per round")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside the bars, not over them
     fig.tight_layout()
     fig.savefig(out / "bytes.png", dpi=120)
     plt.close(fig)
@@ -291,7 +295,7 @@ def leaderboard_plot(places_per_round: Mapping[str, Sequence[int | None]], path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = plt.subplots(figsize=(6, 3.2))
     deepest = 1
     for name, row in places_per_round.items():
         ys = [float("nan") if p is None else p for p in row]  # NaN breaks the line: not aggregated
@@ -300,7 +304,7 @@ def leaderboard_plot(places_per_round: Mapping[str, Sequence[int | None]], path:
     ax.set_ylim(deepest + 0.5, 0.5)
     ax.set_yticks(range(1, deepest + 1))
     ax.set(xlabel="round", ylabel="place (by final score)", title="Leaderboard over rounds")
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside the lines, not over them
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
