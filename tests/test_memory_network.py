@@ -99,7 +99,7 @@ def test_only_a_peer_that_takes_submissions_accepts_a_push(tmp_path: Path) -> No
         assert await miner.validator_heartbeat(0) is not None
         with pytest.raises(TransferError, match="takes no submissions"):
             await miner.submit(sign(miner.identity, header), path)
-        validator.take_submissions(lambda h: None, got.append)
+        validator.take_submissions(lambda h: None, lambda v, path: got.append(v), validator.store)
         await miner.submit(sign(miner.identity, header), path)
 
     asyncio.run(main())

@@ -22,17 +22,17 @@ from protocol.messages import RolloutAnnouncement
 from protocol.rollouts import RolloutBatch, RolloutGroup
 
 RUN = hashlib.sha256(b"rl-run").hexdigest()
-VALIDATOR = Identity.generate()
+VALIDATOR = Identity.from_seed(hashlib.sha256(b"pulse-test-pool-validator").digest())
 CFG = RLConfig(group_size=4, prompts_per_batch=3, max_staleness=1, pool_wait_seconds=0.2)
 STATES = {2: hashlib.sha256(b"w2").hexdigest(), 3: hashlib.sha256(b"w3").hexdigest()}
 
 
-def honest_batch(worker: Identity, round_: int = 3) -> RolloutBatch:
+def honest_batch(worker: Identity, round_: int = 3, states: dict[int, str] = STATES) -> RolloutBatch:
     groups = []
     for prompt in problems_for(RUN, round_, worker.public_hex, CFG.prompts_per_batch, CFG):
         completions = (answer(prompt), b"0\n", b"x", answer(prompt))
         groups.append(RolloutGroup(prompt, completions, tuple(reward(prompt, c) for c in completions)))
-    return RolloutBatch(RUN, round_, worker.public_hex, STATES[round_], tuple(groups))
+    return RolloutBatch(RUN, round_, worker.public_hex, states[round_], tuple(groups))
 
 
 def announced(batch: RolloutBatch) -> RolloutAnnouncement:
@@ -134,3 +134,28 @@ def test_the_pool_takes_honest_batches_and_penalizes_liars(tmp_path: Path) -> No
         assert liar.public_hex not in {e.worker for e in pool4.entries}
 
     asyncio.run(main())
+
+
+def test_candidates_come_in_an_order_the_workers_cannot_choose(tmp_path: Path) -> None:
+    """Key order would let a key ground to sort first into every pool; the validator's secret order
+    takes other workers in other rounds (and those with batches that passed before come first)."""
+    workers = [Identity.from_seed(hashlib.sha256(f"worker/{i}".encode()).digest()) for i in range(12)]
+    first_keys = set(sorted(w.public_hex for w in workers)[:2])
+    states = {r: hashlib.sha256(f"w{r}".encode()).hexdigest() for r in range(2, 8)}
+    cfg = CFG.model_copy(update={"pool_batches": 2, "max_staleness": 0})
+    net = Workers(tmp_path)
+    keeper = PoolKeeper(net.validator, cfg, RUN, Events("validator"))
+
+    async def main() -> list[set[str]]:
+        pools = []
+        for r in range(3, 8):
+            for w in workers:
+                await net.publish(w, honest_batch(w, r, states))
+            pool, _ = await keeper.build(r, states)
+            pools.append({e.worker for e in pool.entries})
+        return pools
+
+    pools = asyncio.run(main())
+    assert all(len(p) == 2 for p in pools)
+    assert any(p != first_keys for p in pools), "every pool took the two keys that sort first"
+    assert pools[1:] == [pools[0]] * 4  # once taken, a worker whose batches pass keeps its place

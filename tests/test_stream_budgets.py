@@ -53,7 +53,11 @@ async def open_validator(net: MemoryNetwork, tmp_path: Path) -> tuple[MemoryPeer
     """A validator that takes every push, its heartbeat published (so miners know its peer id)."""
     validator = net.join(VALIDATOR, tmp_path / "validator", role="validator")
     got: list[Verified[SubmissionHeader]] = []
-    validator.take_submissions(lambda h: None, got.append)
+
+    def take(verified: Verified[SubmissionHeader], path: Path) -> None:
+        got.append(verified)
+
+    validator.take_submissions(lambda h: None, take, BlobStore(tmp_path / "inbox"))
     await validator.heartbeat(0, None)
     return validator, got
 
@@ -150,7 +154,9 @@ def test_uploads_have_their_own_budget_with_slots_kept_for_favoured_senders(tmp_
 
     async def main() -> list[Status]:
         validator, _ = await open_validator(net, tmp_path)
-        validator.take_submissions(lambda h: None, lambda v: None, lambda h: h.sender == rated.public_hex)
+        validator.take_submissions(
+            lambda h: None, lambda v, p: None, BlobStore(tmp_path / "inbox"), lambda h: h.sender == rated.public_hex
+        )
         async with held_open(net, validator.peer_id, SUBMIT, 3) as streams:
             fresh = [asyncio.ensure_future(trickle_upload(s, Identity.generate(), b"x" * 50, 0.2)) for s in streams[:2]]
             await asyncio.sleep(0.2)

@@ -103,14 +103,20 @@ class FakeInfo:
         self.peer_id = peer_id
 
 
-def _service(tmp_path: Path, verdicts: list[str | None], got: list[Verified[SubmissionHeader]]) -> TransferService:
-    answers = iter(verdicts)
+def _service(tmp_path: Path, got: list[Verified[SubmissionHeader]], late: str | None = None) -> TransferService:
+    """Every header accepted; after its body, `late` refuses it (None: handed to `got`)."""
+
+    def take(verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        if late is None:
+            got.append(verified)
+        return late
+
     return TransferService(
         p2p=Any,  # type: ignore[arg-type]  # the handler never touches the daemon
         store=BlobStore(tmp_path / "store"),
         run_id=RUN,
-        accept=lambda header: next(answers),
-        on_submission=got.append,
+        accept=lambda header: None,
+        on_submission=take,
     )
 
 
@@ -124,7 +130,7 @@ async def _submit(service: TransferService, envelope: bytes, payload: bytes) -> 
 
 def test_a_round_that_closes_while_the_body_arrives_refuses_it_with_a_reason(tmp_path: Path) -> None:
     got: list[Verified[SubmissionHeader]] = []
-    service = _service(tmp_path, [None, "round 0 is not open (the open round is 1, closed=True)"], got)
+    service = _service(tmp_path, got, late="round 0 is not open (the open round is 1, closed=True)")
     payload = b"x" * 1000
     writer = asyncio.run(_submit(service, _submission(Identity.generate(), payload), payload))
     assert got == []  # never handed to the round
@@ -141,12 +147,18 @@ def test_two_bodies_from_one_sender_give_one_submission_and_one_refusal(tmp_path
     def accept(header: SubmissionHeader) -> str | None:
         return "one submission per miner per round" if header.sender in received else None
 
+    def take(verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        if (refused := accept(verified.message)) is None:
+            received.add(verified.message.sender)
+            got.append(verified)
+        return refused
+
     service = TransferService(
         p2p=Any,  # type: ignore[arg-type]
         store=BlobStore(tmp_path / "store"),
         run_id=RUN,
         accept=accept,
-        on_submission=lambda v: (received.add(v.message.sender), got.append(v)),  # type: ignore[func-returns-value]
+        on_submission=take,
     )
 
     async def main() -> list[RecordingWriter]:
@@ -182,7 +194,7 @@ def test_a_full_disk_while_receiving_is_a_failed_reply_and_leaves_nothing(
 
     monkeypatch.setattr(BlobWriter, "write_many", full)
     got: list[Verified[SubmissionHeader]] = []
-    service = _service(tmp_path, [None, None], got)
+    service = _service(tmp_path, got)
     payload = b"y" * 1000
     writer = asyncio.run(_submit(service, _submission(Identity.generate(), payload), payload))
     assert got == []

@@ -51,8 +51,8 @@ def test_round_metrics_carry_the_loss_bytes_and_standings_within_bounds(tmp_path
     peer = MemoryNetwork(run_records(setup.manifest)).join(me, tmp_path, role="validator")
     service = validator_for(setup, task_for(setup), me, tmp_path, peer, Events("validator"))
     report = service.validator.run_round([])
-    metrics = service._metrics(report, [], HeldOut(loss=3.5))
+    metrics = service._metrics(report, 0, 0, HeldOut(loss=3.5))
     assert (metrics.round, metrics.held_out_loss, metrics.submissions, metrics.standings) == (0, 3.5, 0, ())
     assert metrics.run_id == setup.run_id and metrics.received_bytes == metrics.dense_bytes == 0
-    diverged = service._metrics(report, [], HeldOut(loss=float("nan"), reward=float("inf")))
+    diverged = service._metrics(report, 0, 0, HeldOut(loss=float("nan"), reward=float("inf")))
     assert diverged.held_out_loss is None and diverged.held_out_reward is None  # left out

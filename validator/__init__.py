@@ -5,6 +5,7 @@ Files:
 - `aggregate.py`  clip each selected pseudo-gradient to the median norm, average (one decoded at a time)
 - `outer.py`      outer optimizer on the FP32 master: SGD with optional Nesterov momentum, savable state
 - `config.py`     `GauntletConfig`: every threshold of intake, scoring, selection and persistence
+- `admission.py`  a round's seats, before any body: established miners first, newcomers by secret ticket, bytes
 - `intake.py`     cheap checks before decoding: signature, run, round, replay, duplicate, base hash, size, digest
 - `scoring.py`    the `Evaluator` interface, loss gains before/after an evaluation step, indicator, copy sketches
 - `ratings.py`    persistent OpenSkill Plackett-Luce ratings, one match per round, missing/invalid rank last

@@ -22,10 +22,13 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from protocol.state import State, StateDict
+
+P = TypeVar("P")  # a payload, or whatever `decode` reads one from
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,8 @@ def clip_scales(norms: Sequence[float]) -> tuple[float, list[float]]:
 
 
 def aggregate(
-    payloads: Sequence[bytes],
-    decode: Callable[[bytes], State],
+    payloads: Sequence[P],
+    decode: Callable[[P], State],
     *,
     norms: Sequence[float] | None = None,
 ) -> Aggregate:

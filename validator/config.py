@@ -78,7 +78,19 @@ class GauntletConfig(UpdateRules, SelectionRules):
 
     # -- intake ------------------------------------------------------------------------------
     max_submissions: int = Field(default=MAX_REJECTIONS, ge=1, le=MAX_REJECTIONS)
-    """Signed submissions taken per round; later ones are ignored. Capped so every outcome fits the result."""
+    """Seats per round: submissions taken (`admission.py`). Capped so every outcome fits the result."""
+    newcomer_seats: int = Field(default=16, ge=1, le=MAX_REJECTIONS)
+    """Of `max_submissions` (all of them if fewer), seats established miners cannot take: keys without a
+    history are always drawn for at least these (and for every seat established miners leave)."""
+    established_rounds: int = Field(default=1, ge=1, le=64)
+    """A miner is established (seated first; its norm is the gate's reference) once its update gained
+    on random data in at least this many of the last `established_window` rounds. One is real work
+    (junk never gains) and lets an honest newcomer drawn once under a flood keep its seat."""
+    established_window: int = Field(default=8, ge=1, le=64)
+    """The rounds `established_rounds` counts in; the validator's history keeps no more than these."""
+    round_payload_bytes: int | None = Field(default=None, ge=1)
+    """Payload bytes the validator holds for one round, received and being received; None: 8 x the
+    payload cap. Every admitted header reserves its announced size against it."""
     max_payload_bytes: int | None = Field(default=None, ge=1)
     """Largest payload accepted; None means the codec's own cap (dense FP32 size plus slack)."""
     behind_rounds: int = Field(default=8, ge=1, le=1024)
@@ -125,6 +137,12 @@ class GauntletConfig(UpdateRules, SelectionRules):
     fp32_checkpoint_every: int = Field(default=5, ge=1)
     """Every this many rounds the result names the FP32 state after its step as a blob, where an
     auditor can start (a run manifest sets it to its `checkpoint_every`)."""
+
+    @model_validator(mode="after")
+    def _seats_fit(self) -> Self:
+        if self.established_rounds > self.established_window:
+            raise ValueError("established_rounds exceeds established_window")
+        return self
 
     @classmethod
     def for_run(cls, update: UpdateRules, selection: SelectionRules, **own: Any) -> GauntletConfig:

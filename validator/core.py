@@ -34,7 +34,7 @@ from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator.config import GauntletConfig
 from validator.evidence import build_evidence
-from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing
+from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing, established
 from validator.intake import RoundContext, Submission, screen
 from validator.outer import OuterOptimizer
 from validator.ratings import Ratings
@@ -192,8 +192,12 @@ class Validator:
         return pulsesync.encode(self.weights, new_weights, old_hash=self.state_hash, new_hash=new_hash)
 
     def standing(self) -> Standing:
-        """The miners' ratings and indicator averages this round starts from."""
-        return Standing(self.ratings, self.book.indicators)
+        """The miners' ratings, indicator averages and rounds gained this round starts from."""
+        return Standing(self.ratings, self.book.indicators, {m: tuple(r) for m, r in self.book.gained.items()})
+
+    def established(self) -> frozenset[str]:
+        """Miners with a history of useful updates (`gauntlet.established`): seated first, the norm reference."""
+        return established(self.cfg, self.standing(), self.round)
 
     def _step(self, update: StateDict | None) -> tuple[StateDict, str]:
         """Apply the outer step (none without an update); the new BF16 weights and their hash."""
@@ -244,6 +248,7 @@ class Validator:
             outer_steps=self.outer.steps,
             ratings=dict(standing.ratings.records),
             indicators=dict(standing.indicators),
+            gained={m: list(r) for m, r in standing.gained.items()},
             seen=seen.ids(),
             states=[*self.book.states, new_hash][-(self.cfg.behind_rounds + 1) :],
         )

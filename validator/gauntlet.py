@@ -2,13 +2,14 @@
 
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
-    inspect                decode one at a time: finite, norm, sketch; the round's median norm;
+    inspect                decode one at a time: finite, norm, sketch; the median norm of the
+                           established miners' payloads (of all, when none sent one);
                            norm far above the median -> rejected, near zero -> free rider
     evaluate (scoring.py)  decode one at a time again: gains on A and R, and those of the update's
                            reference (the mean direction of the others): indicator
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
-                           by score, everyone else last
+                           by score, everyone else last; the rounds each miner gained in
     select                 final = ordinal x max(indicator average, 0); the top G of the eligible
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
@@ -33,7 +34,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from protocol.assignment import Assignment
@@ -105,6 +106,9 @@ class Standing:
 
     ratings: Ratings
     indicators: Mapping[str, float]  # moving average of each miner's indicator
+    gained: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Rounds (oldest first, within the last `established_window`) in which each miner's update
+    gained on random data: who is established (`established`)."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ class RoundPipeline:
         self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
     ) -> Decision:
         """Inspect, evaluate, mark copies, rate, select: the round's outcomes and the next standing."""
-        inspection = self.inspect(screened.candidates, secret)
+        inspection = self.inspect(screened.candidates, secret, established(self.cfg, standing, round_))
         evaluated = self.evaluate(inspection, secret, run_id, round_)
         self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
@@ -167,13 +171,27 @@ class RoundPipeline:
         ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
         last = [a.sender for a in inspection.assessments if a.problem is not None]
         last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
-        return Standing(standing.ratings.rate(round_, ranked, last), indicators)
+        gains = [a.sender for a in evaluated if not a.copy and a.gains and a.gains.random > self.cfg.min_score]
+        gained = record_gains(standing.gained, gains, round_, self.cfg.established_window)
+        ratings = standing.ratings.rate(round_, ranked, last)
+        # a key that never sent a useful update and sits matches out is forgotten (it would come
+        # back as a newcomer, as a fresh key does for free): junk keys do not pile up in the book
+        idle = [m for m, r in ratings.records.items() if round_ - r.last_round > self.cfg.missing_rounds]
+        forget = {m for m in idle if m not in gained}
+        kept = {m: v for m, v in indicators.items() if m not in forget}
+        return Standing(ratings.without(forget), kept, gained)
 
     def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
 
-    def inspect(self, candidates: Sequence[Candidate], secret: RoundSecret) -> Inspection:
-        """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits."""
+    def inspect(
+        self, candidates: Sequence[Candidate], secret: RoundSecret, established: frozenset[str] = frozenset()
+    ) -> Inspection:
+        """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits.
+
+        The limits are multiples of the median norm of the `established` miners' payloads (of every
+        payload when none of them sent one): a majority of fresh keys must not move the reference
+        that decides whether the honest updates are "99x the median" or free riders."""
         offset = secret.sketch_offset(self.cfg.sketch_stride)
         first: dict[str, Assessment] = {}  # payload hash -> its first submission
         out: list[Assessment] = []
@@ -188,7 +206,8 @@ class RoundPipeline:
                 directions = _accumulate(directions, update, 1.0 / a.norm)
             del update  # invariant: one decoded update alive at a time
         distinct = [a for a in first.values() if a.problem is None]
-        median = statistics.median(a.norm for a in distinct) if distinct else 0.0
+        reference_norms = [a.norm for a in distinct if a.sender in established] or [a.norm for a in distinct]
+        median = statistics.median(reference_norms) if reference_norms else 0.0
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median)
             if a.problem is not None and a.norm > 0 and directions is not None:
@@ -303,7 +322,8 @@ class RoundPipeline:
         """The clipped mean of `selected`, in that order, from the norms the round measured (None: nothing)."""
         if not selected:
             return None
-        return aggregate([a.candidate.payload for a in selected], self.decode, norms=[a.norm for a in selected])
+        decode = lambda a: self.decode(a.candidate.payload)  # noqa: E731  (read from disk one at a time)
+        return aggregate(selected, decode, norms=[a.norm for a in selected])
 
 
 def select(
@@ -377,6 +397,28 @@ def outcomes_and_result(
         if o.status == "rejected"
     )
     return ordered, scored, rejections
+
+
+def record_gains(
+    gained: Mapping[str, tuple[int, ...]], senders: Sequence[str], round_: int, window: int
+) -> dict[str, tuple[int, ...]]:
+    """`gained` plus `round_` for each of `senders`, keeping the rounds within the last `window` (and
+    a miner's newest one however old: a key that was ever useful is remembered, `established`
+    counts only recent rounds)."""
+    oldest = round_ - window + 1
+    out = {m: tuple(r for r in rounds if r >= oldest) or rounds[-1:] for m, rounds in gained.items()}
+    for m in senders:
+        out[m] = (*out.get(m, ()), round_)
+    return out
+
+
+def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozenset[str]:
+    """Miners whose updates gained on random data in at least `established_rounds` of the
+    `established_window` rounds before `round_`."""
+    oldest = round_ - cfg.established_window
+    return frozenset(
+        m for m, rounds in standing.gained.items() if sum(1 for r in rounds if r >= oldest) >= cfg.established_rounds
+    )
 
 
 def _accumulate(total: StateDict | None, update: State, scale: float) -> StateDict:

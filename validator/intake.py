@@ -1,6 +1,6 @@
 """Intake: the cheap checks on a round's submissions, before anything is decoded.
 
-Each submission (signed header envelope + payload bytes) either becomes a `Candidate` or a
+Each submission (signed header envelope + payload, or the file holding it) becomes a `Candidate` or a
 `Refusal` with a reason. Checks run in this order, and where a submission fails decides what
 its outcome may say about its sender:
 
@@ -8,6 +8,7 @@ its outcome may say about its sender:
     2. round (stale or future), replay of a seen id     a replay is anyone's:        ignored
     3. a second submission from the same key            the first one counts:        ignored
     4. more than `max_submissions` senders              the round is full:           ignored
+       (a backstop: the validator service seats at most that many, `admission.py`)
     5. codec, base state hash (behind / unknown), size, payload hash, data digest
                                                          the sender's own doing:      named, penalized
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from protocol.assignment import Assignment
 from protocol.errors import ProtocolError
@@ -33,12 +35,36 @@ from protocol.signing import SeenCache, SignedMessage
 _REASON_CHARS = 100
 
 
+Payload = bytes | Path
+"""A payload, or the file that holds it: the validator keeps received payloads on disk and reads
+one only to decode it, so a round's memory does not grow with its senders' bytes."""
+
+
+def read_payload(payload: Payload) -> bytes:
+    return payload.read_bytes() if isinstance(payload, Path) else payload
+
+
+def payload_size(payload: Payload) -> int:
+    return payload.stat().st_size if isinstance(payload, Path) else len(payload)
+
+
+def payload_sha256(payload: Payload) -> str:
+    """SHA-256 of the payload, read from its file in blocks (never whole into memory)."""
+    if not isinstance(payload, Path):
+        return hashlib.sha256(payload).hexdigest()
+    with payload.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 @dataclass(frozen=True)
 class Submission:
     """What arrived for a round: the signed header envelope and the payload it names."""
 
     envelope: bytes
-    payload: bytes
+    payload: Payload
+
+    def read(self) -> bytes:
+        return read_payload(self.payload)
 
 
 @dataclass(frozen=True)
@@ -48,11 +74,16 @@ class Candidate:
     index: int  # position in the round's input
     header: SubmissionHeader
     message_id: str
-    payload: bytes
+    source: Payload
 
     @property
     def sender(self) -> str:
         return self.header.sender
+
+    @property
+    def payload(self) -> bytes:
+        """The payload bytes, read again from disk each time when it is kept there."""
+        return read_payload(self.source)
 
 
 @dataclass(frozen=True)
@@ -140,7 +171,7 @@ def _screen_one(
     return Candidate(index, header, message_id, sub.payload)
 
 
-def _check_claims(header: SubmissionHeader, payload: bytes, ctx: RoundContext) -> str | None:
+def _check_claims(header: SubmissionHeader, payload: Payload, ctx: RoundContext) -> str | None:
     """The reason a signed, current submission cannot be evaluated, or None."""
     if header.codec != ctx.codec:
         return reason_text(f"codec {header.codec}, this run uses {ctx.codec}")
@@ -151,9 +182,10 @@ def _check_claims(header: SubmissionHeader, payload: bytes, ctx: RoundContext) -
         return f"unknown base state {header.base_state_hash[:12]}"
     if header.payload_size > ctx.max_payload_bytes:
         return f"oversize: {header.payload_size} bytes announced, cap is {ctx.max_payload_bytes}"
-    if len(payload) != header.payload_size:
-        return f"payload is {len(payload)} bytes, header says {header.payload_size}"
-    if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
+    size = payload_size(payload)
+    if size != header.payload_size:
+        return f"payload is {size} bytes, header says {header.payload_size}"
+    if payload_sha256(payload) != header.payload_sha256:
         return "payload SHA-256 differs from the header's"
     expected = Assignment(ctx.run_id, ctx.round, header.sender, ctx.assignment_batches).digest
     if header.data_digest != expected:

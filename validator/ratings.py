@@ -5,12 +5,14 @@ first, equal scores tie); everyone else in the match ties for last: invalid or p
 submissions, and rated miners that were active within `missing_rounds` but sent nothing.
 A miner that stays away longer sits matches out with its rating frozen, so leaving and
 returning neither resets nor erodes it (gossipsub keeps scores after a disconnect for the same
-reason). Ratings are plain numbers, so they serialize to JSON exactly (floats round-trip).
+reason). The Gauntlet forgets only keys that never sent a useful update (`gauntlet.rate`): a fresh
+key costs nothing, so keeping their ratings would protect nothing and let junk keys fill the book.
+Ratings are plain numbers, so they serialize to JSON exactly (floats round-trip).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from openskill.models import PlackettLuce
@@ -75,6 +77,11 @@ class Ratings:
         for m, team in zip(players, rated, strict=True):
             records[m] = RatingRecord(mu=team[0].mu, sigma=team[0].sigma, last_round=records[m].last_round)
         return self._with(records)
+
+    def without(self, miners: Iterable[str]) -> Ratings:
+        """The table without `miners` (a forgotten miner rates as a newcomer again)."""
+        gone = set(miners)
+        return self._with({m: r for m, r in self.records.items() if m not in gone})
 
     def _with(self, records: Mapping[str, RatingRecord]) -> Ratings:
         return Ratings(self.beta, self.tau, self.missing_rounds, records)

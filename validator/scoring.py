@@ -94,6 +94,10 @@ class RoundSecret:
         h = hashlib.sha256(self.digest + "/".join(map(str, parts)).encode())
         return int.from_bytes(h.digest()[:8], "big") >> 1
 
+    def key(self, purpose: str) -> bytes:
+        """32 secret bytes for `purpose` (e.g. the admission tickets of the round)."""
+        return hashlib.sha256(self.digest + b"/key/" + purpose.encode()).digest()
+
     def random_seeds(self, count: int) -> list[int]:
         return [self.number("random-batch", i) for i in range(count)]
 

@@ -6,7 +6,7 @@ Layout (the folder of round r holds the state the validator runs round r from):
     DIR/round-<r>/weights.safetensors   FP32 master weights
     DIR/round-<r>/optimizer.safetensors outer momentum buffers
     DIR/round-<r>/book.json             round, outer steps, ratings, indicator averages,
-                                        seen message ids, recent state hashes
+                                        seen message ids, recent state hashes, rounds gained
     DIR/round-<r>/result.bin            signed result of round r-1 (absent for the first state)
     DIR/round-<r>/patch.bin             its PULSESync patch W_{r-1} -> W_r
     DIR/round-<r>/evidence.bin          its evidence blob (`evidence.py`), served again after a restart
@@ -68,6 +68,10 @@ class Book(BaseModel):
     """Moving average of each miner's indicator."""
     seen: list[str]
     """Replay cache, oldest first."""
+    gained: dict[str, list[int]] = Field(default_factory=dict)
+    """Rounds in which each miner's update gained on random data, oldest first, within the last
+    `established_window` rounds (at least the newest): who is established (admission, the norm
+    gate's reference), and whose rating is kept while it is away."""
     states: list[str] = Field(min_length=1)
     """SHA-256 of recent BF16 states, oldest first; the last is the state of `round`."""
 

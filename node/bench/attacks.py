@@ -2,14 +2,23 @@
 
 Runs, with the tiny preset and the same keys throughout: a clean run (the honest miners alone),
 the same honest miners with 30% and with 45% hostile miners (each hostile key plays a different
-attack every round, so every attack is met), then one swarm with every fault. The campaign's code
-(hostile miner processes, payload crafting, the ledger) is `node/swarm/campaign/`.
+attack every round, so every attack is met), then one swarm per scenario (`SCENARIO_RUNS`): the
+honest miners beside one attack alone, so that the run's figures say what it costs (the flood of
+fresh keys, the same flood from 4 times the keys, the network attacks all at once every round,
+fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL
+preset (PULSELoCo, rollout workers) are measured against a clean RL run. The campaign's code
+(hostile processes, payload crafting, the ledger) is `node/swarm/campaign/`.
 
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
 counts only attacks visible in the payload), `crashes` (validator or honest processes that exited
 non-zero), `unaccounted_submissions` (pushes or received submissions without exactly one logged
 outcome, rounds closed twice, network attacks whose defence failed), `final_loss_*` (the
-validator's held-out loss after the last round), `faults_recovered` / `faults_total`.
+validator's held-out loss after the last round), `faults_recovered` / `faults_total`. Per run under
+attack, against the clean run of its task: rounds completed and honest miners aggregated per round;
+the worst of each over the runs is `rounds_completed_ratio` and `honest_aggregated_ratio` (targets
+1.0 and >= 0.9). The validator's peak resident memory and the peak size of its folder (state,
+blobs, inbox, sampled every 0.5 s), the largest over the runs in `validator_peak_mb_max` and
+`validator_disk_mb_max`; every node's final state hash in `per_run`.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import math
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +48,43 @@ ATTACK_COLUMNS = [
 ]
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """A run of the honest miners beside one attack: a hostile team, fabricating workers, or both."""
+
+    name: str
+    task: str  # "lm" or "rl": which clean run it is measured against
+    teams: tuple[swarms.Team, ...] = ()
+    fabricators: int = 0
+    does: str = ""  # what the run plays, when it is not one attack of `ATTACKS` by its name
+
+    @property
+    def keys(self) -> int:
+        return sum(team.keys for team in self.teams)
+
+
+SCENARIO_RUNS = (
+    Scenario("flood", "lm", (swarms.Team("flood", ("flood",), 1),)),
+    # the same flood from 4 processes: 4 x the fresh keys, for the validator's memory and disk
+    Scenario(
+        "flood-x4",
+        "lm",
+        (swarms.Team("flood-x4", ("flood",), 4),),
+        does=f"{4 * attacks.FLOOD} fresh keys a round (the flood from 4 keys): memory and disk must not grow",
+    ),
+    # the network attacks (`attacks.NETWORK`), every one of them in every round, one process each
+    Scenario(
+        "network",
+        "lm",
+        tuple(swarms.Team(a, (a,), 1) for a in attacks.NETWORK),
+        does=f"every round, all at once: {', '.join(attacks.NETWORK)}",
+    ),
+    Scenario("rl-fabricated", "rl", fabricators=1),
+    Scenario("tiny-dense", "rl", (swarms.Team("tiny-dense", ("tiny-dense",), 2),)),
+)
+RL_MINERS, RL_WORKERS = 4, 2
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--honest", type=int, default=7, help="honest miners in every run")
     parser.add_argument("--rounds", type=int, default=8, help="rounds per attack run")
@@ -46,6 +93,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fractions", default="0.30,0.45", help="hostile fractions of all miners")
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--skip-netns", action="store_true", help="skip the swarm across two network namespaces")
+    parser.add_argument("--skip-scenarios", action="store_true", help="skip the one-attack runs (flood, RL, ...)")
+    names = ",".join(sc.name for sc in SCENARIO_RUNS)
+    parser.add_argument("--scenarios", default=names, help=f"the one-attack runs to play (of {names})")
+    parser.add_argument("--rl-deadline", type=float, default=30.0, help="round deadline of the RL runs")
     parser.add_argument("--out", type=Path, help="keep the runs' logs here (default: a temporary folder)")
 
 
@@ -57,11 +108,12 @@ def run(args: argparse.Namespace) -> BenchResult:
     fractions = [float(f) for f in args.fractions.split(",") if f]
     hostile = [max(1, math.ceil(f * args.honest / (1 - f) - 1e-9)) for f in fractions]
     out = args.out or Path(tempfile.mkdtemp(prefix="pulse-bench-attacks-"))
-    keys = swarms.Keys.make(out / "keys", honest=args.honest, hostile=max(hostile, default=1))
+    team_keys = max((sc.keys for sc in SCENARIO_RUNS), default=1)
+    keys = swarms.Keys.make(out / "keys", max(args.honest, RL_MINERS), max(*hostile, team_keys, 1))
     names = tuple(attacks.ATTACKS)
     reports = []
     _say(f"clean run: {args.honest} honest miners, {args.rounds} rounds (logs in {out})")
-    reports.append(swarms.attack_run(out / "clean", keys, [], args.rounds, deadline=args.deadline))
+    reports.append(swarms.attack_run(out / "clean", keys, [], args.rounds, deadline=args.deadline, honest=args.honest))
     _say(_line(reports[-1]))
     for fraction, n in zip(fractions, hostile, strict=True):
         share = n / (n + args.honest)
@@ -69,15 +121,42 @@ def run(args: argparse.Namespace) -> BenchResult:
         name = f"hostile{round(100 * fraction)}"
         # one process per hostile miner; together they walk through every attack, one step a round
         teams = [swarms.Team(f"{name}-{i}", names, 1, rotate=True, offset=i, stride=n) for i in range(n)]
-        reports.append(swarms.attack_run(out / name, keys, teams, args.rounds, deadline=args.deadline))
+        run = swarms.attack_run(out / name, keys, teams, args.rounds, deadline=args.deadline, honest=args.honest)
+        reports.append(run)
         _say(_line(reports[-1]))
+    cleans = {"lm": reports[0]}
+    scenario_reports: list[tuple[Scenario, swarms.RunReport]] = []
+    chosen = set(args.scenarios.split(","))
+    for scenario in [sc for sc in SCENARIO_RUNS if sc.name in chosen and not args.skip_scenarios]:
+        if scenario.task not in cleans:
+            _say(f"clean {scenario.task} run: {RL_MINERS} miners, {RL_WORKERS} rollout workers, {args.rounds} rounds")
+            cleans[scenario.task] = _scenario_run(out, keys, Scenario(f"{scenario.task}-clean", scenario.task), args)
+            _say(_line(cleans[scenario.task]))
+        _say(f"{scenario.name}: {scenario.does or attacks.ATTACKS[scenario.name].does}")
+        scenario_reports.append((scenario, _scenario_run(out, keys, scenario, args)))
+        _say(_line(scenario_reports[-1][1]))
     faults = None
     if not args.skip_faults:
         _say(f"faults: {max(args.fault_rounds, 9)} rounds with every fault in one swarm")
         faults = swarms.fault_run(out / "faults", keys, max(args.fault_rounds, 9), deadline=args.deadline)
         _say(_line(faults))
     namespaces = None if args.skip_netns else _netns(out, keys, args)
-    return _result(args, reports, faults, hostile, out, namespaces)
+    return _result(args, reports, faults, hostile, out, namespaces, cleans, scenario_reports)
+
+
+def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, args: argparse.Namespace) -> swarms.RunReport:
+    rl = scenario.task == "rl"
+    return swarms.attack_run(
+        out / scenario.name,
+        keys,
+        list(scenario.teams),
+        args.rounds,
+        deadline=args.rl_deadline if rl else args.deadline,
+        honest=RL_MINERS if rl else args.honest,
+        task=scenario.task,
+        fabricators=scenario.fabricators,
+        workers=RL_WORKERS,
+    )
 
 
 def _netns(out: Path, keys: swarms.Keys, args: argparse.Namespace) -> dict[str, Any]:
@@ -100,11 +179,29 @@ def _netns(out: Path, keys: swarms.Keys, args: argparse.Namespace) -> dict[str, 
 
 
 def _line(report: swarms.RunReport) -> str:
+    measure = f"final loss {report.final_loss}" if report.final_reward is None else f"reward {report.final_reward}"
     return (
-        f"{report.name}: {len(report.ledger.rounds)} rounds in {report.seconds:.0f}s, final loss {report.final_loss}, "
-        f"aggregated hostile {report.ledger.aggregated()}, unaccounted {report.ledger.unaccounted}, "
-        f"crashes {report.crashes}, checks {report.checks}"
+        f"{report.name}: {len(report.ledger.rounds)} rounds in {report.seconds:.0f}s, {measure}, "
+        f"honest aggregated {report.honest_per_round:.2f} a round, validator {report.validator_peak_mb} MB "
+        f"peak, {report.validator_disk_mb} MB disk, aggregated hostile {report.ledger.aggregated()}, "
+        f"unaccounted {report.ledger.unaccounted}, crashes {report.crashes}, checks {report.checks}"
     )
+
+
+def _against(report: swarms.RunReport, clean: swarms.RunReport) -> dict[str, Any]:
+    """A run under attack against the clean run of its task."""
+    return {
+        "rounds_completed": report.rounds_completed,
+        "rounds_completed_ratio": report.rounds_completed / max(clean.rounds_completed, 1),
+        "honest_aggregated_per_round": round(report.honest_per_round, 3),
+        "honest_aggregated_ratio": round(report.honest_per_round / clean.honest_per_round, 3)
+        if clean.honest_per_round
+        else None,
+        "validator_peak_mb": report.validator_peak_mb,
+        "validator_disk_mb": report.validator_disk_mb,
+        "final_state_hashes": report.hashes,
+        "hashes_agree": report.hashes_agree,
+    }
 
 
 def _result(
@@ -114,10 +211,17 @@ def _result(
     hostile: list[int],
     out: Path,
     netns: dict[str, Any] | None,
+    cleans: dict[str, swarms.RunReport],
+    scenarios: list[tuple[Scenario, swarms.RunReport]],
 ) -> BenchResult:
-    everything = [*reports, *([faults] if faults is not None else [])]
+    extra_cleans = [r for task, r in cleans.items() if task != "lm"]
+    one_attack = [r for _, r in scenarios]
+    under_attack = [(r, reports[0]) for r in reports[1:]] + [(r, cleans[sc.task]) for sc, r in scenarios]
+    attacked = [r for r, _ in under_attack]
+    everything = [*reports, *extra_cleans, *one_attack, *([faults] if faults is not None else [])]
+    per_run = {r.name: _against(r, clean) for r, clean in [(c, c) for c in cleans.values()] + under_attack}
     merged: dict[str, dict[str, Any]] = {}
-    for report in reports:
+    for report in [*reports, *attacked]:
         for attack, row in report.ledger.per_attack().items():
             into = merged.setdefault(attack, {k: 0 for k in row if k != "reason"} | {"reason": row["reason"]})
             for k, v in row.items():
@@ -130,9 +234,14 @@ def _result(
     for check, ok in fault_checks.items():
         faults_by_name.setdefault(check.split(":")[0], []).append(ok)
     clean = reports[0].final_loss
+    ratios = [v for r, _ in under_attack for v in [per_run[r.name]["honest_aggregated_ratio"]] if v is not None]
     summary: dict[str, Any] = {
-        "hostile_aggregated": sum(r.ledger.aggregated() for r in reports),
-        "hostile_aggregated_detectable": sum(r.ledger.aggregated(detectable_only=True) for r in reports),
+        "rounds_completed_ratio": min((per_run[r.name]["rounds_completed_ratio"] for r in attacked), default=None),
+        "honest_aggregated_ratio": min(ratios, default=None),
+        "validator_peak_mb_max": max((r.validator_peak_mb or 0.0 for r in everything), default=None),
+        "validator_disk_mb_max": max((r.validator_disk_mb for r in everything if r is not faults), default=None),
+        "hostile_aggregated": sum(r.ledger.aggregated() for r in [*reports, *attacked]),
+        "hostile_aggregated_detectable": sum(r.ledger.aggregated(detectable_only=True) for r in [*reports, *attacked]),
         "crashes": sum(len(r.crashes) for r in everything),
         "unaccounted_submissions": sum(r.ledger.unaccounted for r in everything),
         "final_loss_clean": clean,
@@ -143,12 +252,13 @@ def _result(
         "hostile_miners": dict(zip([r.name for r in reports[1:]], hostile, strict=True)),
         "rounds": args.rounds,
         "per_attack": merged,
+        "per_run": per_run,
         "fault_checks": fault_checks,
         "seconds": {r.name: round(r.seconds) for r in everything},
         "logs": str(out),
         "netns": netns,
     }
-    for report, fraction in zip(reports[1:], args.fractions.split(","), strict=True):
+    for report, fraction in zip(reports[1:], [f for f in args.fractions.split(",") if f], strict=True):
         key = f"final_loss_{round(100 * float(fraction))}"
         summary[key] = report.final_loss
         if clean and report.final_loss is not None:
@@ -166,8 +276,26 @@ def _result(
         ]
         for a, m in merged.items()
     ]
+    run_rows = [
+        [
+            name,
+            m["rounds_completed"],
+            f"{m['rounds_completed_ratio']:.2f}",
+            m["honest_aggregated_per_round"],
+            "-" if m["honest_aggregated_ratio"] is None else f"{m['honest_aggregated_ratio']:.2f}",
+            m["validator_peak_mb"] if m["validator_peak_mb"] is not None else "-",
+            m["validator_disk_mb"],
+            m["hashes_agree"],
+        ]
+        for name, m in per_run.items()
+    ]
     tables = [
-        table("Attacks (30% and 45% runs together)", ATTACK_COLUMNS, rows),
+        table(
+            "Runs against their clean run",
+            ["run", "rounds", "vs clean", "honest aggregated / round", "vs clean", "validator MB", "disk MB", "hashes"],
+            run_rows,
+        ),
+        table("Attacks (30%, 45% and one-attack runs together)", ATTACK_COLUMNS, rows),
         table(
             "Why (the first reason logged for each attack)",
             ["attack", "reason"],

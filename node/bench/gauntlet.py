@@ -197,7 +197,8 @@ def write_submissions(path: Path, subs: Sequence[Submission]) -> None:
     with path.open("wb") as f:
         f.write(struct.pack("<I", len(subs)))
         for s in subs:
-            f.write(struct.pack("<I", len(s.envelope)) + s.envelope + struct.pack("<Q", len(s.payload)) + s.payload)
+            payload = s.read()
+            f.write(struct.pack("<I", len(s.envelope)) + s.envelope + struct.pack("<Q", len(payload)) + payload)
 
 
 def read_submissions(path: Path) -> list[Submission]:

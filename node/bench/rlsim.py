@@ -215,7 +215,7 @@ def decentralized(
                 patch_bytes=len(report.patch),
                 dense_bytes=sum(2 * t.numel() for t in v.weights.values()),
                 density=changed_fraction(old, v.weights),
-                payload_bytes=sum(len(s.payload) for s, _ in made) / max(len(made), 1),
+                payload_bytes=sum(len(s.read()) for s, _ in made) / max(len(made), 1),
                 payload_density=sum(d for _, d in made) / max(len(made), 1),
                 hashes_agree=agree,
             )

@@ -60,7 +60,7 @@ from protocol.signing import SignedMessage, sign
 from protocol.statehash import state_hash
 from validator.core import RoundReport, Validator
 from validator.gauntlet import RoundPipeline, Standing
-from validator.intake import Submission
+from validator.intake import Submission, payload_size
 from validator.ratings import RatingRecord, Ratings
 
 log = logging.getLogger(__name__)
@@ -329,7 +329,7 @@ class Bench:
         honest = [m.submission for m in self.miners[:size]]
         copies = []
         for j in range(size - len(honest)):
-            original = self.miners[j % len(self.miners)].submission.payload
+            original = self.miners[j % len(self.miners)].submission.read()
             payload = bytes(bytearray(original))  # its own buffer, as a received copy would have
             ident = identity_for(f"scale/copier/{j}")
             digest = Assignment(self.setup.run_id, 0, ident.public_hex, self.s.run.selection.assignment_batches).digest
@@ -356,7 +356,7 @@ class Bench:
             report = v.run_round(subs)
         stats = self.rec.stats
         record = RoundRecord(
-            size, copies, report, sum(len(s.payload) + len(s.envelope) for s in subs),
+            size, copies, report, sum(payload_size(s.payload) + len(s.envelope) for s in subs),
             stats[f"{prefix}.open"].host_start_mb, stats[f"{prefix}.round"].host_peak_mb,
             stats[f"{prefix}.round"].device_peak_mb, stats[f"{prefix}.round"].seconds,
             {k.split(".", 1)[1]: (v.calls, v.seconds) for k, v in stats.items() if k.startswith(prefix + ".")},

@@ -194,6 +194,23 @@ class RoundClosed(Event):
     """Of `seconds`: encoding the PULSESync patch."""
     held_out_seconds: float | None = None
     """Seconds measuring the held-out loss or reward of W_{round+1}, after `seconds`."""
+    offered: int = 0
+    """Signed headers offered this round (admission, before any body)."""
+    refused: int = 0
+    """Headers refused a seat (each answered with its reason on the stream)."""
+    unseated: int = 0
+    """Seated newcomers that later lost their seat to a lower ticket or an established miner."""
+    established: int = 0
+    """Miners established when the round opened (seated first; the norm gate's reference)."""
+
+
+class Dropped(Event):
+    """A received submission left the round before it closed (its seat went to someone else)."""
+
+    event: Literal["dropped"] = "dropped"
+    round: int
+    sender: str
+    reason: str
 
 
 class Done(Event):
@@ -254,6 +271,7 @@ ROLE_EVENTS = (
     CheckpointAnnounced,
     RoundOpened,
     Received,
+    Dropped,
     RoundClosed,
     Done,
     PoolWaiting,

@@ -222,8 +222,11 @@ class MemoryPeer(Peer):
         async with self.network.open(self.peer_id, validator, SUBMIT) as stream:
             await submit_over(stream, validator, signed, payload, limits=self.limits)
 
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
-        self.service.accept, self.service.on_submission, self.service.favoured = accept, on_submission, favoured
+    def take_submissions(
+        self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None
+    ) -> None:
+        service = self.service
+        service.accept, service.on_submission, service.inbox, service.favoured = accept, on_submission, inbox, favoured
 
     def known_peers(self) -> int:
         return max(len(self.network.peers) - 1, 0)  # every other peer that joined and has not left

@@ -140,8 +140,11 @@ class P2PPeer(Peer):
     async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         await call_submit(self.p2p, PeerID.from_base58(validator), signed, payload, limits=self.limits)
 
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
-        self.service.accept, self.service.on_submission, self.service.favoured = accept, on_submission, favoured
+    def take_submissions(
+        self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None
+    ) -> None:
+        service = self.service
+        service.accept, service.on_submission, service.inbox, service.favoured = accept, on_submission, inbox, favoured
 
     def known_peers(self) -> int:
         return self.dht.known_peers()

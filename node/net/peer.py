@@ -6,7 +6,7 @@
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
     peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
-    peer.take_submissions(accept, on_submission, favoured)   # the validator: take pushed submissions
+    peer.take_submissions(accept, on_submission, inbox, favoured)   # the validator: take pushed submissions
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
   latest result). `pulse status` needs nothing more.
@@ -220,10 +220,13 @@ class Peer(RunView):
         """One push of a submission to `validator`: `PeerBusy` if it has no slot, `TransferError` if refused."""
 
     @abstractmethod
-    def take_submissions(self, accept: Accept, on_submission: OnSubmission, favoured: Favoured | None = None) -> None:
+    def take_submissions(
+        self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None
+    ) -> None:
         """Take pushed submissions (the validator): `accept` decides on each header, `on_submission`
-        gets each stored one, `favoured` senders may use the reserved slots. Until a role calls
-        this, a peer refuses every push."""
+        gets each stored one, its payload in `inbox` (apart from the blobs this node serves);
+        `favoured` senders may use the reserved slots. Until a role calls this, a peer refuses every
+        push."""
 
     @abstractmethod
     async def shutdown(self) -> None: ...
@@ -253,6 +256,7 @@ class Peer(RunView):
         if beats:
             self.validator_peer = beats[0].message.peer_id
         return beats
+
     def sign(self, message: WireModel) -> SignedMessage:
         """`message` signed by this node, fresh: kept in the DHT for the run's record TTL from now."""
         return sign_for(self.identity, message, self.run.record_ttl_seconds)

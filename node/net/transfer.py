@@ -200,7 +200,10 @@ async def submit_over(
 
 Accept = Callable[[SubmissionHeader], str | None]
 """Decides on a verified header before its body is read: a rejection reason, or None to accept."""
-OnSubmission = Callable[[Verified[SubmissionHeader]], None]
+OnSubmission = Callable[[Verified[SubmissionHeader], Path], str | None]
+"""Takes a received submission, its payload verified and stored at the path (in the inbox); returns a
+rejection reason if it is refused now that its body is here. The taker owns the inbox: it removes
+what it refuses or no longer needs (two senders may push the same bytes, so only it knows)."""
 Favoured = Callable[[SubmissionHeader], bool]
 """Whether a sender may take a reserved submission slot (e.g. it has a rating history)."""
 NO_SUBMISSIONS = "this node takes no submissions"
@@ -258,9 +261,13 @@ class TransferService:
         on_submission: OnSubmission | None = None,
         seen: SeenCache | None = None,
         favoured: Favoured | None = None,
+        inbox: BlobStore | None = None,
     ) -> None:
         self.p2p, self.store, self.run_id, self.limits = p2p, store, run_id, limits
         self.accept, self.on_submission, self.favoured = accept, on_submission, favoured
+        # pushed payloads land here, apart from the blobs this node serves: a payload whose bytes
+        # equal a served blob (a patch is public) must never replace or remove it
+        self.inbox = inbox if inbox is not None else store
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
         self.active = 0  # streams being served, from the first byte to the hang-up
         self._per_peer: dict[object, int] = {}  # open streams by peer: one peer cannot take every slot
@@ -411,9 +418,9 @@ class TransferService:
         self._senders.add(header.sender)
         try:
             await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
-            with self.store.writer(header.payload_sha256, header.payload_size) as blob:
+            with self.inbox.writer(header.payload_sha256, header.payload_size) as blob:
                 await receive_body(reader, blob, self.limits)
-                await asyncio.get_running_loop().run_in_executor(None, blob.commit)
+                path = await asyncio.get_running_loop().run_in_executor(None, blob.commit)
         except (ProtocolError, TransferError, TimeoutError) as exc:
             self.counts.refuse(Status.FAILED)
             await try_reply(writer, Status.FAILED, str(exc) or "timed out", self.limits)
@@ -425,10 +432,11 @@ class TransferService:
         finally:
             self._receiving.discard(verified.message_id)
             self._senders.discard(header.sender)
-        # Decide again now that the body is here: the round may have closed while it arrived, or
-        # another submission of the same sender may have finished first. Either way this one gets
-        # its own logged refusal instead of being dropped (or replacing the first) in silence.
-        late = self.accept(header) if self.accept is not None else NO_SUBMISSIONS
+        # The taker decides again now that the body is here: the round may have closed while it
+        # arrived, or another submission of the same sender may have finished first. Either way
+        # this one gets its own logged refusal instead of being dropped (or replacing the first)
+        # in silence, and the taker removes its payload.
+        late = self.on_submission(verified, path) if self.on_submission is not None else NO_SUBMISSIONS
         if late:
             sender, message = verified.sender_hex[:12], verified.message_id[:12]
             logger.info("submission %s... from %s...: REJECTED after its body: %s", message, sender, late)
@@ -436,8 +444,6 @@ class TransferService:
             await reply(writer, Status.REJECTED, reason=late, limits=self.limits)
             return
         self.seen.add(verified.message_id)
-        if self.on_submission is not None:
-            self.on_submission(verified)
         await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
 
     def _is_favoured(self, header: SubmissionHeader) -> bool:

@@ -1,6 +1,6 @@
 """What the validator service does around each round that depends on the task: `RoundHooks`.
 
-    await hooks.before_open(r, state_hash, states)   # RL: build, check and publish the rollout pool
+    await hooks.before_open(r, state_hash, states, w_r)   # RL: build, check and publish the rollout pool
     measured = hooks.baseline(w0)                    # held-out loss (LM) or reward (RL) of W_0
     measured = hooks.after_close(r, w_next)          # the same for W_{r+1}
 
@@ -38,8 +38,9 @@ class HeldOut:
 
 
 class RoundHooks(Protocol):
-    async def before_open(self, round_: int, state_hash: str, states: Mapping[int, str]) -> None:
-        """Before round `round_` opens (W_round hashes to `state_hash`; `states`: round -> hash the book keeps)."""
+    async def before_open(self, round_: int, state_hash: str, states: Mapping[int, str], weights: State) -> None:
+        """Before round `round_` opens: `weights` is W_round (BF16), hashing to `state_hash`; `states`: round ->
+        hash the book keeps."""
 
     def baseline(self, weights: State) -> HeldOut:
         """The held-out measure of W_0, before round 0."""
@@ -54,7 +55,7 @@ class HeldOutLoss:
     def __init__(self, probe: CausalLM, held_out: list[Batch]) -> None:
         self.probe, self.held_out = probe, held_out
 
-    async def before_open(self, round_: int, state_hash: str, states: Mapping[int, str]) -> None:
+    async def before_open(self, round_: int, state_hash: str, states: Mapping[int, str], weights: State) -> None:
         return None
 
     def baseline(self, weights: State) -> HeldOut:

@@ -35,7 +35,6 @@ holds the submissions of the open round should it have to close it.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from typing import TypeVar
 from node.events import Events, mb
 from node.events.audit import Standby, StoodDown, TookOver
 from node.events.models import Done, Received, Started
+from node.net.blobstore import BlobStore
 from node.net.peer import Peer
 from node.roles.auditor import Auditor
 from node.roles.catchup import Held
@@ -70,23 +70,27 @@ class StandbyIntake:
     """What miners push to a standby for the round it holds: one submission per miner, this round only,
     announced sizes capped, at most `max_submissions` miners (the active validator's own rules)."""
 
-    def __init__(self, peer: Peer, events: Events, max_submissions: int, max_payload: int | None = None) -> None:
-        """`max_payload`: None for the codec's own cap, set from the weights at the first `open`."""
-        self.peer, self.events = peer, events
+    def __init__(
+        self, peer: Peer, events: Events, inbox: BlobStore, max_submissions: int, max_payload: int | None = None
+    ) -> None:
+        """`inbox`: where pushed payloads stay on disk (this intake owns it); `max_payload`: None for the
+        codec's own cap, set from the weights at the first `open`."""
+        self.peer, self.events, self.inbox = peer, events, inbox
         self.max_submissions, self.cap = max_submissions, max_payload
         self.max_payload = max_payload or 0
         self.round = -1
         self.received: dict[str, Submission] = {}
 
-    def open(self, round_: int, weights: State, keep: set[str]) -> None:
-        """Take submissions for `round_` (from `weights`, W_round); the previous round's payloads go,
-        unless in `keep`."""
+    def open(self, round_: int, weights: State) -> None:
+        """Take submissions for `round_` (from `weights`, W_round); the previous round's payloads go
+        (the auditor keeps its own copies of the aggregated ones)."""
         self.max_payload = self.cap or default_max_bytes(weights)
-        for sub in self.received.values():
-            sha = _sha(sub.payload)
-            if sha not in keep:
-                self.peer.store.remove(sha)
         self.round, self.received = round_, {}
+        self.empty()
+
+    def empty(self) -> None:
+        for sha in list(self.inbox):
+            self.inbox.remove(sha)
 
     def take(self) -> dict[str, Submission]:
         """The round's submissions, handed to the validator that closes it; the intake closes."""
@@ -104,16 +108,20 @@ class StandbyIntake:
             return f"oversize: {header.payload_size} bytes announced, the cap is {self.max_payload}"
         return None
 
-    def on_submission(self, verified: Verified[SubmissionHeader]) -> None:
+    def on_submission(self, verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        """Its body arrived (at `path` in the inbox): None keeps it for the round."""
         header = verified.message
-        if header.round != self.round or header.sender in self.received:
-            return
-        payload = self.peer.store.read(header.payload_sha256)
-        self.received[header.sender] = Submission(verified.signed.to_bytes(), payload)
+        refusal = self.accept(header)  # the round may have moved on while the body arrived
+        if refusal is not None:
+            if all(not isinstance(s.payload, Path) or s.payload != path for s in self.received.values()):
+                self.inbox.remove(header.payload_sha256)
+            return refusal
+        self.received[header.sender] = Submission(verified.signed.to_bytes(), path)
         self.events.emit(
             Received(round=header.round, sender=header.sender, bytes=header.payload_size),
             f"round {header.round}: received {mb(header.payload_size)} from miner {header.sender[:12]} (standby)",
         )
+        return None
 
 
 class ValidatorRole:
@@ -141,7 +149,9 @@ class ValidatorRole:
         self.order, self.me = tuple(manifest.validators), identity.public_hex
         self.auditor = Auditor(setup, peer, events, folder, task.initial_master, poll=2 * poll)
         cfg = manifest.gauntlet()
-        self.intake = StandbyIntake(peer, events, cfg.max_submissions, cfg.max_payload_bytes)
+        inbox = BlobStore(folder / "standby-inbox")
+        inbox.clear_partials()
+        self.intake = StandbyIntake(peer, events, inbox, cfg.max_submissions, cfg.max_payload_bytes)
         self.service: ValidatorService | None = None
         self.reached: dict[int, float] = {}  # round -> when this standby first held its state
 
@@ -202,7 +212,8 @@ class ValidatorRole:
 
     async def _stand_by(self, rounds: int | None) -> bool:
         """Audit and collect until taking a round over (True) or holding W_rounds (False)."""
-        self.peer.take_submissions(self.intake.accept, self.intake.on_submission)
+        self.intake.empty()  # payloads of a round cut off by a restart or a stand-down are void
+        self.peer.take_submissions(self.intake.accept, self.intake.on_submission, self.intake.inbox)
         key, peer_id = self.me, self.peer.peer_id
         self.events.emit(
             Started(sender=key, round=self.round, peer_id=peer_id),
@@ -223,7 +234,7 @@ class ValidatorRole:
     async def _open_intake(self, r: int, held: Held) -> None:
         self.reached[r] = time.time()
         self.reached = {k: v for k, v in self.reached.items() if k >= r - 1}
-        self.intake.open(r, held.weights, keep={sha for kept in self.auditor.kept.values() for sha in kept})
+        self.intake.open(r, held.weights)
         await self.peer.heartbeat(r, held.state_hash)  # miners push to every validator announcing the round
         active = self._active()
         self.events.emit(
@@ -278,10 +289,6 @@ class ValidatorRole:
 
     async def shutdown(self) -> None:
         await self.peer.shutdown()
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 async def _cpu(fn: Callable[[], T]) -> T:

@@ -5,7 +5,13 @@ Round r, as the validator runs it:
 1. open: publish a heartbeat for r (its `sent_at` starts the deadline clock), and every
    `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob plus its announcement;
    then the run's head (`RunHead`: round r, W_r's hash, the latest checkpoint, this peer);
-2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only;
+2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only.
+   Each header is seated or refused before its body is read (`validator.admission`): established
+   miners first, newcomers drawn at random for the seats left, every payload's announced size
+   reserved against the round's byte budget; a refusal is answered with its reason, a newcomer
+   unseated after its body arrived is reported (`Dropped`). Payloads stay on disk, in `inbox/`
+   (apart from the blobs this node serves), until the round decodes them, and are removed when it
+   closes or when they are refused: disk and memory do not grow with the number of senders;
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
    for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
@@ -35,14 +41,14 @@ round holds that state (its heartbeat says so), or after `linger_seconds`: the l
 fetchable for them until then.
 
 State lives in `folder/validator` (committed once per round) and patches in `folder/blobs`, so a
-restarted validator resumes at its last committed round and continues the hash chain.
+restarted validator resumes at its last committed round and continues the hash chain. The inbox is
+emptied at start-up: the payloads of a round cut off by a restart are void (the round starts over).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 import time
@@ -50,8 +56,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from node.events import Events, mb
-from node.events.models import Baseline, CheckpointAnnounced, Done, Received, RoundClosed, RoundOpened, Started
+from node.events.models import (
+    Baseline,
+    CheckpointAnnounced,
+    Done,
+    Dropped,
+    Received,
+    RoundClosed,
+    RoundOpened,
+    Started,
+)
 from node.learn.train import changed_fraction
+from node.net.blobstore import BlobStore
 from node.net.peer import Peer
 from node.roles.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
 from node.roles.hooks import HeldOut, RoundHooks
@@ -72,8 +88,10 @@ from protocol.messages import (
 )
 from protocol.signing import SignedMessage, Verified
 from protocol.state import State
+from validator.admission import Admission, AdmissionRules
 from validator.core import RoundReport, Validator
-from validator.intake import Submission
+from validator.intake import Payload, Submission, payload_sha256, payload_size
+from validator.scoring import RoundSecret
 from validator.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -106,7 +124,7 @@ class ValidatorService:
         self.setup, self.task, self.hooks, self.identity = setup, task, hooks, identity
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
         self.validator = self._open_state(device)
-        self.received: dict[str, Submission] = {}  # by sender, this round
+        self.received: dict[str, Submission] = {}  # by sender, this round; payloads are files in the inbox
         self.previous_senders: set[str] = set()
         self.closed = True
         self.opened_at = 0.0
@@ -117,9 +135,19 @@ class ValidatorService:
         self.linger_seconds = max(timing.deadline_seconds, MIN_LINGER_SECONDS)
         self.dense_bytes = setup.dense_bytes()
         self.kept: dict[int, list[str]] = {}  # round -> aggregated payloads and evidence, kept fetchable
+        cfg = setup.manifest.gauntlet()
         # refuse an oversize payload from its header, before its body is read or stored
-        self.max_payload = setup.manifest.gauntlet().max_payload_bytes or default_max_bytes(self.validator.weights)
-        peer.take_submissions(self._accept, self._on_submission, self._favoured)
+        self.max_payload = cfg.max_payload_bytes or default_max_bytes(self.validator.weights)
+        self.rules = AdmissionRules(
+            capacity=cfg.max_submissions,
+            newcomer_seats=min(cfg.newcomer_seats, cfg.max_submissions),
+            byte_budget=cfg.round_payload_bytes or 8 * self.max_payload,
+        )
+        self.admission = Admission(self.rules, frozenset(), b"")
+        self.inbox = BlobStore(folder / "inbox")
+        self._empty_inbox()  # a round cut off by a restart starts over: its payloads are void
+        self.inbox.clear_partials()
+        peer.take_submissions(self._accept, self._on_submission, self.inbox, self._favoured)
 
     def _open_state(self, device: str) -> Validator:
         s, task = self.setup, self.task
@@ -138,30 +166,58 @@ class ValidatorService:
     # -- intake (runs on the event loop, called by the transfer service) --------------------------
 
     def _accept(self, header: SubmissionHeader) -> str | None:
+        """A verified header, before its body: None seats it, else the reason it is refused."""
         if self.closed or header.round != self.round:
             if header.round == self.round:
                 return f"round {header.round} has closed: the validator is scoring it"
             return f"round {header.round} is not open (the open round is {self.round})"
-        if header.sender in self.received:
-            return "one submission per miner per round"
         if header.payload_size > self.max_payload:
             return f"oversize: {header.payload_size} bytes announced, the cap is {self.max_payload}"
-        return None
+        verdict = self.admission.offer(header.sender, header.payload_size)
+        for sender, reason in verdict.unseated:
+            self._drop(sender, reason)
+        return verdict.refusal
 
     def _favoured(self, header: SubmissionHeader) -> bool:
-        """Miners whose updates helped (a positive indicator average) may use the reserved upload slots."""
-        return self.validator.book.indicators.get(header.sender, 0.0) > 0.0
+        """Established miners (admission's first seats) may also use the reserved upload slots."""
+        return header.sender in self.admission.established
 
-    def _on_submission(self, verified: Verified[SubmissionHeader]) -> None:
+    def _on_submission(self, verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        """Its body arrived (verified, at `path` in the inbox): None keeps it for the round."""
         header = verified.message
         if self.closed or header.round != self.round:
-            return
-        payload = self.peer.store.read(header.payload_sha256)
-        self.received[header.sender] = Submission(verified.signed.to_bytes(), payload)
+            refusal: str | None = f"round {header.round} closed while its body arrived"
+        else:
+            refusal = self.admission.arrive(header.sender)
+        if refusal is not None:
+            self._discard(header.payload_sha256)
+            return refusal
+        self.received[header.sender] = Submission(verified.signed.to_bytes(), path)
         self.events.emit(
             Received(round=header.round, sender=header.sender, bytes=header.payload_size),
             f"round {header.round}: received {mb(header.payload_size)} from miner {header.sender[:12]}",
         )
+        return None
+
+    def _drop(self, sender: str, reason: str) -> None:
+        """`sender` lost its seat: a received payload leaves the round (one in flight is refused on arrival)."""
+        sub = self.received.pop(sender, None)
+        if sub is None:
+            log.info("round %d: %s... %s (its body had not arrived)", self.round, sender[:12], reason)
+            return
+        assert isinstance(sub.payload, Path)
+        self._discard(sub.payload.name)
+        text = f"round {self.round}: dropped {sender[:12]}'s submission: {reason}"
+        self.events.emit(Dropped(round=self.round, sender=sender, reason=reason), text)
+
+    def _discard(self, sha256: str) -> None:
+        """Remove a payload from the inbox unless a submission still in the round has the same bytes."""
+        if all(not isinstance(s.payload, Path) or s.payload.name != sha256 for s in self.received.values()):
+            self.inbox.remove(sha256)
+
+    def _empty_inbox(self) -> None:
+        for sha in list(self.inbox):
+            self.inbox.remove(sha)
 
     # -- rounds ----------------------------------------------------------------------------------
 
@@ -270,10 +326,19 @@ class ValidatorService:
     async def take_over(self, received: dict[str, Submission]) -> None:
         """Close the open round with the submissions a standby collected (its validator published no
         result in time); the caller then `run`s the service from the next round."""
-        self.received = dict(received)
+        self.received = {sender: self._into_inbox(sub) for sender, sub in received.items()}
         self.closed = False
         self.opened_at = time.time()
         await self._close()
+
+    def _into_inbox(self, sub: Submission) -> Submission:
+        """A standby's collected submission with its payload moved into this service's inbox, which
+        `_close` empties (both folders are this validator's, on one disk)."""
+        if not isinstance(sub.payload, Path):
+            return sub
+        target = self.inbox.path(sub.payload.name)
+        sub.payload.replace(target)
+        return Submission(sub.envelope, target)
 
     async def _check_counted(self) -> None:
         """Before opening round r: the result that counts for round r-1 is this validator's, or nobody's
@@ -311,8 +376,11 @@ class ValidatorService:
         r = self.round
         if checkpoint:
             await self._announce_checkpoint(r)
-        await self.hooks.before_open(r, self.validator.state_hash, self._recent_states())
+        await self.hooks.before_open(r, self.validator.state_hash, self._recent_states(), self.validator.weights)
         self.received = {}
+        self._empty_inbox()  # nothing of an earlier round stays (a body may have landed after its close)
+        secret = RoundSecret.derive(self.identity, self.setup.run_id, r).key("admission")
+        self.admission = Admission(self.rules, self.validator.established(), secret)
         self.closed = False
         self.opened_at = time.time()
         await self.peer.heartbeat(r, self.validator.state_hash)
@@ -357,12 +425,15 @@ class ValidatorService:
 
     async def _close(self) -> None:
         self.closed = True
-        r, submissions = self.round, list(self.received.values())
+        r, senders, submissions = self.round, list(self.received), list(self.received.values())
+        sent = sum(payload_size(s.payload) for s in submissions)
         loop = asyncio.get_running_loop()
         before, base = self.validator.weights, self.validator.state_hash
         report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
         changed = changed_fraction(before, self.validator.weights)
+        self.received = {}
         self._store_blobs(report, submissions)
+        self._empty_inbox()  # every payload of the round is decided: the aggregated ones were kept above
         await self._check_unclaimed(r, base)
         try:
             await self.peer.publish_signed(report.envelope)
@@ -371,36 +442,37 @@ class ValidatorService:
             await asyncio.sleep(1.0)
             await self.peer.publish_signed(report.envelope)
         self.since_checkpoint.append(report.result)
-        self.previous_senders = set(self.received)
+        self.previous_senders = set(senders)
         start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
-        self._report(report, submissions, measured, changed, held_out_seconds=time.monotonic() - start)
+        self._report(report, len(submissions), sent, measured, changed, held_out_seconds=time.monotonic() - start)
         try:
-            await self.peer.publish(self._metrics(report, submissions, measured))
+            await self.peer.publish(self._metrics(report, len(submissions), sent, measured))
         except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
             log.warning("round %d metrics not stored in the DHT: %s", r, exc)
 
     def _store_blobs(self, report: RoundReport, submissions: list[Submission]) -> None:
-        """The patch, evidence and FP32 checkpoint as served blobs; the aggregated payloads kept for
-        `keep_payload_rounds` rounds (with the evidence), the others removed now."""
-        hold, r = self.peer.hold, report.round
-        hold(self.peer.store.put(report.patch), r)
+        """The patch, evidence and FP32 checkpoint as served blobs; the aggregated payloads copied from
+        the inbox and kept for `keep_payload_rounds` rounds (with the evidence), so anyone can recompute
+        the round."""
+        hold, store, r = self.peer.hold, self.peer.store, report.round
+        hold(store.put(report.patch), r)
         if report.master_checkpoint is not None:
-            hold(self.peer.store.put(report.master_checkpoint), r, "checkpoint")
+            hold(store.put(report.master_checkpoint), r, "checkpoint")
         aggregated = {s.payload_sha256 for s in report.result.selected}
         for sub in submissions:
-            sha = hashlib.sha256(sub.payload).hexdigest()
-            if sha not in aggregated:
-                self.peer.store.remove(sha)
-        kept = [self.peer.store.put(report.evidence), *sorted(aggregated)]
+            sha = payload_sha256(sub.payload)
+            if sha in aggregated and not store.has(sha):
+                _copy_in(store, sha, sub.payload)
+        kept = [store.put(report.evidence), *sorted(aggregated)]
         for sha in kept:
             hold(sha, r, "payload")
-        self.kept[report.round] = kept
-        for old in [r for r in self.kept if r <= report.round - self.setup.manifest.round.payload_rounds]:
+        self.kept[r] = kept
+        for old in [k for k in self.kept if k <= r - self.setup.manifest.round.payload_rounds]:
             for sha in self.kept.pop(old):
-                self.peer.store.remove(sha)
+                store.remove(sha)
 
-    def _metrics(self, report: RoundReport, submissions: list[Submission], measured: HeldOut) -> RoundMetrics:
+    def _metrics(self, report: RoundReport, count: int, sent: int, measured: HeldOut) -> RoundMetrics:
         """The round's figures for run pages, each within its field's bounds (a diverged loss is left out)."""
         named = [s.sender for s in report.result.selected] + [r.sender for r in report.result.rejections]
         ratings, indicators = self.validator.ratings, self.validator.book.indicators
@@ -410,9 +482,9 @@ class ValidatorService:
             round=report.round,
             held_out_loss=loss if loss is not None and 0 <= loss <= 1e6 else None,
             held_out_reward=reward if reward is not None and math.isfinite(reward) else None,
-            submissions=len(submissions),
-            received_bytes=sum(len(s.payload) for s in submissions),
-            dense_bytes=self.dense_bytes * len(submissions),
+            submissions=count,
+            received_bytes=sent,
+            dense_bytes=self.dense_bytes * count,
             standings=tuple(
                 Standing(
                     sender=key,
@@ -431,21 +503,22 @@ class ValidatorService:
     def _report(
         self,
         report: RoundReport,
-        submissions: list[Submission],
+        count: int,
+        sent: int,
         measured: HeldOut,
         changed: float,
         *,
         held_out_seconds: float | None = None,
     ) -> None:
-        sent = sum(len(s.payload) for s in submissions)
         selected = report.selected()
         ranked = sorted(report.result.selected, key=lambda s: -s.score)
+        seats = self.admission
         event = RoundClosed(
             round=report.round,
-            submissions=len(submissions),
+            submissions=count,
             selected=len(selected),
             bytes=sent,
-            dense_bytes=self.dense_bytes * len(submissions),
+            dense_bytes=self.dense_bytes * count,
             patch_bytes=len(report.patch),
             state_bytes=self.dense_bytes // 2,  # the BF16 weights, what a dense sync would ship
             loss=measured.loss,
@@ -459,18 +532,31 @@ class ValidatorService:
             decide_seconds=report.decide_seconds,
             encode_seconds=report.encode_seconds,
             held_out_seconds=held_out_seconds if measured.measured else None,
+            offered=seats.offered,
+            refused=seats.refused,
+            unseated=seats.unseated,
+            established=len(seats.established),
         )
         held_out = f", held-out {measured.describe()}" if measured.measured else ""
-        received = (
-            f"{mb(sent)} received ({self.dense_bytes * len(submissions) / sent:.0f}x smaller than dense)"
-            if sent
-            else "nothing received"
-        )
+        turned = f" ({seats.refused} refused, {seats.unseated} unseated)" if seats.refused or seats.unseated else ""
+        smaller = f" ({self.dense_bytes * count / sent:.0f}x smaller than dense)" if sent else ""
+        received = f"{mb(sent)} received{smaller}" if sent else "nothing received"
         self.events.emit(
             event,
-            f"round {report.round} closed: {len(submissions)} submissions, {len(selected)} aggregated, "
+            f"round {report.round} closed: {count} submissions{turned}, {len(selected)} aggregated, "
             f"{received}, patch {mb(len(report.patch))}, new state {report.state_hash[:12]}{held_out}",
         )
 
     async def shutdown(self) -> None:
         await self.peer.shutdown()
+
+
+def _copy_in(store: BlobStore, sha256: str, payload: Payload) -> None:
+    """Store `payload` (bytes, or a file read in blocks) as blob `sha256` of `store`."""
+    if not isinstance(payload, Path):
+        store.put(payload)
+        return
+    with payload.open("rb") as src, store.writer(sha256, payload.stat().st_size) as blob:
+        while chunk := src.read(1 << 20):
+            blob.write(chunk)
+        blob.commit()

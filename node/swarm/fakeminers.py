@@ -140,7 +140,7 @@ class Copycat(Miner):
     def submit(self, view: RoundView) -> Submission | None:
         if not view.earlier:
             return None
-        victim = view.earlier[view.round % len(view.earlier)].payload
+        victim = view.earlier[view.round % len(view.earlier)].read()
         if view.round % 2 == 0:
             return self.package(view.round, view.state_hash, victim)
         update = self.codec.decompress(victim, view.weights)

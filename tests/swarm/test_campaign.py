@@ -1,4 +1,4 @@
-"""The campaign's fast subset: every attack at once against a real swarm, one round of each.
+"""The campaign's fast subset: every attack against a real swarm.
 
 Two honest miners and a follower run 2 rounds beside four hostile processes: one pushing
 transport-level attacks (6 keys), one sending malformed, copied, scaled and colluding payloads and
@@ -6,7 +6,9 @@ transport-level attacks (6 keys), one sending malformed, copied, scaled and coll
 each round from 20 fresh keys, and one attacking the network layer (DHT floods and pinning,
 silent and trickling streams, pushes to a miner and a follower: 5 keys). The validator's event
 log must give every push exactly one outcome with a reason, none detectable aggregated, and
-every network attack must meet the defence it expects in every round it is played.
+every network attack must meet the defence it expects in every round it is played. The attacks
+played in a swarm of their own (`SCENARIOS`) follow: a flood of more fresh keys than a round has
+seats, and on the RL preset fabricated rollout pools and tiny dense payloads.
 """
 
 from __future__ import annotations
@@ -15,8 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from node.swarm.campaign.attacks import ATTACKS, NEEDS_HONEST, NETWORK, PAYLOAD, TRAINED, TRANSPORT
-from node.swarm.campaign.swarms import Keys, Team, attack_run
+from node.events import read_events
+from node.events.models import PoolPublished, RoundClosed
+from node.learn.rl.warmstart import warm_start
+from node.swarm.campaign.attacks import (
+    ATTACKS,
+    FLOOD,
+    NEEDS_HONEST,
+    NETWORK,
+    PAYLOAD,
+    SCENARIOS,
+    TRAINED,
+    TRANSPORT,
+)
+from node.swarm.campaign.swarms import Keys, Team, attack_run, rl_campaign_manifest
 
 pytestmark = pytest.mark.swarm
 
@@ -38,7 +52,7 @@ def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
     assert not report.crashes, report.crashes
     assert all(report.checks.values()), report.checks
     played = ledger.per_attack()
-    assert set(played) == set(ATTACKS), sorted(set(ATTACKS) - set(played))
+    assert set(played) == set(ATTACKS) - set(SCENARIOS), sorted(set(ATTACKS) - set(SCENARIOS) - set(played))
     assert ledger.unaccounted == 0, [o for o in ledger.outcomes if o.kind == "unaccounted" or not o.logged]
     assert ledger.aggregated(detectable_only=True) == 0, [o for o in ledger.outcomes if o.kind == "aggregated"]
     refusals = {o.attack: o.reason for o in ledger.outcomes if o.kind == "refused" and "BUSY" not in o.reason}
@@ -51,3 +65,50 @@ def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
     for attack in PAYLOAD:  # an oversize body may also be refused on the stream, before it is stored
         stopped = played[attack]["rejected"] + (played[attack]["refused"] if attack == "oversize" else 0)
         assert stopped == played[attack]["sends"], (attack, played[attack])
+
+
+def test_a_flood_of_more_fresh_keys_than_seats(tmp_path: Path) -> None:
+    """160 fresh keys a round against 128 seats: every push is seated or refused with a reason (on
+    the stream, or a seat given to a lower ticket), no round takes more than its seats, and the
+    honest miners' submissions all have an outcome; nothing is silently ignored."""
+    keys = Keys.make(tmp_path / "keys", honest=2, hostile=1)
+    report = attack_run(tmp_path / "run", keys, [Team("flood", ("flood",), 1)], rounds=2, deadline=20.0)
+    ledger = report.ledger
+    assert not report.crashes and all(report.checks.values()), (report.crashes, report.checks)
+    flood = [o for o in ledger.outcomes if o.attack == "flood"]
+    assert len(flood) == 2 * FLOOD
+    assert ledger.unaccounted == 0, [o for o in ledger.outcomes if o.kind == "unaccounted" or not o.logged][:5]
+    assert ledger.aggregated() == 0
+    assert sum(o.kind == "refused" for o in flood) >= 2 * (FLOOD + 2 - 128)
+    reasons = [o.reason for o in flood if o.kind == "refused"]
+    assert any("not drawn" in r or "unseated" in r for r in reasons)
+    assert all("not drawn" in r or "unseated" in r or "BUSY" in r for r in reasons)  # BUSY: the upload budget
+    assert all(r.event.submissions <= 128 and r.event.offered >= FLOOD for r in ledger.rounds.values())
+
+
+def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An RL swarm (PULSELoCo) with a worker that publishes fabricated rollouts from fresh keys
+    ground to sort first, and a miner pushing tiny payloads that declare every weight sent: no
+    fabricated batch enters a pool (each one a pool looks at is refused as not sampled from the
+    round's weights) and no tiny payload is aggregated."""
+    monkeypatch.setenv("PULSE_CACHE_DIR", str(tmp_path / "cache"))
+    keys = Keys.make(tmp_path / "keys", honest=2, hostile=1)
+    m = rl_campaign_manifest(30.0, keys.validator_hex())
+    warm_start(m.model.gpt, m.model.seed, m.rl)  # once here, cached for every process of the swarm
+    teams = [Team("tiny", ("tiny-dense",), 1)]
+    report = attack_run(tmp_path / "run", keys, teams, rounds=2, deadline=30.0, honest=2, task="rl", fabricators=1)
+    ledger = report.ledger
+    assert not report.crashes and all(report.checks.values()), (report.crashes, report.checks)
+    fabricated = [o for o in ledger.outcomes if o.attack == "rl-fabricated"]
+    refused = [o for o in fabricated if o.kind == "refused"]
+    assert refused and not any(o.kind == "aggregated" for o in fabricated), fabricated
+    assert all("not sampled from the round's weights" in o.reason for o in refused)
+    assert all(o.kind == "unused" for o in fabricated if o not in refused)  # announced after the last pool
+    tiny = [o for o in ledger.outcomes if o.attack == "tiny-dense"]
+    assert tiny and not any(o.kind == "aggregated" for o in tiny) and ledger.unaccounted == 0
+    pools = read_events(tmp_path / "run" / "events").events(PoolPublished, "validator")
+    assert len(pools) == 2 and all(p.batches >= 1 for p in pools)
+    closed = read_events(tmp_path / "run" / "events").events(RoundClosed, "validator")
+    assert [c.round for c in closed] == [0, 1]

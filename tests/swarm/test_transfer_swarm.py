@@ -319,7 +319,12 @@ def test_submit_push_replay_and_rejections(tmp_path: Path) -> None:
         miner_p2p = await p2p_pair(await _maddrs(validator))
         limits = TransferLimits(max_blob_bytes=4 << 20)
         await TransferService.create(
-            validator, validator_store, run_id=RUN, limits=limits, accept=accept, on_submission=received.append
+            validator,
+            validator_store,
+            run_id=RUN,
+            limits=limits,
+            accept=accept,
+            on_submission=lambda verified, path: received.append(verified),
         )
         try:
             signed = _header(miner, payload)

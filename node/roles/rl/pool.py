@@ -5,15 +5,24 @@ r - max_staleness .. r, newest first, fetches each (hash- and size-checked) and 
 one rule `pulse bench rl` uses too (`node/learn/rl/checks.py`): right run, round and worker;
 generated from the validator's own state of that round; exactly the prompts (run id, round,
 worker key) derive; G completions each, none too long; and every claimed reward equal to the
-recomputed one. This file is only the network side. A batch that fails is refused with
-its reason in the signed `RolloutPool`, and its worker is left out of pools for
+recomputed one. Then a sample of its groups, drawn with the validator's secret, must look sampled
+from the validator's weights of that round (`node/learn/rl/provenance.py`): fabricated completions
+pass every public check, not this one. This file is only the network side. A batch that fails is
+refused with its reason in the signed `RolloutPool`, and its worker is left out of pools for
 `PENALTY_ROUNDS` rounds. Miners draw their groups from the pool with their assignment seeds,
 so the validator knows exactly which rollouts each miner trained on (`evaluator.PoolSource`).
+
+Which announcements are looked at first must not be something a worker can choose: within a round,
+workers whose batches passed before come first, then the rest, each in the order of a hash of the
+validator's secret for the round and the worker's key (key order would let keys ground to sort
+first fill the pool). At most `EXAMINED_PER_BATCH` x `pool_batches` new batches are fetched and
+checked per pool, so a flood of announcements costs a bounded amount of work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -23,6 +32,7 @@ from node.events import Events
 from node.events.models import PoolWaiting, RolloutsRefused
 from node.learn.rl.checks import LIMITS, oversize, vet
 from node.learn.rl.config import RLConfig
+from node.learn.rl.provenance import CHECKED_GROUPS, SamplingCheck
 from node.net.peer import Peer
 from protocol import rollouts
 from protocol.errors import ProtocolError, TransferError
@@ -34,12 +44,14 @@ from protocol.messages import (
     RolloutAnnouncement,
     RolloutPool,
 )
-from protocol.rollouts import RolloutGroup
+from protocol.rollouts import RolloutBatch, RolloutGroup
 from protocol.signing import Verified
+from validator.scoring import RoundSecret
 
 log = logging.getLogger(__name__)
 PENALTY_ROUNDS = 10
 POLL_SECONDS = 0.5
+EXAMINED_PER_BATCH = 4
 
 Groups = tuple[RolloutGroup, ...]
 
@@ -56,6 +68,10 @@ class PoolKeeper:
     checked: dict[str, tuple[int, Groups]] = field(default_factory=dict)  # blob sha -> (round, groups)
     refused: dict[str, PoolRejection] = field(default_factory=dict)  # blob sha -> why, this round
     poll: float = POLL_SECONDS  # seconds between looks for new announcements while the pool is short
+    sampling: SamplingCheck | None = None  # None: rollouts are not checked against the weights (tests)
+    trusted: dict[str, int] = field(default_factory=dict)  # worker -> last round one of its batches passed
+    examined: int = 0  # batches fetched and checked for the pool being built
+    secret: bytes = b""  # the validator's secret for the round being built: the order of candidates
 
     async def build(self, round_: int, states: Mapping[int, str]) -> tuple[RolloutPool, list[Groups]]:
         """The pool of `round_`: the one this validator already published (after a restart), or a new one."""
@@ -65,6 +81,8 @@ class PoolKeeper:
             if groups is not None:
                 return published, groups
         self.refused = {}
+        self.examined = 0
+        self.secret = RoundSecret.derive(self.peer.identity, self.run_id, round_).key("rollout-pool")
         deadline = time.monotonic() + self.cfg.pool_wait_seconds
         waited_long = False
         while True:
@@ -101,12 +119,17 @@ class PoolKeeper:
         return entries
 
     async def _candidates(self, round_: int) -> list[Verified[RolloutAnnouncement]]:
-        """Announcements for the rounds a pool may draw on, newest round first, by worker key within one."""
+        """Announcements for the rounds a pool may draw on, newest round first; within one, workers
+        with batches that passed before first, each group in the order of the secret's hash."""
         found: list[Verified[RolloutAnnouncement]] = []
         for r in range(round_, max(-1, round_ - self.cfg.max_staleness - 1), -1):
             batch = await self.peer.get(RolloutAnnouncement, r)
-            found += sorted(batch, key=lambda v: v.sender_hex)
+            found += sorted(batch, key=lambda v: (v.sender_hex not in self.trusted, self._rank(v.sender_hex)))
         return [v for v in found if self.penalized.get(v.sender_hex, -1) <= round_]
+
+    def _rank(self, worker: str, group: int = -1) -> bytes:
+        """A hash of the secret and `worker`'s key (and a group index): an order nobody else can compute."""
+        return hashlib.sha256(self.secret + bytes.fromhex(worker) + group.to_bytes(4, "big", signed=True)).digest()
 
     async def _checked(
         self, verified: Verified[RolloutAnnouncement], states: Mapping[int, str], round_: int
@@ -120,19 +143,35 @@ class PoolKeeper:
         if problem is not None:
             self._refuse(worker, a, problem, round_)
             return None
+        if self.sampling is not None and not self.sampling.can_check(a.round):
+            log.info("rollout batch %s of round %d: its weights are no longer held here", a.blob_sha256[:12], a.round)
+            return None  # not the worker's fault: neither taken nor refused
+        if self.examined >= EXAMINED_PER_BATCH * self.cfg.pool_batches:
+            return None  # this pool's work is spent; later candidates wait for another round
+        self.examined += 1
         try:
             path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
         except TransferError as exc:
             log.info("rollout batch %s from %s not fetched: %s", a.blob_sha256[:12], worker[:12], exc)
             return None
         batch = vet(path.read_bytes(), a, worker, self.run_id, states, self.cfg)
+        if not isinstance(batch, str) and self.sampling is not None:
+            batch = await self._sampled(batch) or batch
         if isinstance(batch, str):
             self.peer.store.remove(a.blob_sha256)
             self._refuse(worker, a, batch, round_)
             return None
         self.peer.hold(a.blob_sha256, round_, "other")  # miners may fetch it from the validator as well as the worker
         self.checked[a.blob_sha256] = (a.round, batch.groups)
+        self.trusted[worker] = round_
         return batch.groups
+
+    async def _sampled(self, batch: RolloutBatch) -> str | None:
+        """Why a sample of `batch`'s groups (drawn with the secret) was not sampled from its round's weights."""
+        assert self.sampling is not None
+        order = sorted(range(len(batch.groups)), key=lambda i: self._rank(batch.worker, i))
+        sample = sorted(order[:CHECKED_GROUPS])
+        return await asyncio.get_running_loop().run_in_executor(None, self.sampling.check, batch, sample)
 
     def _refuse(self, worker: str, a: RolloutAnnouncement, reason: str, round_: int) -> None:
         reason = reason[:MAX_REASON_CHARS]
@@ -157,6 +196,8 @@ class PoolKeeper:
         return groups
 
     def _forget_before(self, oldest: int) -> None:
+        for worker in [w for w, r in self.trusted.items() if r < oldest - PENALTY_ROUNDS]:
+            del self.trusted[worker]  # long silent: a newcomer again
         for sha, (r, _) in list(self.checked.items()):
             if r < oldest:
                 del self.checked[sha]

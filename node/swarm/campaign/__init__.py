@@ -4,6 +4,7 @@
 - `crafting.py`  hostile payloads and signed headers (pure; training attacks reuse `node.swarm.fakeminers`)
 - `push.py`      the submit conversation on a libp2p stream, with lying, cut-off or trickled bodies
 - `hostile.py`   the hostile miner process (`python -m node.swarm.campaign.hostile`)
+- `fabricator.py` an RL worker process that publishes fabricated rollouts (`python -m ...campaign.fabricator`)
 - `skewed.py`    any `pulse` role with its clock shifted (`python -m node.swarm.campaign.skewed`)
 - `ledger.py`    one outcome per submission from the event logs: refused, rejected, scored or aggregated
 - `swarms.py`    scenarios: swarms with hostile miners, and the faults, each checked by the ledger

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+FLOOD = 160
+"""Fresh keys a flood pushes each round: more than the 128 seats of a round."""
+
 
 @dataclass(frozen=True)
 class Attack:
@@ -43,6 +46,18 @@ ATTACKS: dict[str, Attack] = {
     "thief": Attack("trains honestly on another miner's assignment", "indicator (own data)", detectable=False),
     "stale": Attack("trains from the previous round's state and says so", "base state hash (behind)"),
     "sybil": Attack(f"{20} fresh keys each push random bytes in one round", "decoder; ranked last"),
+    "flood": Attack(
+        f"{FLOOD} fresh keys a round push random bytes, {3} streams at a time, before the honest miners",
+        "admission (established first, newcomers drawn by secret ticket); decoder",
+    ),
+    "tiny-dense": Attack(
+        "a few hundred bytes declaring every weight sent (PULSELoCo: streams cut to a word)",
+        "decoder: no read past a stream's end, symbols bounded by the stream",
+    ),
+    "rl-fabricated": Attack(
+        "rollout batches of chosen completions (wrong sums) from a fresh key ground to sort first",
+        "pool: sampled-from-W_r check; secret candidate order",
+    ),
     "dht-flood": Attack(
         "64 fresh keys sign round results and checkpoints for this round and the next, and 64 heartbeats",
         "store-time writer check; per-key cap; validators read first",
@@ -88,5 +103,10 @@ TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "tr
 NETWORK = tuple(a for a, attack in ATTACKS.items() if attack.expect)
 """Attacks on the DHT and the streams themselves (`netattacks.py`): no submission reaches a round."""
 
-PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, *NETWORK, "sybil"))
+SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl"}
+"""Attacks played in their own swarm (the run's task): against one of them alone the run's figures
+(rounds completed, honest miners aggregated, validator memory and disk) say what it costs. A
+tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run."""
+
+PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, *NETWORK, "sybil", *SCENARIOS))
 """Malformed payloads the decoder refuses."""

@@ -4,15 +4,18 @@ Pure functions of the round (weights, state hash) and the attacker's key: no net
 training (sign flip, random direction, thief, stale base) reuses the fake miners of
 `node.swarm.fakeminers`; this file adds what they do not craft: malformed payloads (a zstd bomb,
 trailing bytes, positions out of range or claimed twice, inf), the near copy, ALIE and
-inner-product manipulation, and headers signed for another run or round or with a broken signature.
+inner-product manipulation, a tiny payload that declares every weight sent, and headers signed for
+another run or round or with a broken signature.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 from dataclasses import dataclass, replace
 from functools import cache
+from unittest import mock
 
 import numpy as np
 import torch
@@ -135,6 +138,32 @@ def _zstd_of_zeros(size: int) -> bytes:
 def zstd_bomb(forge: Forge) -> bytes:
     """The codec's own header, then a zstd frame of ~40 KB that expands to 1 GiB of zeros."""
     return _common_header(forge) + _zstd_of_zeros(BOMB_BYTES)
+
+
+def tiny_dense(forge: Forge) -> bytes:
+    """A few hundred bytes that declare every weight sent: the run's own encoder on an update that
+    carries no information (each value a positive power of two, half its weight's exponent: one
+    symbol per context, zero mantissas), with each entropy-coded stream cut to one word. A decoder
+    that reads past a stream's end, or lets a stream carry more symbols than its bytes can, turns
+    it into a full-density update (about 78 bytes of transient memory per weight while decoding,
+    and a copy-detection sketch to keep). Meaningful for PULSELoCo, whose classes may be sent whole;
+    SparseLoCo's density is fixed by its k."""
+    codec = forge.codec
+    module = sys.modules[type(codec).__module__]
+    write_words = module.write_words
+
+    def cut(w: Writer, words: np.ndarray) -> None:
+        write_words(w, words[:1])
+
+    update = {n: _half_power_of_two(t) for n, t in forge.weights.items()}
+    with mock.patch.object(module, "write_words", cut):
+        return codec.compress(update, None, forge.weights)[0]
+
+
+def _half_power_of_two(t: torch.Tensor) -> torch.Tensor:
+    w = t.float()
+    exponent = torch.floor(torch.log2(w.abs().clamp(min=torch.finfo(torch.float32).tiny)))
+    return torch.where(w == 0, torch.zeros_like(w), torch.exp2(exponent - 1))
 
 
 def trailing_bytes(forge: Forge, seed: int) -> bytes:

@@ -46,7 +46,7 @@ from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from node.swarm.campaign import crafting, netattacks
-from node.swarm.campaign.attacks import ATTACKS, NEEDS_HONEST, NETWORK, TRAINED
+from node.swarm.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, TRAINED
 from node.swarm.campaign.crafting import Forge
 from node.swarm.campaign.push import Answer, Trickle, push
 from node.swarm.fakeminers import Miner, make_adversary
@@ -150,8 +150,9 @@ class Hostile:
             self.events.emit(event, f"round {r}: {attack} on the {p.target}: {p.outcome} ({p.detail})")
 
     async def _gated(self, attack: str, round_: int, sub: Submission, mode: dict[str, object]) -> Answer:
-        """At most `STREAMS` pushes of this process at once (the validator's cap per peer is 4); a
-        sybil flood is the exception: it opens all its streams at once, as a flood would."""
+        """At most `STREAMS` pushes of this process at once (the validator's cap per peer is 4); the
+        sybil is the exception: it opens all its streams at once. The flood keeps to the cap, so its
+        pushes meet the round's admission rather than the stream limits."""
         if attack == "sybil":
             return await self._push(attack, round_, sub, mode)
         async with self.gate:
@@ -159,7 +160,7 @@ class Hostile:
 
     async def _push(self, attack: str, round_: int, sub: Submission, mode: dict[str, object]) -> Answer:
         signed = SignedMessage.from_bytes(sub.envelope)
-        body = sub.payload
+        body = sub.read()
         uploading = asyncio.Event()
         watcher = asyncio.ensure_future(self._say_uploading(uploading, attack, round_, signed))
         assert self.peer.validator_peer is not None  # the round is open: its validator's heartbeat was read
@@ -199,8 +200,9 @@ class Hostile:
     async def _craft(self, attack: str, me: Identity, forge: Forge) -> list[tuple[Submission, dict[str, object]]]:
         """(submission, how to push it) for each push this attack makes this round."""
         seed = int.from_bytes(hashlib.sha256(f"{me.public_hex}/{forge.round}".encode()).digest()[:4], "big")
-        if attack == "sybil":
-            flood = [Identity.from_seed(hashlib.sha256(f"sybil/{seed}/{i}".encode()).digest()) for i in range(SYBILS)]
+        if attack in ("sybil", "flood"):
+            n = SYBILS if attack == "sybil" else FLOOD
+            flood = [Identity.from_seed(hashlib.sha256(f"{attack}/{seed}/{i}".encode()).digest()) for i in range(n)]
             return [(forge.submission(s, crafting.junk(seed + i)), {}) for i, s in enumerate(flood)]
         if attack == "replay":
             old = [sub for r, sub in self.history if r < forge.round]
@@ -289,6 +291,7 @@ def _malformed(attack: str, forge: Forge, me: Identity, seed: int) -> tuple[Subm
         "slow": lambda: (forge.submission(me, small()), {"trickle": Trickle(step=64, pause=0.5)}),
         "oversize": lambda: (forge.submission(me, crafting.oversize(forge, seed)), {}),
         "zstd-bomb": lambda: (forge.submission(me, crafting.zstd_bomb(forge)), {}),
+        "tiny-dense": lambda: (forge.submission(me, crafting.tiny_dense(forge)), {}),
         "trailing": lambda: (forge.submission(me, crafting.trailing_bytes(forge, seed)), {}),
         "out-of-range": lambda: (forge.submission(me, crafting.tampered_positions(forge, seed, "range")), {}),
         "dup-positions": lambda: (forge.submission(me, crafting.tampered_positions(forge, seed, "duplicate")), {}),

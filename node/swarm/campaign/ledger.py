@@ -3,7 +3,8 @@
 A hostile push ends in exactly one of:
 
 - refused: the validator answered anything but OK on the stream (its log names the message or the
-  stream, with the reason);
+  stream, with the reason), or took it and later gave its seat to another (a `dropped` event
+  with the reason);
 - rejected / outscored / aggregated: it was stored and handed to round r, whose `round` event
   lists its sender under `rejections` (with the reason) or `scores` (aggregated);
 - voided: the validator that took it was killed before closing the round (the restarted one
@@ -15,6 +16,9 @@ pushes to miners and followers) is refused when its targets did what the attack 
 a breach counts as unaccounted. Anything else is unaccounted. Honest submissions (`received`
 events of non-hostile senders) are checked the same way. A round closed twice (by a validator
 and its restarted self) is a double count.
+
+A fabricated rollout batch (announced, not pushed) ends in the validator's pools: refused with the
+reason, aggregated (taken into a pool: the attack worked), or unused (never taken, never named).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from node.events import EventLog, Logged
 from node.events.campaign import AttackSent, NetAttack
-from node.events.models import Received, RoundClosed
+from node.events.models import Dropped, PoolPublished, Received, RoundClosed
 from node.swarm.campaign.attacks import ATTACKS
 
 OUTSCORED = ("score ", "final score", "indicator average")
@@ -36,7 +40,7 @@ class Outcome:
     attack: str
     round: int
     sender: str
-    kind: str  # refused | rejected | outscored | aggregated | voided | breached | unaccounted
+    kind: str  # refused | rejected | outscored | aggregated | voided | unused | breached | unaccounted
     reason: str
     logged: bool = True
 
@@ -75,6 +79,7 @@ class Ledger:
                 "outscored": kinds["outscored"],
                 "aggregated": kinds["aggregated"],
                 "voided": kinds["voided"],
+                "unused": kinds["unused"],
                 "breached": kinds["breached"],
                 "unaccounted": kinds["unaccounted"] + sum(1 for o in mine if not o.logged),
                 # sends of this attack up to its last aggregated one: 0 = excluded from its first send
@@ -91,16 +96,24 @@ def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] =
             ledger.double_counted.append(r.event.round)
         ledger.rounds[r.event.round] = r
     receivers = {(r.event.round, r.event.sender): r.name for r in log.of(Received)}
+    dropped = {(e.round, e.sender): e.reason for e in log.events(Dropped)}
+    pools = log.events(PoolPublished)
     sends = log.events(AttackSent)
     hostile = {send.sender for send in sends}
     for send in sends:
-        ledger.outcomes.append(_outcome(send, ledger.rounds, receivers, killed_validators, validator_log))
+        if send.status == "ANNOUNCED":
+            ledger.outcomes.append(_pooled(send, pools))
+        elif send.status == "OK" and (send.round, send.sender) in dropped:
+            reason = f"dropped: {dropped[(send.round, send.sender)]}"
+            ledger.outcomes.append(Outcome(send.attack, send.round, send.sender, "refused", reason))
+        else:
+            ledger.outcomes.append(_outcome(send, ledger.rounds, receivers, killed_validators, validator_log))
     for play in log.events(NetAttack):
         if play.outcome != "skipped":
             kind = "refused" if play.outcome == ATTACKS[play.attack].expect else "breached"
             ledger.outcomes.append(Outcome(play.attack, play.round, play.sender, kind, f"{play.target}: {play.detail}"))
     for (round_, sender), name in receivers.items():
-        if sender in hostile:
+        if sender in hostile or (round_, sender) in dropped:
             continue
         closed = ledger.rounds.get(round_)
         if closed is not None and closed.name == name:
@@ -135,3 +148,14 @@ def _outcome(
         return Outcome(attack, round_, sender, "aggregated", f"score {scores[sender]:.4g}")
     kind = "outscored" if reason.startswith(OUTSCORED) else "rejected"
     return Outcome(attack, round_, sender, kind, reason)
+
+
+def _pooled(send: AttackSent, pools: list[PoolPublished]) -> Outcome:
+    """What the validator's pools (of its round and later) made of an announced rollout batch."""
+    later = [p for p in pools if p.round >= send.round]
+    if any(send.sender in p.workers for p in later):
+        return Outcome(send.attack, send.round, send.sender, "aggregated", "taken into a rollout pool")
+    reason = next((p.refused[send.sender] for p in later if send.sender in p.refused), None)
+    if reason is not None:
+        return Outcome(send.attack, send.round, send.sender, "refused", reason)
+    return Outcome(send.attack, send.round, send.sender, "unused", "never taken into a pool, never named")

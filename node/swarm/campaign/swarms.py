@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Any
 
 from node.events import EventLog, read_events
 from node.events.campaign import Uploading
-from node.events.models import Event, PatchApplied, Received, RoundClosed, RoundOpened, Started
+from node.events.models import Event, Exited, PatchApplied, Received, RoundClosed, RoundOpened, Started
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
@@ -37,6 +38,15 @@ def campaign_manifest(deadline: float, validator: str) -> Manifest:
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["round"].update(deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=3)
     data["selection"]["held_out_batches"] = 2
+    data["validators"] = [validator]
+    return parse_manifest(data)
+
+
+def rl_campaign_manifest(deadline: float, validator: str) -> Manifest:
+    """The RL preset (PULSELoCo, the warm-started byte GPT) with the campaign's round timing."""
+    data: dict[str, Any] = tomllib.loads(preset("rl").read_text())
+    data["round"].update(deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=3)
+    data["rl"].update(held_out_prompts=32, min_pool_batches=2, pool_wait_seconds=deadline)
     data["validators"] = [validator]
     return parse_manifest(data)
 
@@ -92,10 +102,53 @@ class RunReport:
     crashes: list[str]
     checks: dict[str, bool] = field(default_factory=dict)
     seconds: float = 0.0
+    honest_aggregated: dict[int, int] = field(default_factory=dict)  # round -> honest miners aggregated
+    validator_peak_mb: float | None = None  # peak resident memory of the validator process (MiB)
+    validator_disk_mb: float = 0.0  # peak size of the validator's folder: state, blobs, inbox (MB)
+    final_reward: float | None = None  # RL runs: the validator's held-out reward after the last round
 
     @property
     def hashes_agree(self) -> bool:
         return len(self.hashes) >= 2 and len(set(self.hashes.values())) == 1
+
+    @property
+    def rounds_completed(self) -> int:
+        return len(self.ledger.rounds)
+
+    @property
+    def honest_per_round(self) -> float:
+        """Honest miners aggregated per completed round."""
+        return sum(self.honest_aggregated.values()) / max(self.rounds_completed, 1)
+
+
+class DiskPeak:
+    """Samples the size of a folder on a thread (every `interval` s) and keeps the largest."""
+
+    def __init__(self, folder: Path, interval: float = 0.5) -> None:
+        self.folder, self.interval, self.peak = folder, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="disk-peak", daemon=True)
+
+    def __enter__(self) -> DiskPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        total = 0
+        for dirpath, _, files in os.walk(self.folder):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):  # written and removed as we walk
+                    total += os.stat(os.path.join(dirpath, name)).st_size
+        self.peak = max(self.peak, total)
 
 
 class CampaignSwarm(Swarm):
@@ -123,6 +176,10 @@ class CampaignSwarm(Swarm):
         args += ["--keys", *map(str, keys), *(["--rotate"] if team.rotate else []), *self.net_args(team.name)]
         args += ["--offset", str(team.offset), "--stride", str(team.stride)]
         return self.spawn_module(team.name, "node.swarm.campaign.hostile", args)
+
+    def start_fabricator(self, name: str) -> Proc:
+        args = ["--config", str(self.out / "run.toml"), "--threads", "1", *self.net_args(name)]
+        return self.spawn_module(name, "node.swarm.campaign.fabricator", args)
 
     def start_skewed(self, name: str, role: str, key: Path | None, offset: float) -> Proc:
         args = [f"--offset={offset}", role, "--config", str(self.out / "run.toml"), "--threads", "1"]
@@ -166,31 +223,49 @@ def exit_codes(procs: list[Proc], timeout: float) -> dict[str, int | None]:
 
 
 def attack_run(
-    out: Path, keys: Keys, teams: list[Team], rounds: int, *, deadline: float = 20.0, honest: int | None = None
+    out: Path,
+    keys: Keys,
+    teams: list[Team],
+    rounds: int,
+    *,
+    deadline: float = 20.0,
+    honest: int | None = None,
+    task: str = "lm",
+    fabricators: int = 0,
+    workers: int = 2,
 ) -> RunReport:
-    """Validator, honest miners and a follower for `rounds`, with hostile teams alongside."""
+    """Validator, honest miners and a follower for `rounds`, with hostile teams alongside. An RL run
+    (`task="rl"`) has `workers` honest inference workers instead of the follower, and `fabricators`
+    workers that publish fabricated rollouts."""
     start = time.monotonic()
-    manifest = campaign_manifest(deadline, keys.validator_hex())
+    make = rl_campaign_manifest if task == "rl" else campaign_manifest
+    manifest = make(deadline, keys.validator_hex())
     write_manifest(out, manifest)
     swarm = CampaignSwarm(out, manifest, rounds)
     try:
         swarm.start_bootstrap()
         validator = swarm.start_role("validator", "validator", keys.validator)
-        workers = [swarm.start_role(f"miner{i}", "miner", k) for i, k in enumerate(keys.honest[:honest])]
-        workers.append(swarm.start_role("follower", "follow", None))
+        honest_procs = [swarm.start_role(f"miner{i}", "miner", k) for i, k in enumerate(keys.honest[:honest])]
+        if task == "rl":
+            honest_procs += [swarm.start_role(f"worker{i}", "follow", None) for i in range(workers)]
+        else:
+            honest_procs.append(swarm.start_role("follower", "follow", None))
         used = 0
-        teams_procs = []
+        hostile_procs = [swarm.start_fabricator(f"fabricator{i}") for i in range(fabricators)]
         for team in teams:
-            teams_procs.append(swarm.start_team(team, keys.hostile[used : used + team.keys]))
+            hostile_procs.append(swarm.start_team(team, keys.hostile[used : used + team.keys]))
             used += team.keys
         timeout = 120.0 + rounds * (deadline + 25.0)
-        codes = exit_codes(workers + teams_procs, timeout)
+        with DiskPeak(swarm.work / "validator") as disk:
+            codes = exit_codes(honest_procs + hostile_procs, timeout)
         alive = validator.popen.poll() is None
         swarm.stop(validator)
         codes["validator"] = 0 if alive else validator.popen.returncode
     finally:
         swarm.stop_all()
-    return make_report(out.name, swarm, codes, killed=set(), seconds=time.monotonic() - start)
+    report = make_report(out.name, swarm, codes, killed=set(), seconds=time.monotonic() - start)
+    report.validator_disk_mb = round(disk.peak / 1e6, 2)
+    return report
 
 
 def make_report(
@@ -205,6 +280,13 @@ def make_report(
     # a crash is a pulse role (validator, miner, follower) that did not exit cleanly
     crashes = [f"{n}: exit {c}" for n, c in codes.items() if c != 0 and n not in killed | hostile]
     report = RunReport(name, ledger, losses[-1] if losses else None, hashes, crashes, seconds=seconds)
+    rewards = [r.event.reward for _, r in sorted(ledger.rounds.items()) if r.event.reward is not None]
+    report.final_reward = rewards[-1] if rewards else None
+    names = records.keys()
+    honest_keys = {k for n, k in names.items() if n.startswith("miner")}
+    report.honest_aggregated = {r: len(honest_keys & set(c.event.scores)) for r, c in ledger.rounds.items()}
+    peaks = [r.event.peak_rss_mb for v in validators for r in records.of(Exited, v)]
+    report.validator_peak_mb = round(max(peaks), 1) if peaks else None
     report.checks["all rounds closed"] = sorted(ledger.rounds) == list(range(swarm.rounds))
     report.checks["hostile processes ran to the end"] = all(codes.get(n) == 0 for n in hostile - killed)
     report.checks["hashes agree"] = report.hashes_agree

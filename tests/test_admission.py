@@ -1,0 +1,104 @@
+"""Admission: seats by standing, newcomers drawn by secret ticket, a byte budget, a reason for every refusal."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from validator.admission import Admission, AdmissionRules
+
+SECRET = hashlib.sha256(b"round secret").digest()
+
+
+def keys(label: str, n: int) -> list[str]:
+    return [hashlib.sha256(f"{label}/{i}".encode()).hexdigest() for i in range(n)]
+
+
+def admission(capacity: int = 8, newcomer_seats: int = 2, budget: int = 10_000, est: tuple[str, ...] = ()) -> Admission:
+    return Admission(AdmissionRules(capacity, newcomer_seats, budget), frozenset(est), SECRET)
+
+
+def offer_all(a: Admission, senders: list[str], size: int = 100) -> dict[str, str | None]:
+    """Each sender offers once; its final fate (None = seated at the end)."""
+    fate: dict[str, str | None] = {}
+    for s in senders:
+        verdict = a.offer(s, size)
+        fate[s] = verdict.refusal
+        for gone, reason in verdict.unseated:
+            fate[gone] = reason
+    return fate
+
+
+def test_newcomers_are_drawn_by_ticket_whatever_their_arrival_order() -> None:
+    flood = keys("newcomer", 40)
+    expected = set(sorted(flood, key=admission().ticket)[:8])  # the 8 lowest tickets
+    for seed in range(5):
+        order = random.Random(seed).sample(flood, len(flood))
+        a = admission()
+        fate = offer_all(a, order)
+        assert set(a.seats) == expected
+        assert all(fate[s] is None for s in expected)
+        assert all(fate[s] for s in set(flood) - expected)  # every other one has a reason
+        refusals = {fate[s] for s in set(flood) - expected}
+        assert all(r is not None and ("not drawn" in r or "lower ticket" in r) for r in refusals)
+
+
+def test_another_round_draws_other_newcomers_and_a_retry_draws_the_same_ticket() -> None:
+    flood = keys("newcomer", 40)
+    a = admission()
+    offer_all(a, flood)
+    other = Admission(a.rules, frozenset(), hashlib.sha256(b"next round").digest())
+    offer_all(other, flood)
+    assert set(other.seats) != set(a.seats)
+    refused = next(s for s in flood if s not in a.seats)
+    again = [a.offer(refused, 100).refusal for _ in range(20)]
+    assert all(r is not None and "not drawn" in r for r in again) and refused not in a.seats
+
+
+def test_established_miners_are_seated_first_and_unseat_newcomers() -> None:
+    est = keys("established", 6)
+    a = admission(est=tuple(est))
+    fate = offer_all(a, keys("newcomer", 40))  # the flood comes first and fills every seat
+    assert len(a.seats) == 8
+    before = a.unseated
+    fate |= offer_all(a, est)
+    assert all(fate[s] is None for s in est) and set(est) <= set(a.seats)
+    assert len(a.seats) == 8 and sum(not s.established for s in a.seats.values()) == 2
+    unseated = [r for s, r in fate.items() if r and "established" in r]
+    assert len(unseated) == 6 and a.unseated - before == 6
+
+
+def test_newcomers_always_keep_their_reserved_seats() -> None:
+    est = keys("established", 10)
+    a = admission(est=tuple(est))
+    fate = offer_all(a, est)
+    assert sum(r is None for r in fate.values()) == 6  # capacity 8 - 2 newcomer seats
+    assert all("round is full" in r for r in fate.values() if r)
+    offer_all(a, keys("newcomer", 20))
+    assert sum(not s.established for s in a.seats.values()) == 2
+
+
+def test_the_byte_budget_bounds_what_is_held_and_established_bytes_come_first() -> None:
+    est = keys("established", 2)
+    a = admission(capacity=16, budget=1000, est=tuple(est))
+    fate = offer_all(a, keys("newcomer", 30), size=300)  # 3 fit the budget
+    assert a.held_bytes <= 1000 and len(a.seats) == 3
+    fate |= offer_all(a, est, size=400)
+    assert all(fate[s] is None for s in est)
+    assert a.held_bytes <= 1000 and sum(not s.established for s in a.seats.values()) == 0
+    big = a.offer(keys("newcomer", 31)[-1], 2000)
+    assert big.refusal is not None and "exceeds the round's budget" in big.refusal
+
+
+def test_one_body_per_sender_and_an_unseated_body_is_refused_on_arrival() -> None:
+    a = admission(capacity=2, newcomer_seats=2)
+    lower, low, high = sorted(keys("newcomer", 3), key=a.ticket)
+    assert a.offer(high, 10).refusal is None and a.offer(low, 10).refusal is None
+    assert a.arrive(low) is None
+    assert a.offer(low, 10).refusal == "one submission per miner per round"
+    assert a.arrive(low) == "one submission per miner per round"
+    assert a.offer(high, 20).refusal is None and a.seats[high].size == 20  # a retry before its body: same seat
+    verdict = a.offer(lower, 10)  # `high`'s body is still on its way when it loses its seat
+    assert verdict.refusal is None and [s for s, _ in verdict.unseated] == [high]
+    refusal = a.arrive(high)
+    assert refusal is not None and "unseated" in refusal

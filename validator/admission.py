@@ -1,0 +1,164 @@
+"""Admission: which signed headers of a round the validator takes, decided before any body is read.
+
+    admission = Admission(rules, established, secret)
+    verdict = admission.offer(sender, payload_size)   # a header arrived: seated, or refused with a reason
+    refusal = admission.arrive(sender)                # its body arrived: kept, or why not any more
+
+Every check a header passes (signature, run, round, sizes) uses public facts, so a thousand fresh
+keys pass them as easily as one honest miner. Arrival order must not decide either: the first
+`capacity` senders of a round would otherwise fill it, and whoever floods at the opening wins.
+Seats go by standing:
+
+- established keys (the validator's persisted history shows gains on random data in at least
+  `established_rounds` of the last `established_window` rounds: `Validator.established`) are
+  seated as they come, up to `capacity - newcomer_seats`;
+- newcomers share the seats established keys leave (never fewer than `newcomer_seats`). Each
+  newcomer draws a ticket, a hash of the validator's secret for the round and its key, and the
+  seats go to the lowest tickets among every newcomer that offered this round, whatever the order
+  they came in (a bottom-k sample: a uniformly random subset). A later newcomer with a lower ticket
+  takes the seat of the highest seated one. Tickets cannot be predicted (the secret is the
+  validator's) and a retry draws the same ticket, so sending again gains nothing. A flood of fresh
+  keys thins every newcomer's chance alike and never takes an established key's seat; an
+  established key that arrives when the seats are full unseats the highest-ticket newcomer.
+
+Bytes: every seat reserves its announced payload size against the round's byte budget, so the
+payloads the validator holds for one round on disk (received plus being received) stay within
+`byte_budget`, however many keys send; only a body already on its way when its seat is given to
+another comes on top until it lands and is refused (at most what the stream slots receive at once).
+Newcomers that no longer fit are unseated, highest ticket first.
+
+Memory is O(seats): nothing is kept about a refused header. Every refusal and every unseating
+has a reason: refusals go back to the sender on the stream; unseatings (a newcomer displaced,
+perhaps after its body arrived) are returned to the caller, which drops the payload and reports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AdmissionRules:
+    capacity: int  # seats per round (`max_submissions`)
+    newcomer_seats: int  # seats established keys cannot take
+    byte_budget: int  # payload bytes held for one round, received and being received
+
+
+@dataclass
+class Seat:
+    sender: str
+    size: int
+    ticket: int | None  # None for an established key
+    arrived: bool = False
+
+    @property
+    def established(self) -> bool:
+        return self.ticket is None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A header's fate: seated when `refusal` is None; `unseated`: (sender, reason) of seats it took."""
+
+    refusal: str | None = None
+    unseated: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class Admission:
+    """The seats of one round."""
+
+    rules: AdmissionRules
+    established: frozenset[str]
+    secret: bytes  # the validator's secret for this round: tickets nobody else can compute
+    seats: dict[str, Seat] = field(default_factory=dict)
+    offered: int = 0  # headers offered this round (counts, for the round's summary)
+    refused: int = 0
+    unseated: int = 0
+
+    def ticket(self, sender: str) -> int:
+        return int.from_bytes(hashlib.sha256(self.secret + sender.encode()).digest(), "big")
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(s.size for s in self.seats.values())
+
+    def newcomer_room(self) -> int:
+        """Seats newcomers may hold now: what established keys leave, never below `newcomer_seats`."""
+        taken = sum(1 for s in self.seats.values() if s.established)
+        return max(self.rules.capacity - taken, self.rules.newcomer_seats)
+
+    def offer(self, sender: str, size: int) -> Verdict:
+        """Seat `sender`'s header announcing `size` payload bytes, or refuse it."""
+        self.offered += 1
+        verdict = self._offer(sender, size)
+        self.refused += verdict.refusal is not None
+        self.unseated += len(verdict.unseated)
+        return verdict
+
+    def arrive(self, sender: str) -> str | None:
+        """The body of `sender`'s seated header arrived: None to keep it, else why it is refused."""
+        seat = self.seats.get(sender)
+        if seat is None:
+            return "unseated while its body arrived (by a lower newcomer ticket or an established miner)"
+        if seat.arrived:
+            return "one submission per miner per round"
+        seat.arrived = True
+        return None
+
+    def leave(self, sender: str) -> None:
+        """Free `sender`'s seat (its body never came, or it was refused for another reason)."""
+        self.seats.pop(sender, None)
+
+    # -- the decision ----------------------------------------------------------------------------
+
+    def _offer(self, sender: str, size: int) -> Verdict:
+        old = self.seats.get(sender)
+        if old is not None and old.arrived:
+            return Verdict("one submission per miner per round")
+        if size > self.rules.byte_budget:
+            return Verdict(f"payload of {size} bytes exceeds the round's budget of {self.rules.byte_budget}")
+        if old is not None:  # the same key again before its body came (a retry): same seat, new size
+            del self.seats[sender]
+            verdict = self._place(sender, size, old.ticket, unseat=0)
+            if verdict.refusal is not None:
+                self.seats[sender] = old
+            return verdict
+        if sender in self.established:
+            ours = sum(1 for s in self.seats.values() if s.established)
+            if ours >= self.rules.capacity - self.rules.newcomer_seats:
+                return Verdict(f"round is full: {ours} established miners seated")
+            return self._place(sender, size, None, unseat=max(0, len(self.seats) + 1 - self.rules.capacity))
+        ticket = self.ticket(sender)
+        newcomers = [s for s in self.seats.values() if not s.established]
+        room = self.newcomer_room()
+        if len(newcomers) < room:
+            return self._place(sender, size, ticket, unseat=0)
+        highest = max(s.ticket or 0 for s in newcomers)
+        if ticket > highest:
+            return Verdict(f"not drawn: {room} newcomer seats held by lower tickets ({self.offered} offers this round)")
+        return self._place(sender, size, ticket, unseat=1)
+
+    def _place(self, sender: str, size: int, ticket: int | None, *, unseat: int) -> Verdict:
+        """Seat `sender`, unseating `unseat` newcomers (highest ticket first, and only tickets above
+        `ticket` for a newcomer) and more while the bytes do not fit; refused if they cannot."""
+        movable = sorted(
+            (s for s in self.seats.values() if not s.established and (ticket is None or (s.ticket or 0) > ticket)),
+            key=lambda s: -(s.ticket or 0),
+        )
+        held, out = self.held_bytes, list[Seat]()
+        for seat in movable:
+            if len(out) >= unseat and held + size <= self.rules.byte_budget:
+                break
+            out.append(seat)
+            held -= seat.size
+        if len(out) < unseat or held + size > self.rules.byte_budget:
+            if ticket is None:
+                return Verdict(f"payload of {size} bytes does not fit the round's remaining budget")
+            return Verdict(f"not drawn: the budget newcomers may hold is taken by lower tickets ({size} bytes)")
+        why = "unseated by an established miner" if ticket is None else "unseated by a newcomer with a lower ticket"
+        for seat in out:
+            del self.seats[seat.sender]
+        self.seats[sender] = Seat(sender, size, ticket)
+        return Verdict(None, tuple((s.sender, why) for s in out))
