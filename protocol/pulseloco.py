@@ -40,6 +40,7 @@ from protocol.ans import AnsDecoder, AnsEncoder, require
 from protocol.codec import Codec, CodecStats, State, numel, read_words, require_finite, write_words
 from protocol.contexts import EXPONENT, NUM_CONTEXTS, check_full_classes, class_counts, place, take_class_major
 from protocol.errors import InvalidPositions, MalformedPayload
+from protocol.parallel import parallel_map
 from protocol.tensorbytes import bits, dtype_name
 from protocol.wire import Reader, Writer
 
@@ -78,26 +79,31 @@ class PulseLoCoCodec(Codec):
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         code, mantissa_bits = VALUE_FORMATS[self.value_format]
         w.u8(code)
-        new_error: dict[str, torch.Tensor] = {}
-        parts = []
-        for name in sorted(weights):
-            part, new_error[name] = self._sparsify(weights[name], error[name] + delta[name])
+        names = sorted(weights)
+        # tensors gate and sparsify independently (compiled kernels without the GIL): all cores
+        done = parallel_map(lambda name: self._sparsify(weights[name], error[name] + delta[name]), names)
+        new_error = {name: e for name, (_, e) in zip(names, done, strict=True)}
+        parts = [part for part, _ in done]
+        for part in parts:
             positions.write_table(w, part.table)
-            parts.append(part)
         values = np.concatenate([p.values for p in parts])
         ctx = np.concatenate([p.ctx for p in parts])
         coded = floatcode.split(values, ctx, mantissa_bits)
         before_model = len(w.getvalue())
         floatcode.write_models(w, coded.models)
         model_bytes = len(w.getvalue()) - before_model
-        pos_enc = AnsEncoder()
-        positions.encode_gaps(
-            pos_enc, np.concatenate([p.gaps for p in parts]), *positions.table_groups([p.table for p in parts])
-        )
-        pos_words = pos_enc.finish()
-        val_enc = AnsEncoder()
-        floatcode.encode(val_enc, coded, mantissa_bits)
-        val_words = val_enc.finish()
+        gaps = np.concatenate([p.gaps for p in parts])
+        groups = positions.table_groups([p.table for p in parts])
+
+        def encode_stream(which: int) -> np.ndarray:  # the two streams are independent: one thread each
+            enc = AnsEncoder()
+            if which == 0:
+                positions.encode_gaps(enc, gaps, *groups)
+            else:
+                floatcode.encode(enc, coded, mantissa_bits)
+            return enc.finish()
+
+        pos_words, val_words = parallel_map(encode_stream, [0, 1])
         write_words(w, pos_words)
         write_words(w, val_words)
         stats = CodecStats(
@@ -140,26 +146,42 @@ class PulseLoCoCodec(Codec):
         total = sum(t.total for t in tables)  # what the streams must carry, before anything of that size
         require(pos_words, *positions.group_cost(*positions.table_groups(tables)), "positions stream")
         require(val_words, total, total * _MANTISSA_BY_CODE[code], "values stream")
-        dec = AnsDecoder(pos_words)
-        gaps = positions.decode_gaps(dec, *positions.table_groups(tables))
-        dec.finish()
-        dec = AnsDecoder(val_words)
-        ctx = np.concatenate([np.zeros(0, np.uint8)] + [np.repeat(t.classes, t.k).astype(np.uint8) for t in tables])
-        values = floatcode.decode(dec, ctx, models, _MANTISSA_BY_CODE[code])  # finite: inf/NaN refused
-        dec.finish()
-        out, offset = {}, 0
-        for name, table in zip(names, tables, strict=True):
+        groups = positions.table_groups(tables)
+        mantissa = _MANTISSA_BY_CODE[code]
+
+        def decode_stream(which: int) -> np.ndarray:  # the two streams are independent: one thread each
+            if which == 0:
+                dec = AnsDecoder(pos_words)
+                out = positions.decode_gaps(dec, *groups)
+            else:
+                dec = AnsDecoder(val_words)
+                ctx = np.concatenate(
+                    [np.zeros(0, np.uint8)] + [np.repeat(t.classes, t.k).astype(np.uint8) for t in tables]
+                )
+                out = floatcode.decode(dec, ctx, models, mantissa)  # finite: inf/NaN refused
+            dec.finish()
+            return out
+
+        gaps, values = parallel_map(decode_stream, [0, 1])  # a positions error is raised first, as before
+        ends = np.cumsum([t.total for t in tables])
+        jobs = [
+            (name, table, int(end) - table.total, int(end))
+            for name, table, end in zip(names, tables, ends, strict=True)
+        ]
+
+        def place_tensor(job: tuple[str, positions.ClassTable, int, int]) -> torch.Tensor:
+            name, table, start, end = job
             w = weights[name]
             flat = np.zeros(w.numel(), dtype=np.float32)
-            end = offset + table.total
             if table.total:
                 k = np.zeros(NUM_CONTEXTS, np.int64)
                 k[table.classes] = table.k
                 shift, emask = EXPONENT[dtype_name(w.dtype)]
-                counts, ok = place(bits(w), shift, emask, k, gaps[offset:end], values[offset:end], flat)
+                counts, ok = place(bits(w), shift, emask, k, gaps[start:end], values[start:end], flat)
                 if not ok:
                     raise InvalidPositions(f"{name}: a rank is past the end of its exponent class")
                 check_full_classes(name, table.classes, table.k, table.code == positions.FULL, counts)
-            offset = end
-            out[name] = torch.from_numpy(flat).reshape(w.shape)
-        return out
+            return torch.from_numpy(flat).reshape(w.shape)
+
+        # tensors place independently (a compiled walk without the GIL); errors come in name order
+        return dict(zip(names, parallel_map(place_tensor, jobs), strict=True))

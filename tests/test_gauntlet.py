@@ -147,20 +147,25 @@ def test_sketch_overlap_and_cosine() -> None:
     assert Sketch.of(u, stride=2, offset=1).positions.tolist() == [0, 1, 2]  # a[1], a[3], a[5]
 
 
-def test_copy_owner_is_the_one_whose_own_data_gains() -> None:
+def test_copy_owner_is_the_member_on_record() -> None:
     sk = Sketch.of({"a": torch.ones(4)}, 1, 0)
 
     def item(i: int, margin: float, indicator: int, payload: str = "p") -> CopyCandidate:
         return CopyCandidate(i, payload, sk, margin, indicator)
 
-    assert copy_owners([item(0, -0.1, -1), item(1, 0.3, 1)], 0.5, 0.9) == {0: 1}  # thief first, victim second
-    assert copy_owners([item(0, 0.2, 1), item(1, 0.1, 1), item(2, 0.3, 1)], 0.5, 0.9) == {0: 2, 1: 2}
-    assert copy_owners([item(0, -0.1, -1), item(1, -0.2, -1)], 0.5, 0.9) == {1: 0}  # no evidence: earliest
+    # nobody on record: one round's margin cannot tell author from copier, so every member is a copy
+    assert copy_owners([item(0, -0.1, -1), item(1, 0.3, 1)], 0.5, 0.9) == {0: 1, 1: 0}
+    assert copy_owners([item(0, 0.2, 1), item(1, 0.1, 1), item(2, 0.3, 1)], 0.5, 0.9) == {0: 2, 1: 0, 2: 1}
     distinct = Sketch.of({"a": torch.tensor([1.0, 0, 0, 0])}, 1, 0)
     assert copy_owners([item(0, 0.1, 1), CopyCandidate(1, "q", distinct, 0.1, 1)], 0.5, 0.9) == {}
     # the record first: a miner with a history keeps its update against a near copy that got +1 by chance
-    established, lucky = CopyCandidate(0, "p", sk, -0.01, -1, 0.3), CopyCandidate(1, "p", sk, 0.02, 1, 0.05)
-    assert copy_owners([established, lucky], 0.5, 0.9) == {1: 0}
+    established = CopyCandidate(0, "p", sk, -0.01, -1, 0.3, prior=0.35)
+    lucky = CopyCandidate(1, "p", sk, 0.02, 1, 0.05)
+    assert copy_owners([lucky, established], 0.5, 0.9) == {1: 0}
+    # between two on record, the better record owns it, whatever this round's margins say
+    victim = CopyCandidate(0, "p", sk, -0.2, -1, 0.4, prior=0.5)
+    copier = CopyCandidate(1, "p", sk, 0.3, 1, 0.2, prior=0.1)
+    assert copy_owners([victim, copier], 0.5, 0.9) == {1: 0}
 
 
 def test_round_secret_is_private_but_stable() -> None:
@@ -349,7 +354,8 @@ def test_every_reason_the_validator_gives_has_its_metrics_class(
         "behind": {"behind", "unknown_base"},
         "copycat": {"copy", "indicator"},
         "thief": {"copy", "indicator", "not_positive", "rank"},
-        "honest": {"indicator", "no_gain", "not_positive", "rank"},
+        # a copied honest miner before it has a record: the whole copy group is refused
+        "honest": {"copy", "indicator", "no_gain", "not_positive", "rank"},
     }
     classes = [
         (rec.kinds[o.index], reason_class(o.reason))
@@ -359,6 +365,45 @@ def test_every_reason_the_validator_gives_has_its_metrics_class(
     ]
     assert all(c in expected[kind] for kind, c in classes), classes
     assert {"norm", "undecodable", "free_rider", "copy", "indicator"} <= {c for _, c in classes}
+
+
+def test_a_round_decodes_each_payload_once_and_spills_within_its_budget(tmp_path: Path) -> None:
+    """With a spill folder, inspect, evaluate and aggregate decode each distinct payload once and read
+    it back from disk; the decision and the aggregate are those of decoding every time; `close`
+    deletes the files; a budget too small for one update decodes again, as without a spill."""
+    swarm = make_swarm()
+    v = swarm.validator(tmp_path / "v")
+    view = RoundView(0, v.weights, v.state_hash, None)
+    subs = [s for s in (m.submit(view) for m in swarm.honest(4)) if s is not None]
+    screened = screen(subs, v.context(RoundPipeline(swarm.cfg, v.weights, v.evaluator, v.batch_fn)), v.seen)
+    secret = RoundSecret.derive(identity_for("validator"), RUN_ID, 0)
+
+    def run(budget: int, spill: Path | None) -> tuple[Decision, dict[str, torch.Tensor] | None, int]:
+        calls = 0
+
+        class Counting(RoundPipeline):
+            def decode(self, payload: bytes) -> dict[str, torch.Tensor]:
+                nonlocal calls
+                calls += 1
+                return super().decode(payload)
+
+        cfg = swarm.cfg.model_copy(update={"decoded_spill_bytes": budget})
+        with Counting(cfg, v.weights, v.evaluator, v.batch_fn, spill) as pipeline:
+            decision = pipeline.decide(screened, secret, v.standing(), run_id=RUN_ID, round_=0)
+            inspection = pipeline.inspect(screened.candidates, secret)
+            update = pipeline.aggregate([a for a in inspection.assessments if a.problem is None])
+            spilled = len(list(spill.iterdir())) if spill is not None else 0
+            assert spilled == (4 if budget == 2**30 else 0)  # one file per distinct payload, if it fits
+        assert spill is None or not spill.exists()  # closed: nothing left
+        return decision, update, calls
+
+    plain, plain_update, plain_calls = run(0, None)
+    spilled, spilled_update, spilled_calls = run(2**30, tmp_path / "spill")  # decide, inspect, aggregate
+    tight, _, tight_calls = run(1, tmp_path / "tight")
+    assert spilled_calls == 4 and plain_calls > 2 * spilled_calls and tight_calls == plain_calls
+    assert spilled.outcomes == plain.outcomes == tight.outcomes
+    assert plain_update is not None and spilled_update is not None
+    assert all(torch.equal(plain_update[n], spilled_update[n]) for n in plain_update)
 
 
 # --- few miners -------------------------------------------------------------------------------

@@ -137,6 +137,9 @@ class GauntletConfig(UpdateRules, SelectionRules):
     fp32_checkpoint_every: int = Field(default=5, ge=1)
     """Every this many rounds the result names the FP32 state after its step as a blob, where an
     auditor can start (a run manifest sets it to its `checkpoint_every`)."""
+    decoded_spill_bytes: int = Field(default=32 * 2**30, ge=0)
+    """Disk for a round's decoded updates (spill.py, deleted when the round ends), so each payload is
+    decoded once, not once per step; updates beyond it are decoded again when needed. 0 = no spill."""
 
     @model_validator(mode="after")
     def _seats_fit(self) -> Self:

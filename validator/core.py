@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from validator.ratings import Ratings
 from validator.scoring import BatchFn, Evaluator, RoundSecret
 from validator.state import Book, CrashHook, Snapshot, StateStore
 
+SPILL_FOLDER = "decoded"  # a round's decoded updates (validator/spill.py), gone when it ends
 log = logging.getLogger(__name__)
 
 
@@ -152,15 +154,18 @@ class Validator:
         if self._broken:
             raise RuntimeError("a previous round failed midway: reopen the validator from disk")
         start = time.perf_counter()
-        pipeline = self._pipeline()
-        screened = screen(submissions, self.context(pipeline), self.seen)
-        secret = RoundSecret.derive(self.identity, self.run_id, self.round)
-        decision = pipeline.decide(screened, secret, self.standing(), run_id=self.run_id, round_=self.round)
-        decided = time.perf_counter()
+        spill = self.store.directory / SPILL_FOLDER
+        if spill.exists():
+            shutil.rmtree(spill)  # what a crashed round left behind (a finished round removes it)
+        with self._pipeline(spill) as pipeline:
+            screened = screen(submissions, self.context(pipeline), self.seen)
+            secret = RoundSecret.derive(self.identity, self.run_id, self.round)
+            decision = pipeline.decide(screened, secret, self.standing(), run_id=self.run_id, round_=self.round)
+            decided = time.perf_counter()
 
-        self._broken = True  # from here the master changes before the commit
-        before = Step(self.fp32_hash, self.outer.steps)
-        aggregated = pipeline.aggregate(decision.selected)
+            self._broken = True  # from here the master changes before the commit
+            before = Step(self.fp32_hash, self.outer.steps)
+            aggregated = pipeline.aggregate(decision.selected)
         new_weights, new_hash = self._step(aggregated.update if aggregated is not None else None)
         master_after = state_hash(self.outer.fp32_state())
         stepped = time.perf_counter()
@@ -184,8 +189,9 @@ class Validator:
         _log_report(report)
         return report
 
-    def _pipeline(self) -> RoundPipeline:
-        return RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn)
+    def _pipeline(self, spill: Path | None = None) -> RoundPipeline:
+        """The round's pipeline; `spill`: the folder for its decoded updates (None: no spill)."""
+        return RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill)
 
     def _encode(self, new_weights: State, new_hash: str) -> bytes:
         """The PULSESync patch W_r -> W_{r+1}."""

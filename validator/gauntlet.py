@@ -2,10 +2,11 @@
 
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
-    inspect                decode one at a time: finite, norm, sketch; the median norm of the
+    inspect                decode each distinct payload once (spill.py keeps it on disk for the
+                           rest of the round): finite, norm, sketch; the median norm of the
                            established miners' payloads (of all, when none sent one);
                            norm far above the median -> rejected, near zero -> free rider
-    evaluate (scoring.py)  decode one at a time again: gains on A and R, and those of the update's
+    evaluate (scoring.py)  read back one at a time: gains on A and R, and those of the update's
                            reference (the mean direction of the others): indicator
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
@@ -13,15 +14,18 @@
     select                 final = ordinal x max(indicator average, 0); the top G of the eligible
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
-    aggregate              decode the selected one at a time, clip to their median norm, mean
+    aggregate              read back the selected one at a time, clip to their median norm, mean
     then (core.py)         outer step, BF16, PULSESync patch, signed RoundResult, commit (state.py)
 
 `decide` changes nothing: it reads the miners' `Standing` of round r and returns the next one in
 its `Decision`, which the validator commits with the new weights or not at all.
 
-Memory: payloads stay compressed; at most one decoded update is alive at a time, beside the
+Memory: payloads stay compressed; at most one decoded update is in use at a time, beside the
 round's sum of directions, the one reference built from it and the aggregate, so a round's peak
-does not grow with the number of miners beyond their compressed bytes.
+does not grow with the number of miners beyond their compressed bytes. Decoded updates read back
+are memory-mapped from their spill file (at most `cfg.decoded_spill_bytes` of them on disk, deleted
+by `close` when the round ends; what does not fit is decoded again), so a round decodes each
+distinct payload once, not once per step.
 
 Every submission gets exactly one `Outcome` in the local report. The signed result names every
 submission whose sender is proven (see intake.py): aggregated with its final score, or rejected
@@ -35,6 +39,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from protocol.assignment import Assignment
@@ -60,6 +65,7 @@ from validator.scoring import (
     copy_owners,
     moving_average,
 )
+from validator.spill import DecodedSpill
 
 
 @dataclass
@@ -135,10 +141,28 @@ class Inspection:
 class RoundPipeline:
     """One round's decision and aggregate, from the weights W_r; keeps nothing between rounds."""
 
-    def __init__(self, cfg: GauntletConfig, weights: State, evaluator: Evaluator, batch_fn: BatchFn) -> None:
+    def __init__(
+        self,
+        cfg: GauntletConfig,
+        weights: State,
+        evaluator: Evaluator,
+        batch_fn: BatchFn,
+        spill_dir: Path | None = None,
+    ) -> None:
         self.cfg, self.weights, self.evaluator, self.batch_fn = cfg, weights, evaluator, batch_fn
         self.codec = build_codec(cfg.codec, cfg.codec_options)
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
+        self.spill = DecodedSpill(spill_dir, cfg.decoded_spill_bytes)
+
+    def close(self) -> None:
+        """Delete the round's spilled updates."""
+        self.spill.close()
+
+    def __enter__(self) -> RoundPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def decide(
         self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
@@ -184,6 +208,16 @@ class RoundPipeline:
     def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
 
+    def update_of(self, a: Assessment) -> StateDict:
+        """`a`'s decoded update: read back from the spill, else its payload (read only then) decoded
+        and spilled."""
+        digest = a.candidate.header.payload_sha256
+        update = self.spill.get(digest)
+        if update is None:
+            update = self.decode(a.candidate.payload)
+            self.spill.put(digest, update)
+        return update
+
     def inspect(
         self, candidates: Sequence[Candidate], secret: RoundSecret, established: frozenset[str] = frozenset()
     ) -> Inspection:
@@ -211,7 +245,7 @@ class RoundPipeline:
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median)
             if a.problem is not None and a.norm > 0 and directions is not None:
-                directions = _accumulate(directions, self.decode(a.candidate.payload), -1.0 / a.norm)
+                directions = _accumulate(directions, self.update_of(a), -1.0 / a.norm)
         for a in out:
             original = first[a.candidate.header.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
@@ -230,8 +264,11 @@ class RoundPipeline:
 
     def _measure(self, a: Assessment, offset: int) -> StateDict | None:
         """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
+        key = a.candidate.header.payload_sha256
         try:
-            update = self.decode(a.candidate.payload)
+            update = self.spill.get(key)
+            if update is None:
+                update = self.decode(a.candidate.payload)
         except ProtocolError as exc:
             a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
             return None
@@ -240,6 +277,7 @@ class RoundPipeline:
             a.problem = "update norm overflows"
             return None
         a.sketch = Sketch.of(update, self.cfg.sketch_stride, offset)
+        self.spill.put(key, update)  # read back by the steps after (a second put is a no-op)
         return update
 
     def _norm_problem(self, norm: float, median: float) -> str | None:
@@ -250,7 +288,7 @@ class RoundPipeline:
         return None
 
     def evaluate(self, inspection: Inspection, secret: RoundSecret, run_id: str, round_: int) -> list[Assessment]:
-        """Gains and indicator of every admissible candidate, decoding one at a time."""
+        """Gains and indicator of every admissible candidate, one decoded update at a time."""
         todo = [a for a in inspection.assessments if a.problem is None]
         if not todo:
             return []
@@ -278,13 +316,12 @@ class RoundPipeline:
         copies = inspection.copies.get(digest, ())
         others = inspection.kept - 1 - len(copies)
         if inspection.directions is None or others < 1 or a.norm <= 0:
-            return self.decode(a.candidate.payload), None
+            return self.update_of(a), None
         reference = {name: t.clone() for name, t in inspection.directions.items()}
-        norms = {x.candidate.header.payload_sha256: (x.norm, x.candidate.payload) for x in inspection.assessments}
+        by_hash = {x.candidate.header.payload_sha256: x for x in inspection.assessments}
         for h in copies:
-            norm, payload = norms[h]
-            _accumulate(reference, self.decode(payload), -1.0 / norm)
-        update = self.decode(a.candidate.payload)
+            _accumulate(reference, self.update_of(by_hash[h]), -1.0 / by_hash[h].norm)
+        update = self.update_of(a)
         _accumulate(reference, update, -1.0 / a.norm)
         for t in reference.values():
             t.mul_(inspection.median / others)
@@ -308,6 +345,7 @@ class RoundPipeline:
                 a.gains.margin,
                 a.indicator,
                 moving_average(standing.indicators.get(a.sender, 0.0), a.indicator, decay),
+                standing.indicators.get(a.sender, 0.0),
             )
             for a in evaluated
             if a.sketch is not None and a.gains is not None
@@ -322,8 +360,7 @@ class RoundPipeline:
         """The clipped mean of `selected`, in that order, from the norms the round measured (None: nothing)."""
         if not selected:
             return None
-        decode = lambda a: self.decode(a.candidate.payload)  # noqa: E731  (read from disk one at a time)
-        return aggregate(selected, decode, norms=[a.norm for a in selected])
+        return aggregate(list(selected), self.update_of, norms=[a.norm for a in selected])
 
 
 def select(

@@ -227,6 +227,7 @@ class CopyCandidate:
     margin: float
     indicator: int
     average: float = 0.0  # the miner's indicator moving average with this round's indicator in it
+    prior: float = 0.0  # the same average before this round: the miner's record
 
 
 def copy_groups(items: Sequence[tuple[str, Sketch]], overlap: float, cosine: float) -> list[list[int]]:
@@ -256,25 +257,26 @@ def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -
     """index -> index of the submission it copies, for every copy among `items`.
 
     Submissions in one `copy_groups` group: its owner is the member whose own data the update
-    helps, on the record: among the members with a positive indicator average (this round's
-    indicator in it) or a +1 indicator this round, the one with the highest average, then the +1,
-    then the largest margin; if there is none, the earliest. The rest are copies. Templar penalizes
-    the later uploader; asking the data first means a thief that trains on its victim's
-    assignment and uploads first does not turn its victim into the copy. Asking the record before
-    this round's margin means a copier must beat its victim's history, not one noisy measurement:
-    an honest miner whose margin is below zero in one round (it happens: the own-data advantage
-    of one batch is small) does not lose its update to a near copy that got +1 by chance. Between
-    two keys with no history this is the old rule: the +1 with the largest margin.
+    helps, on the record. Only a record counts: among the members with a positive indicator average
+    before this round, the one with the highest average with this round in it, then the +1, then the
+    largest margin. With no member on record, no member owns the group and all of them are copies.
+    One round's own-data margin cannot tell the author of an update from its copier: a miner trains
+    once on each of its fresh batches, so the advantage on a sample of them is small against the
+    noise, and a copier that got +1 by chance would take the update. Refusing the whole group costs
+    its author that round's update (its indicator still counts, so its record grows and it owns the
+    group from then on) and gives a copier nothing, ever. Templar penalizes the later uploader; the
+    record is used instead because a thief that trains on its victim's assignment and uploads first
+    would turn its victim into the copy.
     """
     owners: dict[int, int] = {}
     for members in copy_groups([(c.payload_sha256, c.sketch) for c in items], overlap, cosine):
-        evidence = [i for i in members if items[i].indicator > 0 or items[i].average > 0]
-        owner = (
-            max(evidence, key=lambda i: (items[i].average, items[i].indicator, items[i].margin, -i))
-            if evidence
-            else members[0]
-        )
-        for i in members:
-            if i != owner:
-                owners[items[i].index] = items[owner].index
+        evidence = [i for i in members if items[i].prior > 0]
+        if evidence:
+            owner = max(evidence, key=lambda i: (items[i].average, items[i].indicator, items[i].margin, -i))
+            for i in members:
+                if i != owner:
+                    owners[items[i].index] = items[owner].index
+            continue
+        for k, i in enumerate(members):  # nobody on record: each is named a copy of another member
+            owners[items[i].index] = items[members[k - 1]].index
     return owners

@@ -16,9 +16,9 @@ tokens; the optimizer step is timed once; a miner's preset round = fixed work + 
 preset's tokens); the validator's = its measured round with each forward pass re-timed at the
 preset's evaluation batch. A round that holds more submissions than there are trained miners
 fills up with exact copies re-signed by other keys (as a copycat sends them): they cost the
-validator the same intake and evaluation, but their payload is decoded once with its original
-and they are not aggregated, so the round of 8 is corrected by the measured decode time of the
-missing decodes.
+validator the same intake and evaluation, but their payload is decoded only with its original
+(each distinct payload is decoded once a round, then read back from the validator's spill) and
+they are not aggregated, so the round of 8 is corrected by one measured decode per copy.
 
 Memory: per phase, the process's resident peak (and CUDA's allocated peak), see `phases.py`;
 a role's own memory is its peak minus what was resident when it started. What a miner holds is

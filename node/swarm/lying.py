@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -52,10 +53,10 @@ class LyingValidator(Validator):
     def lying(self) -> bool:
         return self.round >= self.from_round
 
-    def _pipeline(self) -> RoundPipeline:
+    def _pipeline(self, spill: Path | None = None) -> RoundPipeline:
         if self.lying and self.lie == "drop":
-            return DroppingPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn)
-        return super()._pipeline()
+            return DroppingPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill)
+        return super()._pipeline(spill)
 
     def _step(self, update: StateDict | None) -> tuple[StateDict, str]:
         if self.lying and self.lie == "add":

@@ -79,7 +79,12 @@ def test_a_flood_of_more_fresh_keys_than_seats(tmp_path: Path) -> None:
     assert len(flood) == 2 * FLOOD
     assert ledger.unaccounted == 0, [o for o in ledger.outcomes if o.kind == "unaccounted" or not o.logged][:5]
     assert ledger.aggregated() == 0
-    assert sum(o.kind == "refused" for o in flood) >= 2 * (FLOOD + 2 - 128)
+    # every header offered beyond the 128 seats is refused: the bound comes from what each round was
+    # offered (an honest miner that missed a round under load offers one header fewer), less the two
+    # honest miners, which are newcomers here too and may lose the draw (the ledger tracks hostile pushes)
+    excess = sum(max(0, r.event.offered - 128) for r in ledger.rounds.values())
+    assert excess >= 2 * (FLOOD - 128)
+    assert sum(o.kind == "refused" for o in flood) >= excess - 2 * len(ledger.rounds)
     reasons = [o.reason for o in flood if o.kind == "refused"]
     assert any("not drawn" in r or "unseated" in r for r in reasons)
     assert all("not drawn" in r or "unseated" in r or "BUSY" in r for r in reasons)  # BUSY: the upload budget

@@ -70,7 +70,7 @@ def test_demo_of_a_seeded_model_from_its_config_alone(tmp_path: Path) -> None:
     data["data"].update(batch_size=2, seq_len=32)
     data["train"]["inner_steps"] = 2
     data["round"].update(deadline_seconds=30.0, min_seconds=0.0)
-    data["selection"].update(eval_batch_size=2, held_out_batches=1)
+    data["selection"].update(eval_batch_size=2, held_out_batches=1, assignment_batches=2)
     config = tmp_path / "seeded.toml"
     config.write_text(parse_manifest(data).to_toml())
     cmd = [sys.executable, "-m", "node", "demo", "--config", str(config), "--miners", "2", "--rounds", "2"]

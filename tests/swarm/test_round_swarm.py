@@ -134,7 +134,7 @@ def test_status_shows_the_round(swarm: tuple[Swarm, Path, list[Path]]) -> None:
     cmd += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *s.bootstrap]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, start_new_session=True)
     assert done.returncode == 0, done.stderr
-    assert f"round {ROUNDS} is the open round" in done.stdout
+    assert f"round {ROUNDS} is the current round" in done.stdout
     assert "validator" in done.stdout and "aggregated" in done.stdout
     s.stop_all()
     assert not s.unclean, s.unclean  # Ctrl+C stopped every role with its DHT process and daemon
