@@ -39,7 +39,6 @@ EXPECTED = {  # attack -> (status, reason fragment)
     "near-copy": ("rejected", "copy of"),
     "ipm": ("rejected", ""),
 }
-GROUP = {"copy", "near-copy"}  # with honest0 (whose payload they copy): one copy group
 
 
 def _key(label: str) -> Identity:
@@ -87,33 +86,23 @@ def _crafted(forge: Forge, honest: list[bytes]) -> dict[str, Submission]:
     }
 
 
-def _trained(setup: RunSetup, miner: Identity, weights: State, round_: int) -> bytes:
+def _trained(setup: RunSetup, miner: Identity, weights: State) -> bytes:
     trainer = task_for(setup).trainer(miner)
-    return trainer.compress(trainer.train(round_, weights), weights)
+    return trainer.compress(trainer.train(0, weights), weights)
 
 
 def test_each_crafted_submission_gets_its_reason(validator: tuple[Validator, RunSetup]) -> None:
     v, setup = validator
     forge = Forge(setup, v.round, v.weights, v.state_hash)
     miners = [_key(f"honest{i}") for i in range(3)]
-    honest = [_trained(setup, m, v.weights, v.round) for m in miners]
+    # honest updates, trained on each miner's own assignment: a copy group's owner is the member whose
+    # update helps its own data, so with untrained stand-ins which member owns it is left to chance
+    honest = [_trained(setup, m, v.weights) for m in miners]
     crafted = _crafted(forge, honest)
     subs = [forge.submission(m, p) for m, p in zip(miners, honest, strict=True)] + list(crafted.values())
     report = v.run_round(subs)
     assert len(report.outcomes) == len(subs)
-    outcome = dict(zip(crafted, report.outcomes[len(honest) :], strict=True))
-    for name in set(crafted) - GROUP:
+    for name, outcome in zip(crafted, report.outcomes[len(honest) :], strict=True):
         status, fragment = EXPECTED[name]
-        assert outcome[name].status == status and fragment in outcome[name].reason, (name, outcome[name].reason)
-    # honest0, its exact copy and its near copy form one copy group: one member owns it, the other
-    # two are rejected as copies of it. Among keys with no record the owner is the +1 with the
-    # largest margin (`scoring.copy_owners`), and a copy scored on its own sender's data can beat
-    # the original by chance, so which member owns the group is the draw's; that the group keeps
-    # exactly one is not
-    group = [report.outcomes[0], outcome["copy"], outcome["near-copy"]]
-    owners = [o for o in group if "copy of" not in o.reason]
-    assert len(owners) == 1, [o.reason for o in group]
-    for o in group:
-        if o is not owners[0]:
-            assert o.status == "rejected" and f"copy of {(owners[0].sender or '')[:16]}" in o.reason, o.reason
-    assert all(o.status != "selected" for o in report.outcomes[len(honest) :] if o is not owners[0])
+        assert outcome.status == status and fragment in outcome.reason, (name, outcome.status, outcome.reason)
+    assert all(o.status != "selected" for o in report.outcomes[len(honest) :])
