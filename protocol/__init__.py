@@ -11,6 +11,7 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `messages.py`    pydantic wire models, their canonical bytes and size caps; `PROTOCOL_VERSION`
 - `wire.py`        bounded reader/writer for binary formats (truncation, trailing bytes, caps)
 - `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays
+- `pieces.py`      a checkpoint's piece index: which blob bytes are which state chunk, tied to the state hash
 - `ans.py`         rANS entropy coding, compiled (numba), integer-exact models, streams bounded by their length
 - `contexts.py`    the old weight's exponent as coding context; compiled rank passes in natural order
 - `positions.py`   sparse positions as Rice-coded gaps between ranks in a context class, one code byte a class

@@ -82,9 +82,17 @@ class Codec(ABC):
     version: ClassVar[int]
 
     def compress(
-        self, delta: State, error: State | None, weights: State
+        self, delta: State, error: State | None, weights: State, *, fraction: float = 1.0
     ) -> tuple[bytes, dict[str, torch.Tensor], CodecStats]:
-        """(payload, new error buffer, stats). Reads its arguments, never modifies them."""
+        """(payload, new error buffer, stats). Reads its arguments, never modifies them.
+
+        `fraction` in (0, 1]: send at most that share of the values the codec would send (a miner
+        whose uplink cannot carry a whole payload in time); what is left out stays in the buffer.
+        The payload stays within the codec's rules, so a receiver decodes it as any other. A codec
+        that cannot send less (dense) ignores it.
+        """
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         check_inputs(delta, error, weights)
         err = error if error is not None else zeros_like(weights)
         w = Writer()
@@ -92,7 +100,7 @@ class Codec(ABC):
         w.u8(self.version)
         w.varint(len(weights))
         w.raw(layout_digest(weights))
-        new_error, stats = self._encode(w, delta, err, weights)
+        new_error, stats = self._encode(w, delta, err, weights, fraction)
         payload = w.getvalue()
         return payload, new_error, _with_size(stats, len(payload))
 
@@ -117,9 +125,10 @@ class Codec(ABC):
 
     @abstractmethod
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
-        """Append the body; return the new error buffer and stats (payload_bytes filled in later)."""
+        """Append the body (at most `fraction` of the values); return the new error buffer and stats
+        (payload_bytes filled in later)."""
 
     @abstractmethod
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
@@ -135,9 +144,9 @@ class DenseCodec(Codec):
     version = 1
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
-        for name in sorted(weights):
+        for name in sorted(weights):  # every value, whatever `fraction`: a dense payload has no smaller form
             s = (error[name] + delta[name]).reshape(-1)
             require_finite(name, s)
             w.raw(s.cpu().numpy().astype("<f4", copy=False).tobytes())

@@ -252,6 +252,16 @@ class CheckpointAnnouncement(WireModel):
     blob_size: ByteSize
     format: Name
     """File format of the blob, e.g. 'safetensors'."""
+    index_sha256: Sha256Hex | None = None
+    """The blob's piece index (`pieces.py`: which bytes are which state chunk), itself a blob:
+    with it a joiner fetches pieces from every holder at once and checks each as it arrives."""
+    index_size: ByteSize | None = None
+
+    @model_validator(mode="after")
+    def _index_named_whole(self) -> Self:
+        if (self.index_sha256 is None) != (self.index_size is None):
+            raise ValueError("a piece index needs both its SHA-256 and its size")
+        return self
 
 
 HEAD_ROUND = 0
@@ -308,6 +318,9 @@ class Heartbeat(WireModel):
     """Blobs this node re-serves, so fetchers can spread over many holders."""
     sent_at: int = Field(ge=0, le=2**40)
     """Sender's unix time in seconds; readers may ignore old heartbeats."""
+    target_seconds: float | None = Field(default=None, ge=0, le=86_400, allow_inf_nan=False)
+    """A validator opening round r: seconds after `sent_at` by which it expects the round's
+    submissions (its adaptive target, or the manifest's deadline); miners size their payloads to it."""
 
 
 class RolloutAnnouncement(WireModel):

@@ -54,6 +54,19 @@ def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (w.float() - s.reshape(-1)).to(w.dtype) != w
 
 
+def largest(mask: np.ndarray, s: torch.Tensor, fraction: float) -> np.ndarray:
+    """`mask` narrowed to its `fraction` (rounded up) of largest |s|: a smaller payload, the rest kept
+    in the buffer. Any subset of the gated positions is a valid payload, so receivers need no rule."""
+    where = np.flatnonzero(mask)
+    keep = int(np.ceil(fraction * where.size))
+    if keep >= where.size:
+        return mask
+    magnitude = s.abs().cpu().numpy()[where]
+    narrowed = np.zeros_like(mask)
+    narrowed[where[np.argpartition(magnitude, where.size - keep)[where.size - keep :]]] = True
+    return narrowed
+
+
 @dataclass
 class _Part:
     """One tensor's sparse part, positions in class-major order."""
@@ -75,13 +88,13 @@ class PulseLoCoCodec(Codec):
         self.value_format = value_format
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         code, mantissa_bits = VALUE_FORMATS[self.value_format]
         w.u8(code)
         names = sorted(weights)
         # tensors gate and sparsify independently (compiled kernels without the GIL): all cores
-        done = parallel_map(lambda name: self._sparsify(weights[name], error[name] + delta[name]), names)
+        done = parallel_map(lambda name: self._sparsify(weights[name], error[name] + delta[name], fraction), names)
         new_error = {name: e for name, (_, e) in zip(names, done, strict=True)}
         parts = [part for part, _ in done]
         for part in parts:
@@ -115,12 +128,12 @@ class PulseLoCoCodec(Codec):
         )
         return new_error, stats
 
-    def _sparsify(self, weights: torch.Tensor, s: torch.Tensor) -> tuple[_Part, torch.Tensor]:
+    def _sparsify(self, weights: torch.Tensor, s: torch.Tensor, fraction: float) -> tuple[_Part, torch.Tensor]:
         """Gate s (a buffer this codec owns) against W; the part to send (class-major) and the new
         buffer: s itself, with the sent values taken out of it in one compiled walk."""
         flat = s.reshape(-1)
         require_finite("pulseloco", flat)
-        mask = gate(weights, flat).cpu().numpy().view(np.uint8)
+        mask = largest(gate(weights, flat).cpu().numpy(), flat, fraction).view(np.uint8)
         raw = bits(weights)
         shift, emask = EXPONENT[dtype_name(weights.dtype)]
         counts, k_all = class_counts(raw, mask, shift, emask)

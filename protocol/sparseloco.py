@@ -112,10 +112,15 @@ class SparseLoCoCodec(Codec):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         self.k, self.beta = k, beta
 
+    def send_k(self, fraction: float) -> int:
+        """Values per chunk for a payload of `fraction` of the usual size: at least 1, at most the run's k."""
+        return max(1, min(self.k, int(self.k * fraction + 1e-9)))
+
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
-        w.varint(self.k)
+        k_send = self.send_k(fraction)
+        w.varint(k_send)
         new_error: dict[str, torch.Tensor] = {}
         sparse: list[_Sparse] = []
         dense: list[np.ndarray] = []
@@ -127,7 +132,7 @@ class SparseLoCoCodec(Codec):
                 dense.append(sent.cpu().numpy())
                 new_error[name] = (acc - sent).reshape(weights[name].shape)
                 continue
-            part, e_new = self._sparsify(acc, weights[name].shape)
+            part, e_new = self._sparsify(acc, weights[name].shape, k_send)
             new_error[name] = e_new.reshape(weights[name].shape)
             w.u8(part.code)
             w.raw(part.centroids.astype("<f4").tobytes())
@@ -162,17 +167,17 @@ class SparseLoCoCodec(Codec):
         )
         return new_error, stats
 
-    def _sparsify(self, acc: torch.Tensor, shape: torch.Size) -> tuple[_Sparse, torch.Tensor]:
-        """Pick top-k per chunk of the flat `acc` (a buffer this codec owns); the part to send and
+    def _sparsify(self, acc: torch.Tensor, shape: torch.Size, k_send: int) -> tuple[_Sparse, torch.Tensor]:
+        """Pick top-k_send per chunk of the flat `acc` (a buffer this codec owns); the part to send and
         the new buffer, which reuses acc's memory (the residual written back in tensor order)."""
         co = in_chunk_order(acc.reshape(shape))
         magnitude = co.abs()
         require_finite(f"sparseloco tensor of shape {tuple(shape)}", co, magnitude)
         sizes = chunk_sizes(acc.numel())
-        k = np.minimum(self.k, sizes)
+        k = np.minimum(k_send, sizes)
         n_full = int((sizes == CHUNK).sum())
         full = co[: n_full * CHUNK].view(n_full, CHUNK)
-        top = magnitude[: n_full * CHUNK].view(n_full, CHUNK).topk(self.k, dim=1).indices.sort(dim=1).values
+        top = magnitude[: n_full * CHUNK].view(n_full, CHUNK).topk(k_send, dim=1).indices.sort(dim=1).values
         tail = co[n_full * CHUNK :]
         tail_top = magnitude[n_full * CHUNK :].topk(int(k[-1]) if len(sizes) > n_full else 0).indices.sort().values
         del magnitude
@@ -184,20 +189,20 @@ class SparseLoCoCodec(Codec):
         gaps = chunk_gaps(top, tail_top)
         _back_to_tensor_order(co, acc, shape)
         code = positions.FULL
-        if self.k < CHUNK or (len(sizes) > n_full and k[-1] < sizes[-1]):
+        if k_send < CHUNK or (len(sizes) > n_full and k[-1] < sizes[-1]):
             partial = np.repeat(k < sizes, k)
             one_class = np.zeros(int(partial.sum()), np.int64)
-            codes, _ = positions.choose_codes(one_class, gaps[partial], np.array([CHUNK]), np.array([self.k]))
+            codes, _ = positions.choose_codes(one_class, gaps[partial], np.array([CHUNK]), np.array([k_send]))
             code = int(codes[0])
         return _Sparse(sizes, k, code, gaps, bins.astype(np.uint8), centroids), acc
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         k = r.varint(CHUNK, "k")
-        if k != self.k:
-            raise MalformedPayload(f"payload picks {k} per chunk, this run uses {self.k}")
+        if not 1 <= k <= self.k:  # fewer is a miner with a slow uplink (`send_k`); more is not this run
+            raise MalformedPayload(f"payload picks {k} per chunk, this run sends 1 to {self.k}")
         names = sorted(weights)
         headers = {
-            name: self._read_header(r, name, weights[name].numel())
+            name: self._read_header(r, name, weights[name].numel(), k)
             for name in names
             if not is_dense(weights[name].shape)
         }
@@ -207,7 +212,7 @@ class SparseLoCoCodec(Codec):
         r.expect_end()
         picked = sum(int(c.sum()) for _, _, c in headers.values())
         require(val_words, picked + n_dense, n_dense * floatcode.BF16_MANTISSA, "values stream")
-        gaps = self._decode_gaps(pos_words, weights, headers)
+        gaps = self._decode_gaps(pos_words, weights, headers, k)
         dec = AnsDecoder(val_words)
         out: dict[str, torch.Tensor] = {}
         if headers:
@@ -223,7 +228,7 @@ class SparseLoCoCodec(Codec):
             shape = weights[name].shape
             flat = np.zeros(weights[name].numel(), dtype=np.float32)
             cols = shape[1] if is_tiled(shape) else 0
-            if not _scatter(flat, tensor_gaps, min(self.k, CHUNK), cols, bins, centroids):
+            if not _scatter(flat, tensor_gaps, min(k, CHUNK), cols, bins, centroids):
                 raise InvalidPositions(f"{name}: a picked position is past the end of its chunk")
             out[name] = torch.from_numpy(flat).reshape(shape)  # finite: centroids are checked in the header
         dense = floatcode.decode(
@@ -238,7 +243,7 @@ class SparseLoCoCodec(Codec):
                 offset += size
         return {name: out[name] for name in names}
 
-    def _read_header(self, r: Reader, name: str, n: int) -> tuple[int, np.ndarray, np.ndarray]:
+    def _read_header(self, r: Reader, name: str, n: int, k_sent: int) -> tuple[int, np.ndarray, np.ndarray]:
         code = r.u8()
         if code > positions.MAX_CODE:
             raise MalformedPayload(f"{name}: unknown gap code {code}")
@@ -247,7 +252,7 @@ class SparseLoCoCodec(Codec):
             raise NonFiniteValues(f"{name}: NaN or inf centroid")
         counts = np.array([r.varint(n, f"{name} bin count") for _ in range(BINS)], dtype=np.int64)
         sizes = chunk_sizes(n)
-        k = np.minimum(self.k, sizes)
+        k = np.minimum(k_sent, sizes)
         if int(counts.sum()) != int(k.sum()):
             raise MalformedPayload(f"{name}: bin counts add up to {int(counts.sum())}, top-k sends {int(k.sum())}")
         if (code == positions.FULL) != bool((k == sizes).all()):
@@ -255,13 +260,13 @@ class SparseLoCoCodec(Codec):
         return code, centroids, counts
 
     def _decode_gaps(
-        self, words: np.ndarray, weights: State, headers: dict[str, tuple[int, np.ndarray, np.ndarray]]
+        self, words: np.ndarray, weights: State, headers: dict[str, tuple[int, np.ndarray, np.ndarray]], k_sent: int
     ) -> np.ndarray:
         """The gaps of every sparse tensor's picks, chunk by chunk, tensors in order."""
         ks, codes = [], []
         for name, (code, _, _) in headers.items():
             sizes = chunk_sizes(weights[name].numel())
-            k = np.minimum(self.k, sizes)
+            k = np.minimum(k_sent, sizes)
             ks.append(k)
             codes.append(np.where(k < sizes, code, positions.FULL))
         cat = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)  # noqa: E731

@@ -95,14 +95,18 @@ def test_each_crafted_submission_gets_its_reason(validator: tuple[Validator, Run
     v, setup = validator
     forge = Forge(setup, v.round, v.weights, v.state_hash)
     miners = [_key(f"honest{i}") for i in range(3)]
-    # honest updates, trained on each miner's own assignment: a copy group's owner is the member whose
-    # update helps its own data, so with untrained stand-ins which member owns it is left to chance
+    # honest updates, trained on each miner's own assignment, as real miners send them
     honest = [_trained(setup, m, v.weights) for m in miners]
     crafted = _crafted(forge, honest)
     subs = [forge.submission(m, p) for m, p in zip(miners, honest, strict=True)] + list(crafted.values())
     report = v.run_round(subs)
     assert len(report.outcomes) == len(subs)
-    for name, outcome in zip(crafted, report.outcomes[len(honest) :], strict=True):
+    outcomes = dict(zip(crafted, report.outcomes[len(honest) :], strict=True))
+    # only a record decides a copy group's owner (`copy_owners`); nobody here is on record, so the
+    # victim and its exact copy are both rejected as copies of each other
+    victim, copy = report.outcomes[0], outcomes.pop("copy")
+    assert "copy of" in victim.reason and "copy of" in copy.reason, (victim, copy)
+    for name, outcome in outcomes.items():
         status, fragment = EXPECTED[name]
         assert outcome.status == status and fragment in outcome.reason, (name, outcome.status, outcome.reason)
-    assert all(o.status != "selected" for o in report.outcomes[len(honest) :])
+    assert all(o.status != "selected" for o in outcomes.values())

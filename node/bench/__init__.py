@@ -12,6 +12,7 @@
 - `gauntlet.py`    the validator against fake miners: selection, loss, time and memory
 - `rlsim.py`, `rl.py` decentralized GRPO with the real pieces (the miner's `RLTrainer`, the validator's
                    rollout checks) against single-process GRPO
+- `links.py`       joins, fetches, fixed vs adaptive deadlines, busy miners and `pulse doctor` on a shaped network
 - `attacks.py`     the attack and fault campaign (`node/swarm/campaign/`) against real loopback swarms
 - `failover.py`    standby takeover after kills at five points of a round, and each lie against `--audit`
 - `phases.py`      seconds and peak memory (host and CUDA) of named, nested phases; timing library steps

@@ -9,6 +9,7 @@
 - `receipt.py`    `pulse receipt`: a miner's verdict in a round and its gains recomputed
 - `demo.py`       `pulse demo`: a loopback swarm, live table, report and plots
 - `status.py`     `pulse status`: current round, active nodes, latest scores
+- `doctor.py`     `pulse doctor`: this machine and its links measured, and a forecast against the run
 - `export.py`     `pulse export`: the model as a Hugging Face folder with its signed ledger; `--verify`
 - `dashboard.py`  `pulse dashboard`: a live web page for the run
 - `bench.py`      `pulse bench NAME`: registers the benchmarks of `node/bench/`

@@ -24,6 +24,7 @@ BENCHES = {
     "rl": "node.bench.rl",
     "attacks": "node.bench.attacks",
     "failover": "node.bench.failover",
+    "links": "node.bench.links",
 }
 
 

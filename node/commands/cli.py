@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "node.commands.receipt",
         "why a miner's submission of a round was selected or not, with its gains recomputed locally",
     ),
+    "doctor": (
+        "node.commands.doctor",
+        "measure this machine and its links to the run, and forecast whether it keeps up",
+    ),
     "export": (
         "node.commands.export",
         "write the run's current model as a Hugging Face folder, with the signed ledger of who trained it",

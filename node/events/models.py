@@ -48,6 +48,26 @@ class CheckpointLoaded(Event):
     bytes: int
     behind: int = 0
     """Round results published after this checkpoint when it loaded: the patch chain to apply."""
+    seconds: float | None = None
+    """Seconds from choosing the checkpoint to holding its weights (fetch, checks, load)."""
+    holders: int | None = None
+    """Most holders that sent pieces at once (piecewise fetches)."""
+    resumed: int = 0
+    """Bytes of the checkpoint already on disk from an interrupted attempt."""
+    planned_bytes: int | None = None
+    """Bytes the join plan had to fetch: the checkpoint not on disk, its piece index, the patches."""
+
+
+class Joined(Event):
+    """A join is done: this node holds the state that was current when it started to join."""
+
+    event: Literal["joined"] = "joined"
+    round: int
+    seconds: float
+    """From the start of the join (finding the checkpoint) to holding W_round."""
+    bytes: int
+    """What the join plan had to fetch: the checkpoint not on disk, its index, the patches."""
+    patches: int
 
 
 class PatchApplied(Event):
@@ -115,6 +135,11 @@ class Submitted(Event):
     """Seconds to compress Delta plus the error feedback into the payload (the run's codec)."""
     step_seconds: float | None = None
     """Mean seconds of one of the round's inner steps."""
+    upload_seconds: float | None = None
+    """Seconds from the start of the push until the validator confirmed it stored the payload."""
+    fraction: float = 1.0
+    """Share of the codec's full payload sent: below 1 when the measured uplink could not carry
+    the whole payload before the round's target (fewer values per chunk, `uplink.py`)."""
 
 
 class Scored(Event):
@@ -152,6 +177,8 @@ class RoundOpened(Event):
     event: Literal["open"] = "open"
     round: int
     state_hash: str
+    target_seconds: float | None = None
+    """Seconds after the open by which submissions are expected (adaptive target, or the deadline)."""
 
 
 class Received(Event):
@@ -194,6 +221,10 @@ class RoundClosed(Event):
     """Of `seconds`: encoding the PULSESync patch."""
     held_out_seconds: float | None = None
     """Seconds measuring the held-out loss or reward of W_{round+1}, after `seconds`."""
+    open_seconds: float | None = None
+    """Seconds the round was open for submissions (from its open to its close)."""
+    arrivals: dict[str, float] = {}
+    """Seconds after the open at which each sender's submission was stored."""
     offered: int = 0
     """Signed headers offered this round (admission, before any body)."""
     refused: int = 0
@@ -259,6 +290,7 @@ ROLE_EVENTS = (
     Started,
     Exited,
     CheckpointLoaded,
+    Joined,
     PatchApplied,
     Quiet,
     Final,

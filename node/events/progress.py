@@ -59,6 +59,27 @@ def progress(
         yield lambda n: bar.advance(task, n)
 
 
+@contextlib.contextmanager
+def transfer(description: str, total: int, *, console: Console | None = None) -> Iterator[Callable[[int, str], None]]:
+    """A bar of bytes for a transfer whose progress is known as a total so far: `update(done, note)`
+    sets the bytes done and a note after the description (holders, say). Terminal only, as `progress`."""
+    shown = _terminal(console)
+    if shown is None:
+        yield lambda done, note: None
+        return
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=shown, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda done, note: bar.update(task, completed=done, description=f"{description} {note}".strip())
+
+
 def steps(
     items: Iterable[T], description: str, total: int | None = None, console: Console | None = None
 ) -> Iterator[T]:

@@ -13,6 +13,9 @@ Files (in import order):
 - `retention.py`  which blobs a node keeps: the last rounds, the newest checkpoints, a disk budget
 - `streams.py`    blob stream framing, limits and byte pumps (bounded reads, minimum rates both ways)
 - `fetching.py`   one blob from many claimed holders: proven ones first, hedged, one deadline
+- `ranges.py`     parts of a blob and link probes on the fetch stream
+- `pieces.py`     one large blob from every holder at once, piece by piece, each piece checked on
+                  arrival (lying holders dropped, dead ones replaced, a partial file resumed)
 - `transfer.py`   `rpc_fetch`/`rpc_submit` handlers with their budgets, and `call_fetch`/`call_submit`
                   clients (the conversations run on any stream: libp2p or in memory)
 - `peer.py`       what roles need of the network: `RunView` (read the run's records, find the latest

@@ -4,6 +4,8 @@ Layout under `root`:
 
     blobs/<sha256>      complete, verified blobs (read-only once written)
     partial/<random>    blobs being received; removed on any failure (and by `clear_partials`)
+    pieces/<sha256>     a large blob filled piece by piece (`pieces.py`): kept across restarts,
+                        each piece checked again before it counts, the whole file before `adopt`
 
 Invariant: a file in `blobs/` has exactly the SHA-256 of its name. A `BlobWriter` only renames
 its temp file into place after checking size and hash and fsyncing, so a crash or a lying peer
@@ -94,6 +96,25 @@ class BlobStore:
 
     def remove(self, sha256: str) -> None:
         self.path(sha256).unlink(missing_ok=True)
+
+    def adopt(self, sha256: str, size: int, path: Path) -> Path:
+        """Make the complete file `path` (on this store's file system, fsynced) blob `sha256`, once
+        its size and hash are checked; a file that fails either is removed. Blocks: run it in a thread."""
+        check_sha256(sha256)
+        if (actual := path.stat().st_size) != size:
+            path.unlink()
+            raise TruncatedPayload(f"{path.name} has {actual} of {size} bytes")
+        hasher = hashlib.sha256()
+        with path.open("rb", buffering=0) as f:
+            while chunk := f.read(8 << 20):
+                hasher.update(chunk)
+        if hasher.hexdigest() != sha256:
+            path.unlink()
+            raise BlobHashMismatch(f"{path.name} hashes to {hasher.hexdigest()[:12]}..., not {sha256[:12]}...")
+        final = self.path(sha256)
+        os.replace(path, final)
+        fsync_dir(final.parent)
+        return final
 
     def __iter__(self) -> Iterator[str]:
         return (p.name for p in self._blobs.iterdir() if _SHA256_RE.fullmatch(p.name))

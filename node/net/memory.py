@@ -12,7 +12,8 @@ record of its owner, and read in the same order (`RecordRules.read_order`); blob
 travel through `transfer.py`'s own handlers and client conversations (`TransferService`,
 `fetch_over`, `submit_over`) over in-memory streams, so framing, size caps, hash checks, BUSY slots
 and the validator's admission are the ones libp2p peers run. What is simulated: the DHT is one
-dictionary (every peer sees every record at once), and a stream is a pair of `asyncio.StreamReader`s.
+dictionary (every peer sees every record at once), a stream is a pair of `asyncio.StreamReader`s,
+and a peer's uplink (`uplink[peer_id]`, bytes/s) slows what it serves, for tests of fetch plans.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from hashlib import sha256 as sha256_of
 from pathlib import Path
@@ -65,30 +66,56 @@ def memory_peer_id(identity: Identity, n: int) -> str:
     return "Mem" + "".join(reversed(digits))
 
 
-class _PipeWriter:
-    """The parts of `asyncio.StreamWriter` the transfer code uses, writing into the other end's reader."""
+class _Uplink:
+    """A peer's uplink at `rate` bytes/s, shared by every stream it serves: bytes queue for it."""
 
-    def __init__(self, other_end: asyncio.StreamReader) -> None:
-        self.other_end, self.closed = other_end, False
+    def __init__(self, rate: float) -> None:
+        self.rate, self.free_at = rate, 0.0
+
+    async def send(self, nbytes: int) -> None:
+        now = time.monotonic()
+        self.free_at = max(now, self.free_at) + nbytes / self.rate
+        await asyncio.sleep(self.free_at - now)
+
+
+class _PipeWriter:
+    """The parts of `asyncio.StreamWriter` the transfer code uses, writing into the other end's reader.
+    Over an `uplink`, what is written reaches the other end in `drain`, `_SLICE` bytes at a time,
+    each once the link has carried it."""
+
+    _SLICE = 64 * 1024
+
+    def __init__(self, other_end: asyncio.StreamReader, uplink: _Uplink | None = None) -> None:
+        self.other_end, self.closed, self.uplink = other_end, False, uplink
+        self.pending = bytearray()
 
     def write(self, data: bytes) -> None:
         if self.closed:
             raise ConnectionResetError("write on a closed in-memory stream")
-        self.other_end.feed_data(bytes(data))
+        if self.uplink is None:
+            self.other_end.feed_data(bytes(data))
+        else:
+            self.pending += data
 
     async def drain(self) -> None:
+        while self.pending and not self.closed and self.uplink is not None:
+            piece = bytes(self.pending[: self._SLICE])
+            del self.pending[: self._SLICE]
+            await self.uplink.send(len(piece))
+            self.other_end.feed_data(piece)
         await asyncio.sleep(0)  # let the other end run, as a socket buffer would
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self.other_end.feed_data(bytes(self.pending))  # what was written still arrives
             self.other_end.feed_eof()
 
 
-def _pipe() -> tuple[Stream, Stream]:
-    """Two connected ends: what one writes, the other reads."""
+def _pipe(client: _Uplink | None = None, server: _Uplink | None = None) -> tuple[Stream, Stream]:
+    """Two connected ends: what one writes, the other reads, each sending over its uplink."""
     a, b = asyncio.StreamReader(), asyncio.StreamReader()
-    return (a, _PipeWriter(b)), (b, _PipeWriter(a))  # type: ignore[return-value]
+    return (a, _PipeWriter(b, client)), (b, _PipeWriter(a, server))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -113,6 +140,8 @@ class MemoryNetwork:
         self.records: dict[tuple[str, int], dict[bytes, _Record]] = {}  # (kind, round) -> owner -> record
         self._keys: dict[bytes, tuple[str, int]] = {}  # hashed DHT key -> (kind, round)
         self.peers: dict[str, MemoryPeer] = {}
+        self.uplink: dict[str, float] = {}  # peer id -> bytes/s its streams share, both ways (default: no limit)
+        self._uplinks: dict[str, _Uplink] = {}
         self._joined = 0
         self._served: set[asyncio.Task[None]] = set()
 
@@ -177,7 +206,7 @@ class MemoryNetwork:
             target = self.peers.get(callee)
             if target is None:
                 raise ConnectionRefusedError(f"no peer {callee} on the in-memory network")
-            client, server = _pipe()
+            client, server = _pipe(self._uplink(caller), self._uplink(callee))
             handler = target.service.rpc_fetch if name == FETCH else target.service.rpc_submit
             task = asyncio.ensure_future(handler(_Origin(caller), *server))
             self._served.add(task)
@@ -186,6 +215,15 @@ class MemoryNetwork:
 
         async with guarded_stream(opening(), callee, self.limits) as stream:
             yield stream
+
+    def _uplink(self, peer_id: str) -> _Uplink | None:
+        rate = self.uplink.get(peer_id)
+        if rate is None:
+            return None
+        link = self._uplinks.get(peer_id)
+        if link is None or link.rate != rate:
+            link = self._uplinks[peer_id] = _Uplink(rate)
+        return link
 
     async def shutdown(self) -> None:
         """Wait (bounded) for streams still being served, then forget every peer."""
@@ -217,6 +255,9 @@ class MemoryPeer(Peer):
             return await fetch_over(
                 stream, holder, sha256, self.store, max_size=size, limits=self.limits, on_body=on_body
             )
+
+    def _open_fetch(self, holder: str) -> AbstractAsyncContextManager[Stream]:
+        return self.network.open(self.peer_id, holder, FETCH)
 
     async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         async with self.network.open(self.peer_id, validator, SUBMIT) as stream:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,8 +31,17 @@ from node.net.dht import PulseDHT
 from node.net.fetching import Progress
 from node.net.netconfig import NetConfig
 from node.net.peer import Peer, Role, RunRecords, RunView
-from node.net.streams import DEFAULT_LIMITS, TransferLimits
-from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, TransferService, call_fetch, call_submit
+from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, open_stream
+from node.net.transfer import (
+    FETCH,
+    Accept,
+    Favoured,
+    OnSubmission,
+    TransferCounts,
+    TransferService,
+    call_fetch,
+    call_submit,
+)
 from protocol.errors import NetworkError, ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import WireModel
@@ -136,6 +146,9 @@ class P2PPeer(Peer):
             )
         except ProtocolError as exc:
             raise TransferError(f"blob {sha256[:12]}... failed its checks: {exc}") from exc
+
+    def _open_fetch(self, holder: str) -> AbstractAsyncContextManager[Stream]:
+        return open_stream(self.p2p, PeerID.from_base58(holder), FETCH, self.limits)
 
     async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         await call_submit(self.p2p, PeerID.from_base58(validator), signed, payload, limits=self.limits)

@@ -3,6 +3,7 @@
     result = await peer.round_result(r)        # the validator's signed verdict for round r, or None
     found = await peer.counted_result(r, base) # the result of round r that counts for a node holding `base`
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
+    path = await peer.fetch_pieces(sha256, size, r, pieces, check)   # a large blob from all holders at once
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
     peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
@@ -36,7 +37,8 @@ import logging
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -44,9 +46,11 @@ from typing import Literal, TypeVar
 from node.net.blobstore import BlobStore
 from node.net.dht import sign_for
 from node.net.fetching import HolderBook, Progress, fetch_first
+from node.net.pieces import Check, FetchProgress, Piece, PieceFetch
+from node.net.ranges import probe_down, probe_up
 from node.net.records import RecordRules
 from node.net.retention import BlobKind, Keeper, Retention
-from node.net.streams import DEFAULT_LIMITS, TransferLimits
+from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits
 from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, fetch_deadline
 from protocol.errors import NetworkError, PeerBusy, TransferError
 from protocol.identity import Identity
@@ -216,6 +220,10 @@ class Peer(RunView):
         when its body starts. `TransferError`/`ProtocolError` on any failure, nothing stored."""
 
     @abstractmethod
+    def _open_fetch(self, holder: str) -> AbstractAsyncContextManager[Stream]:
+        """A fetch stream to `holder` (a peer id), for parts of blobs and link probes (`ranges.py`)."""
+
+    @abstractmethod
     async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         """One push of a submission to `validator`: `PeerBusy` if it has no slot, `TransferError` if refused."""
 
@@ -304,7 +312,9 @@ class Peer(RunView):
         except NetworkError as exc:
             log.info("could not store the %s for round %d in the DHT: %s", signed.kind, signed.round, exc)
 
-    async def heartbeat(self, round_: int, state_hash: str | None) -> None:
+    async def heartbeat(
+        self, round_: int, state_hash: str | None, *, target_seconds: float | None = None, sent_at: int | None = None
+    ) -> None:
         """Publish 'alive at round r, serving these blobs', after dropping the blobs retention no longer keeps."""
         removed = set(self.keeper.sweep(round_))
         self.held = [sha for sha in self.held if sha not in removed]
@@ -315,7 +325,8 @@ class Peer(RunView):
             peer_id=self.peer_id,
             state_hash=state_hash,
             blobs=tuple(self.held[-MAX_HELD_BLOBS:]),
-            sent_at=int(time.time()),
+            sent_at=int(time.time()) if sent_at is None else sent_at,
+            target_seconds=target_seconds,
         )
         try:
             await self.publish(beat)
@@ -354,6 +365,11 @@ class Peer(RunView):
             raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")
         self.keeper.tag_new(sha256, round_, "patch")
         return path
+
+    async def holders_of(self, sha256: str, round_: int) -> list[str]:
+        """Peers whose heartbeat of `round_` or the next lists `sha256`, and the validators' peers (not this one)."""
+        holders, _ = await self._holders(sha256, round_)
+        return [h for h in dict.fromkeys(holders) if h != self.peer_id]
 
     async def _holders(self, sha256: str, round_: int) -> tuple[list[str], set[str]]:
         """Peers whose heartbeat of `round_` or the next lists `sha256`, and the validators' peers."""
@@ -395,3 +411,39 @@ class Peer(RunView):
                 log.info("the validator is busy (%s); trying again in %.1fs", exc, wait)
                 await asyncio.sleep(wait)
                 pause = min(2 * pause, longest)
+
+    # -- pieces and probes ------------------------------------------------------------------------
+
+    async def fetch_pieces(
+        self,
+        sha256: str,
+        size: int,
+        round_: int,
+        pieces: Sequence[Piece],
+        check: Check,
+        *,
+        on_progress: Callable[[FetchProgress], None] | None = None,
+    ) -> Path:
+        """Blob `sha256` from every holder at once, piece by piece, each piece checked on arrival
+        (`pieces.py`): a lying holder is dropped, a dead one replaced, a partial download resumed."""
+        fetch = PieceFetch(
+            self.store,
+            sha256,
+            size,
+            pieces,
+            check,
+            self._open_fetch,
+            lambda: self.holders_of(sha256, round_),
+            on_progress=on_progress,
+            exclude=self.peer_id,
+        )
+        limits = self.limits
+        return await fetch.run(time.monotonic() + 2 * limits.open_timeout + size / limits.min_bytes_per_second)
+
+    async def probe(self, holder: str, down_bytes: int, up_bytes: int) -> tuple[float, float]:
+        """(download, upload) rates in bytes/s between this node and `holder`, measured with probes."""
+        async with self._open_fetch(holder) as stream:
+            down = await probe_down(stream, holder, down_bytes, self.limits)
+        async with self._open_fetch(holder) as stream:
+            up = await probe_up(stream, holder, up_bytes, self.limits)
+        return down_bytes / max(down, 1e-6), up_bytes / max(up, 1e-6)

@@ -195,8 +195,10 @@ async def receive_body(reader: asyncio.StreamReader, blob: BlobWriter, limits: T
             await asyncio.wait([pending])  # the thread still writes into the temp file: let it finish first
 
 
-async def send_file(writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits) -> None:
-    """Stream `size` bytes of `path`, reading the next chunk from disk while the last one drains.
+async def send_file(
+    writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits, *, offset: int = 0
+) -> None:
+    """Stream `size` bytes of `path` from `offset`, reading the next chunk from disk while the last one drains.
 
     A reader that takes no data for `chunk_timeout`, or takes the whole slower than the minimum
     rate, is a `TransferTimeout`."""
@@ -206,15 +208,21 @@ async def send_file(writer: asyncio.StreamWriter, path: Path, size: int, limits:
     allowed = limits.body_seconds(size)
     try:
         async with asyncio.timeout(allowed):
-            await _send_chunks(writer, path, size, limits, loop)
+            await _send_chunks(writer, path, size, limits, loop, offset)
     except TimeoutError as exc:
         raise TransferTimeout(f"reader too slow: {size} bytes not taken within {allowed:.1f}s") from exc
 
 
 async def _send_chunks(
-    writer: asyncio.StreamWriter, path: Path, size: int, limits: TransferLimits, loop: asyncio.AbstractEventLoop
+    writer: asyncio.StreamWriter,
+    path: Path,
+    size: int,
+    limits: TransferLimits,
+    loop: asyncio.AbstractEventLoop,
+    offset: int,
 ) -> None:
     with path.open("rb", buffering=0) as f:
+        f.seek(offset)
         sent = 0
         next_chunk: asyncio.Future[bytes] | None = loop.run_in_executor(None, f.read, min(limits.batch_bytes, size))
         try:

@@ -7,6 +7,7 @@ The two conversations (framing and byte pumps are `streams.py`):
 
     fetch   client: request b"F" | sha256 (32 bytes) | max size u64
             server: reply OK + size (or NOT_FOUND, TOO_LARGE, BUSY), then the body
+            (the same stream also serves parts of blobs and link probes: `ranges.py`)
     submit  client: request = a signed `SubmissionHeader` envelope
             server: reply OK (or REJECTED, DUPLICATE, TOO_LARGE, BUSY) before any body byte is sent
             client: the body, exactly `payload_size` bytes
@@ -40,6 +41,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.net.blobstore import BlobStore, check_sha256
 from node.net.fetching import HolderBook, Progress, fetch_first
+from node.net.ranges import is_ranged, serve_ranged
 from node.net.streams import (
     DEFAULT_LIMITS,
     STREAM_ERRORS,
@@ -363,6 +365,9 @@ class TransferService:
                 self._per_peer[info.peer_id] = left
 
     async def _fetch(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if is_ranged(request):  # a part of a blob, or a link probe (`ranges.py`)
+            self.counts.served_bytes += await serve_ranged(self.store, request, reader, writer, self.limits)
+            return
         if len(request) != _FETCH_REQUEST.size or request[:1] != b"F":
             await reply(writer, Status.REJECTED, reason="not a fetch request", limits=self.limits)
             raise MalformedPayload("not a fetch request")

@@ -1,8 +1,13 @@
 """Keeping the BF16 global weights in step with the validator: patches, and checkpoints to catch up.
 
     chain = Chain(peer, events)
-    held = await chain.sync()          # newest checkpoint (hash-checked) if holding nothing, then
-                                       # every round result published since; call again to advance
+    held = await chain.sync()          # the cheapest checkpoint (hash-checked) if holding nothing,
+                                       # then every round result published since; call again to advance
+
+A join (`_join`) prices every recent checkpoint by the bytes still to fetch (`joinplan.py`), fetches
+the chosen one piece by piece from every holder at once when the validator published its piece
+index (`net/pieces.py`: each piece checked against the announced state as it arrives; a partial
+download resumes), and the patches after it meanwhile, showing bytes, rate, holders and time left.
 
 Invariant: `Held.weights` always hashes to `Held.state_hash`, the hash the validator announced
 for `Held.round`. A patch that fails to fetch, apply or verify changes nothing; a node that
@@ -27,11 +32,15 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from node.events import Events, mb, progress
-from node.events.models import CheckpointLoaded, PatchApplied, Quiet, Scored
+from node.events.models import CheckpointLoaded, Joined, PatchApplied, Quiet, Scored
+from node.events.progress import transfer
 from node.net.peer import Peer
+from node.net.pieces import FetchProgress, Piece
+from node.roles.joinplan import JoinPlan, plan_join
 from protocol import pulsesync
 from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch, TransferError
-from protocol.messages import CheckpointAnnouncement, RoundResult
+from protocol.messages import RoundResult
+from protocol.pieces import PieceIndex
 from protocol.state import State
 from protocol.statehash import state_hash
 
@@ -39,6 +48,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "safetensors"
 PROGRESS_SECONDS = 0.25  # how often a download's progress bar is updated
+LOG_SECONDS = 5.0  # how often a join logs its progress
+PREFETCH_STREAMS = 4  # patches fetched at once while the checkpoint arrives
 QUIET_SECONDS = 30.0  # a node that finds nothing of its run for this long says so (then after 2x, 4x, ...)
 
 
@@ -104,6 +115,7 @@ class Chain:
         self.peer, self.events, self.me, self.poll, self.quiet_seconds = peer, events, me, poll, quiet_seconds
         self.held: Held | None = None
         self.behind = 0  # patches to apply after the last join
+        self.joining: tuple[float, int, int] | None = None  # (started, round it reaches, bytes planned)
 
     async def sync(self) -> Held:
         """Join if holding nothing, then apply every published patch; a broken chain rejoins."""
@@ -116,6 +128,7 @@ class Chain:
                     behind = self.behind
                     if behind > 1:  # a patch chain to replay: show it on a terminal
                         applied = bars.enter_context(progress(f"patch chain from round {self.held.round}", behind))
+                self._joined(self.held)
                 step = await self._apply_next(self.held)
                 if step is None:
                     return self.held
@@ -128,37 +141,99 @@ class Chain:
                 self.held = None
 
     async def _join(self) -> Held:
-        """The newest announced checkpoint; waits until the validator has announced one that loads.
+        """The cheapest announced checkpoint (`joinplan.py`); waits until the validator has announced one that loads.
 
-        Where the run is comes from the validator's head (one read at any round, `Peer.position`);
-        while nothing of the run is found, the wait is reported (`Quiet`), never silent."""
+        Where the run is comes from the validator's head (one read at any round, `Peer.position`); the
+        head's checkpoint is priced beside the other recent ones. While nothing of the run is found,
+        the wait is reported (`Quiet`), never silent."""
+        start = time.monotonic()
         quiet = QuietWatch(self.events, self.peer, self.quiet_seconds)
         while True:
             current, announcement, head = await self.peer.position()
             if head is not None:
                 self.peer.validator_peer = head.validator_peer  # it serves the checkpoint and the patches
-            if announcement is not None:
-                held = await self._load(announcement, behind=current - announcement.round)
+            plan = await plan_join(self.peer, current, announcement) if announcement is not None else None
+            if plan is not None:
+                held = await self._load(plan, current)
                 if held is not None:
                     self.behind = current - held.round  # patches published since the checkpoint
+                    self.joining = (start, current, plan.bytes_needed)
                     return held
-            else:
+            elif announcement is None:
                 quiet.check()
             await asyncio.sleep(self.poll)
 
-    async def _load(self, a: CheckpointAnnouncement, behind: int) -> Held | None:
+    def _joined(self, held: Held) -> None:
+        """Report a join once it holds the state that was current when it started."""
+        if self.joining is None or held.round < self.joining[1]:
+            return
+        start, _, planned = self.joining
+        self.joining = None
+        seconds = time.monotonic() - start
+        self.events.emit(
+            Joined(round=held.round, seconds=seconds, bytes=planned, patches=self.behind),
+            f"joined at round {held.round} in {seconds:.1f}s ({mb(planned)} fetched, {self.behind} patches applied)",
+        )
+
+    async def _load(self, plan: JoinPlan, current: int) -> Held | None:
+        """The plan's checkpoint, its patches fetched meanwhile (they are applied by `sync`)."""
+        a, start = plan.checkpoint, time.monotonic()
+        patches = asyncio.ensure_future(self._prefetch(plan))
         try:
-            path = await fetch_showing(self.peer, a.blob_sha256, a.blob_size, a.round, f"checkpoint of round {a.round}")
+            path, holders, resumed = await self._fetch_checkpoint(plan, current)
             weights = await _cpu(load_checkpoint, path.read_bytes(), a.state_hash)
         except (TransferError, ProtocolError) as exc:
             log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
             return None
+        finally:  # patches in flight now are fetched again by `_apply_next`: a missing one must not hold a load up
+            patches.cancel()
+            await asyncio.wait([patches])
         self.peer.hold(a.blob_sha256, a.round, "checkpoint")
-        self.events.emit(
-            CheckpointLoaded(round=a.round, state_hash=a.state_hash, bytes=a.blob_size, behind=max(behind, 0)),
-            f"loaded the checkpoint of round {a.round} ({mb(a.blob_size)}), state hash {a.state_hash[:12]} verified",
+        if a.index_sha256 is not None:
+            self.peer.hold(a.index_sha256, a.round, "checkpoint")
+        event = CheckpointLoaded(
+            round=a.round,
+            state_hash=a.state_hash,
+            bytes=a.blob_size,
+            behind=plan.behind,
+            seconds=time.monotonic() - start,
+            holders=holders,
+            resumed=resumed,
+            planned_bytes=plan.bytes_needed,
         )
+        text = f"loaded the checkpoint of round {a.round} ({mb(a.blob_size)}) in {event.seconds:.1f}s"
+        self.events.emit(event, f"{text}, state hash {a.state_hash[:12]} verified")
         return Held(a.round, weights, a.state_hash)
+
+    async def _fetch_checkpoint(self, plan: JoinPlan, current: int) -> tuple[Path, int | None, int]:
+        """(the checkpoint blob, most holders at once, bytes resumed): piece by piece from every holder
+        when the validator published a piece index, else whole from one holder at a time."""
+        a, now = plan.checkpoint, current - 1  # holders heartbeat the rounds they are at, not the checkpoint's
+        what = f"checkpoint of round {a.round}"
+        if a.index_sha256 is None or a.index_size is None:
+            return await fetch_showing(self.peer, a.blob_sha256, a.blob_size, now, what), None, 0
+        index_path = await self.peer.fetch(a.index_sha256, a.index_size, now)
+        index = PieceIndex.from_bytes(index_path.read_bytes(), size=a.blob_size)
+        index.check_root(a.state_hash)  # every piece is then checked against the announced state
+        pieces = [Piece(offset, length, digest) for offset, length, digest in index.pieces()]
+        with JoinReport(what, plan) as report:
+            path = await self.peer.fetch_pieces(
+                a.blob_sha256, a.blob_size, now, pieces, _check_piece, on_progress=report.update
+            )
+        return path, report.most_holders, report.resumed
+
+    async def _prefetch(self, plan: JoinPlan) -> None:
+        """The plan's patches, a few at a time, while the checkpoint arrives (a failure is fetched again later)."""
+        slots = asyncio.Semaphore(PREFETCH_STREAMS)
+
+        async def one(round_: int, sha: str, size: int) -> None:
+            async with slots:
+                try:
+                    await self.peer.fetch(sha, size, round_)
+                except (TransferError, ProtocolError) as exc:
+                    log.info("patch of round %d not prefetched: %s", round_, exc)
+
+        await asyncio.gather(*(one(*patch) for patch in plan.patches))
 
     async def _apply_next(self, held: Held) -> Held | Broken | None:
         """W_{r+1} from round r's patch; `BROKEN` to rejoin; None when there is nothing to apply yet.
@@ -198,6 +273,44 @@ class Chain:
             f"state hash {result.new_state_hash[:12]} verified",
         )
         return Held(held.round + 1, weights, result.new_state_hash)
+
+
+def _check_piece(piece: Piece, data: bytes) -> bool:
+    return PieceIndex.check(piece.digest, data)
+
+
+class JoinReport:
+    """A join's progress: a bar on a terminal, a log line every `LOG_SECONDS` (bytes, rate, holders, time left)."""
+
+    def __init__(self, what: str, plan: JoinPlan) -> None:
+        self.what, self.plan = what, plan
+        self.most_holders, self.resumed, self.logged = 0, 0, time.monotonic()
+        self._stack = contextlib.ExitStack()
+        self._bar: Callable[[int, str], None] = lambda done, note: None
+
+    def __enter__(self) -> JoinReport:
+        self._bar = self._stack.enter_context(transfer(self.what, self.plan.checkpoint.blob_size))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def update(self, p: FetchProgress) -> None:
+        self.most_holders, self.resumed = max(self.most_holders, p.holders), p.resumed
+        self._bar(p.done, f"from {p.holders} holders")
+        if time.monotonic() - self.logged >= LOG_SECONDS:
+            self.logged = time.monotonic()
+            left = f"{p.seconds_left:.0f}s left" if p.seconds_left is not None else "time left unknown"
+            log.info(
+                "joining: %s %s of %s, %s/s from %d holders, %s (%d patches to apply after it)",
+                self.what,
+                mb(p.done),
+                mb(p.total),
+                mb(int(p.rate)),
+                p.holders,
+                left,
+                self.plan.behind,
+            )
 
 
 async def fetch_showing(peer: Peer, sha256: str, size: int, round_: int, what: str) -> Path:

@@ -9,6 +9,11 @@ standbys, which keep it in case they must close the round: `standby.py`; `Peer.s
 its model, its optimizer, one error buffer, the BF16 global weights and the payload it is sending:
 nothing grows with the number of peers. Busy fraction = seconds spent training and compressing / wall seconds since the
 first round it trained.
+
+Deadlines: the validator's open heartbeat names the round's target (`roles/deadline.py`). A miner
+times every push (`uplink.py`); when its whole payload would arrive after the target, it sends the
+share that fits (fewer values per chunk, the rest kept in its error feedback), which the validator
+decodes and checks by the run's codec rules like any other payload.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from node.events import Events, mb
 from node.events.models import Final, Late, Missed, Started, Submitted, Training
 from node.net.peer import Peer
 from node.roles.catchup import Chain, Held
+from node.roles.uplink import Uplink
 from node.run.setup import RunSetup
 from node.run.trainer import Trainer
 from protocol.errors import ProtocolError, TransferError
@@ -65,6 +71,8 @@ class Miner:
         self.dense_bytes = setup.dense_bytes()
         self.ahead: tuple[int, asyncio.Task[State]] | None = None  # training for a later round, running
         self.payload_sha: str | None = None  # the last payload sent, kept fetchable until the next one
+        self.uplink = Uplink()
+        self.compress_seconds: float | None = None  # the last compression's
 
     @property
     def busy_fraction(self) -> float:
@@ -101,6 +109,8 @@ class Miner:
         self.submitted.update((r, b.peer_id, b.sent_at) for b in fresh)
         deadline = self.setup.manifest.round.deadline_seconds
         live = [(b.peer_id, b.sent_at + deadline) for b in fresh if time.time() <= b.sent_at + deadline]
+        # the payload is sized to the tightest target among them (adaptive deadlines), else to the deadline
+        target = min((b.sent_at + (b.target_seconds or deadline) for b in fresh), default=time.time())
         if not live:
             self.events.emit(Late(round=r), f"round {r} is past its deadline: waiting for round {r + 1}")
             return
@@ -122,11 +132,13 @@ class Miner:
         if self.setup.manifest.train.overlap:
             self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, held.weights)))
         trainer = self.trainer
+        fraction = self.uplink.fraction(target - time.time() - (self.compress_seconds or 0.0))
         start = time.monotonic()
         header, payload = await asyncio.get_running_loop().run_in_executor(
-            None, trainer.package, r, delta, held.weights, held.state_hash
+            None, trainer.package, r, delta, held.weights, held.state_hash, fraction
         )
-        await self._submit(header, payload, live, compress_seconds=time.monotonic() - start)
+        self.compress_seconds = time.monotonic() - start
+        await self._submit(header, payload, live, compress_seconds=self.compress_seconds, fraction=fraction)
 
     async def _train(self, round_: int, weights: State) -> State:
         self.started = self.started or time.monotonic()
@@ -150,7 +162,13 @@ class Miner:
             log.warning("training ahead failed; the steps are discarded: %r", task.exception())
 
     async def _submit(
-        self, header: SubmissionHeader, payload: bytes, validators: list[tuple[str, float]], *, compress_seconds: float
+        self,
+        header: SubmissionHeader,
+        payload: bytes,
+        validators: list[tuple[str, float]],
+        *,
+        compress_seconds: float,
+        fraction: float = 1.0,
     ) -> None:
         """Push the payload to each of `validators` (peer id, the round's deadline there: a busy one is
         asked again until then), then announce the header in the DHT."""
@@ -161,8 +179,11 @@ class Miner:
         self.payload_sha = sha
         signed = peer.sign(header)
         self.packaged = (r, signed, peer.store.path(sha))
+        start = time.monotonic()  # the pushes go one after the other: the uplink is timed over all of them
         if not await self._push(r, validators):
             return
+        upload = time.monotonic() - start
+        self.uplink.measured(header.payload_size, upload, fraction)
         ratio = self.dense_bytes / max(header.payload_size, 1)
         loss, busy = self.trainer.last_loss, self.busy_fraction
         trained = self.train_seconds.pop(r, None)
@@ -175,8 +196,11 @@ class Miner:
                 busy_fraction=busy,
                 compress_seconds=compress_seconds,
                 step_seconds=step,
+                upload_seconds=upload,
+                fraction=fraction,
             ),
-            f"round {r}: submitted {mb(header.payload_size)} ({ratio:.0f}x smaller than dense), "
+            f"round {r}: submitted {mb(header.payload_size)} ({ratio:.0f}x smaller than dense"
+            f"{f', {fraction:.0%} of a full payload to fit the round' if fraction < 1 else ''}) in {upload:.1f}s, "
             f"train loss {loss:.4f}, busy {busy:.0%}",
         )
         await peer.announce(signed)  # the header also goes into the DHT (DESIGN.md section 3)

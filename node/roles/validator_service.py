@@ -3,8 +3,9 @@
 Round r, as the validator runs it:
 
 1. open: publish a heartbeat for r (its `sent_at` starts the deadline clock), and every
-   `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob plus its announcement;
-   then the run's head (`RunHead`: round r, W_r's hash, the latest checkpoint, this peer);
+   `checkpoint_every` rounds (and at start-up) a full BF16 checkpoint as a blob, its piece index
+   (so joiners fetch pieces from many holders at once) and its announcement; then the run's head
+   (`RunHead`: round r, W_r's hash, the latest checkpoint, this peer);
 2. collect: miners push signed headers and payloads over `rpc_submit`; one per miner, this round only.
    Each header is seated or refused before its body is read (`validator.admission`): established
    miners first, newcomers drawn at random for the seats left, every payload's announced size
@@ -13,7 +14,10 @@ Round r, as the validator runs it:
    (apart from the blobs this node serves), until the round decodes them, and are removed when it
    closes or when they are refused: disk and memory do not grow with the number of senders;
 3. close at the deadline, or earlier (after `min_seconds`) once every miner that announced itself
-   for r (heartbeat) or submitted in r-1 has submitted: nobody is waited for beyond the deadline;
+   for r (heartbeat) or submitted in r-1 has submitted, or (adaptive deadlines) once a quorum of
+   them has and the target learned from recent arrival times has passed (`deadline.py`; the open
+   heartbeat names that target, so miners can size their payloads to it): nobody is waited for
+   beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
    PULSESync patch, the round's evidence and (every `checkpoint_every` rounds) the FP32 state as
    blobs and publish the signed round result; report the held-out measure, and publish it with the
@@ -70,6 +74,7 @@ from node.learn.train import changed_fraction
 from node.net.blobstore import BlobStore
 from node.net.peer import Peer
 from node.roles.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
+from node.roles.deadline import RoundClock
 from node.roles.hooks import HeldOut, RoundHooks
 from node.run.setup import RunSetup
 from node.run.task import Task
@@ -86,6 +91,7 @@ from protocol.messages import (
     Standing,
     SubmissionHeader,
 )
+from protocol.pieces import checkpoint_index
 from protocol.signing import SignedMessage, Verified
 from protocol.state import State
 from validator.admission import Admission, AdmissionRules
@@ -125,7 +131,10 @@ class ValidatorService:
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
         self.validator = self._open_state(device)
         self.received: dict[str, Submission] = {}  # by sender, this round; payloads are files in the inbox
+        self.arrivals: dict[str, float] = {}  # by sender, this round: seconds after the open
+        self.clock = RoundClock(setup.manifest.round)
         self.previous_senders: set[str] = set()
+        self.active = 0  # miners active in the open round, as `_collect` last counted them
         self.closed = True
         self.opened_at = 0.0
         self.checkpoint: CheckpointAnnouncement | None = None  # the latest one announced
@@ -193,6 +202,7 @@ class ValidatorService:
             self._discard(header.payload_sha256)
             return refusal
         self.received[header.sender] = Submission(verified.signed.to_bytes(), path)
+        self.arrivals[header.sender] = time.time() - self.opened_at
         self.events.emit(
             Received(round=header.round, sender=header.sender, bytes=header.payload_size),
             f"round {header.round}: received {mb(header.payload_size)} from miner {header.sender[:12]}",
@@ -202,6 +212,7 @@ class ValidatorService:
     def _drop(self, sender: str, reason: str) -> None:
         """`sender` lost its seat: a received payload leaves the round (one in flight is refused on arrival)."""
         sub = self.received.pop(sender, None)
+        self.arrivals.pop(sender, None)  # a dropped submission's arrival teaches the deadline nothing
         if sub is None:
             log.info("round %d: %s... %s (its body had not arrived)", self.round, sender[:12], reason)
             return
@@ -378,23 +389,34 @@ class ValidatorService:
         if checkpoint:
             await self._announce_checkpoint(r)
         await self.hooks.before_open(r, self.validator.state_hash, self._recent_states(), self.validator.weights)
-        self.received = {}
+        self.received, self.arrivals, self.active = {}, {}, len(self.previous_senders)
         self._empty_inbox()  # nothing of an earlier round stays (a body may have landed after its close)
         secret = RoundSecret.derive(self.identity, self.setup.run_id, r).key("admission")
         self.admission = Admission(self.rules, self.validator.established(), secret)
         self.closed = False
         self.opened_at = time.time()
-        await self.peer.heartbeat(r, self.validator.state_hash)
+        target = self.clock.target()
+        # the heartbeat's clock starts at its signed sent_at, whole seconds: the target it names counts
+        # from there (else miners would budget up to a second less than the round gives them)
+        sent_at = int(self.opened_at)
+        await self.peer.heartbeat(
+            r, self.validator.state_hash, target_seconds=target + (self.opened_at - sent_at), sent_at=sent_at
+        )
         await self._publish_head()
         self.events.emit(
-            RoundOpened(round=r, state_hash=self.validator.state_hash),
-            f"round {r} open, state {self.validator.state_hash[:12]}",
+            RoundOpened(round=r, state_hash=self.validator.state_hash, target_seconds=target),
+            f"round {r} open, state {self.validator.state_hash[:12]}, submissions expected within {target:.1f}s",
         )
 
     async def _announce_checkpoint(self, r: int) -> None:
         data = checkpoint_bytes(self.validator.weights)
         sha = self.peer.store.put(data)
         self.peer.hold(sha, r, "checkpoint")
+        index = await asyncio.get_running_loop().run_in_executor(None, checkpoint_index, data)
+        index.check_root(self.validator.state_hash)  # a bug here would make every joiner refuse every piece
+        index_bytes = index.to_bytes()
+        index_sha = self.peer.store.put(index_bytes)
+        self.peer.hold(index_sha, r, "checkpoint")
         announcement = CheckpointAnnouncement(
             run_id=self.setup.run_id,
             round=r,
@@ -402,6 +424,8 @@ class ValidatorService:
             blob_sha256=sha,
             blob_size=len(data),
             format=CHECKPOINT_FORMAT,
+            index_sha256=index_sha,
+            index_size=len(index_bytes),
         )
         self.checkpoint, self.since_checkpoint = announcement, []  # the head names it from now on
         try:
@@ -413,19 +437,23 @@ class ValidatorService:
             self.events.emit(CheckpointAnnounced(round=r, bytes=len(data)), text)
 
     async def _collect(self) -> None:
+        """Until `self.clock` closes the round: its deadline, everyone in, or (adaptive) quorum + target."""
         timing = self.setup.manifest.round
-        deadline = self.opened_at + timing.deadline_seconds
-        while time.time() < deadline:
+        while (elapsed := time.time() - self.opened_at) < timing.deadline_seconds:
             await asyncio.sleep(self.poll)
-            if time.time() < self.opened_at + timing.min_seconds or not self.received:
+            if elapsed < timing.min_seconds or not self.received:
                 continue
             announced = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.role == "miner"}
-            if (announced | self.previous_senders) <= set(self.received):
+            active = announced | self.previous_senders | set(self.received)
+            self.active = len(active)
+            if self.clock.should_close(time.time() - self.opened_at, received=len(self.received), active=len(active)):
                 return
         log.info("round %d: deadline reached with %d submissions", self.round, len(self.received))
 
     async def _close(self) -> None:
         self.closed = True
+        open_seconds = time.time() - self.opened_at
+        self.clock.record(self.arrivals.values(), active=self.active)  # the quorum's arrivals teach the clock
         r, senders, submissions = self.round, list(self.received), list(self.received.values())
         sent = sum(payload_size(s.payload) for s in submissions)
         loop = asyncio.get_running_loop()
@@ -446,7 +474,16 @@ class ValidatorService:
         self.previous_senders = set(senders)
         start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
-        self._report(report, len(submissions), sent, measured, changed, held_out_seconds=time.monotonic() - start)
+        held_out_seconds = time.monotonic() - start
+        self._report(
+            report,
+            len(submissions),
+            sent,
+            measured,
+            changed,
+            held_out_seconds=held_out_seconds,
+            open_seconds=open_seconds,
+        )
         try:
             await self.peer.publish(self._metrics(report, len(submissions), sent, measured))
         except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
@@ -510,6 +547,7 @@ class ValidatorService:
         changed: float,
         *,
         held_out_seconds: float | None = None,
+        open_seconds: float | None = None,
     ) -> None:
         selected = report.selected()
         ranked = sorted(report.result.selected, key=lambda s: -s.score)
@@ -533,6 +571,8 @@ class ValidatorService:
             decide_seconds=report.decide_seconds,
             encode_seconds=report.encode_seconds,
             held_out_seconds=held_out_seconds if measured.measured else None,
+            open_seconds=open_seconds,
+            arrivals=dict(self.arrivals),
             offered=seats.offered,
             refused=seats.refused,
             unseated=seats.unseated,

@@ -132,6 +132,17 @@ class RoundSection(BaseModel):
     """Longest a round stays open for submissions; a miner that misses it is recorded as missing."""
     min_seconds: float = Field(default=0.0, ge=0)
     """Shortest a round stays open, even when every recent miner has already submitted."""
+    deadline_mode: Literal["fixed", "adaptive"] = "fixed"
+    """'fixed': a round waits for every active miner up to `deadline_seconds`; 'adaptive': it also
+    closes once `quorum` of them have submitted and a target learned from the arrival times of
+    recent rounds' quorums (`roles/deadline.py`) has passed, never outside [min_seconds, deadline_seconds]."""
+    quorum: float = Field(default=0.75, gt=0, le=1)
+    """Adaptive: the share of the active miners whose submissions let a round close at its target."""
+    margin_mads: float = Field(default=3.0, ge=0, le=100)
+    """Adaptive: the target is the quorums' median arrival time plus this many median absolute
+    deviations (measured within rounds)."""
+    history_rounds: int = Field(default=8, ge=1, le=1000)
+    """Adaptive: how many recent rounds' arrival times the target is learned from."""
     checkpoint_every: int = Field(default=5, ge=1, le=10_000)
     """The validator announces a full BF16 checkpoint every this many rounds (and at start-up)."""
     record_ttl_seconds: float = Field(default=6 * 3600.0, gt=0, le=86_400)
@@ -147,6 +158,12 @@ class RoundSection(BaseModel):
     @property
     def payload_rounds(self) -> int:
         return self.keep_payload_rounds or self.checkpoint_every + 1
+
+    @model_validator(mode="after")
+    def _min_within_deadline(self) -> Self:
+        if self.min_seconds > self.deadline_seconds:
+            raise ValueError("min_seconds must not exceed deadline_seconds")
+        return self
 
 
 class SelectionSection(SelectionRules):

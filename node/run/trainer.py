@@ -2,7 +2,7 @@
 
     trainer = task.trainer(identity)                        # an LMTrainer or an RLTrainer
     delta = trainer.train(r, weights)                       # FP32 W_r - W_local after H steps
-    header, payload = trainer.package(r, delta, weights, base_hash)
+    header, payload = trainer.package(r, delta, weights, base_hash, fraction)   # fraction: of the codec's values
 
 The one implementation of the honest miner's step: the `pulse miner` role, the benchmarks' fake
 miners (`node/swarm/fakeminers.py`) and the RL simulation (`node/bench/rlsim.py`) all train
@@ -91,11 +91,12 @@ class Trainer(ABC):
         """The data assignment of `miner` (default: this one) in `round_`."""
         return Assignment(self.spec.run_id, round_, miner or self.identity.public_hex, self.spec.assignment_batches)
 
-    def compress(self, delta: State, weights: State) -> bytes:
+    def compress(self, delta: State, weights: State, fraction: float = 1.0) -> bytes:
         """`delta` plus the error buffer, compressed against the BF16 `weights`; the buffer keeps the rest
-        (stored as `train.memory.error_feedback` says; the codec works on it in FP32)."""
+        (stored as `train.memory.error_feedback` says; the codec works on it in FP32). `fraction` < 1
+        sends that share of the codec's values (a slow uplink; `roles/uplink.py`)."""
         error = None if self.error is None else {n: e.float() for n, e in self.error.items()}
-        payload, new_error, self.last_stats = self.codec.compress(delta, error, weights)
+        payload, new_error, self.last_stats = self.codec.compress(delta, error, weights, fraction=fraction)
         del error
         self.error = {n: e.to(self.spec.memory.error_dtype) for n, e in new_error.items()}
         return payload
@@ -112,8 +113,10 @@ class Trainer(ABC):
             sender=self.identity.public_hex,
         )
 
-    def package(self, round_: int, delta: State, weights: State, base_hash: str) -> tuple[SubmissionHeader, bytes]:
-        payload = self.compress(delta, weights)
+    def package(
+        self, round_: int, delta: State, weights: State, base_hash: str, fraction: float = 1.0
+    ) -> tuple[SubmissionHeader, bytes]:
+        payload = self.compress(delta, weights, fraction)
         return self.header(round_, payload, base_hash), payload
 
     def _delta(self, weights: State) -> StateDict:

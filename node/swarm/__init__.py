@@ -2,6 +2,9 @@
 
 - `demo.py`        `Swarm`: a bootstrap peer, a validator, miners and a follower as processes on
                    loopback, their event logs, the demo's summary and plots
+- `netns.py`       `ShapedNetwork`: hosts in network namespaces behind one switch, `tc tbf` per link
+- `frozenrun.py`   a run frozen on disk (checkpoint, piece index, patches, records) to serve and join
+- `links.py`       joins, fetches and whole rounds on a shaped network (`pulse bench links`, swarm tier)
 - `fakeminers.py`  in-process fake miners for the Gauntlet (the real miner's step), and one class per attack
 - `lying.py`       a lying `Validator` (adds, drops, scales, mismatched patch): the audit's test double
 - `faults.py`      a validator process that tells one of those lies (`python -m node.swarm.faults`)

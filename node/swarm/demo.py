@@ -26,6 +26,7 @@ from node.events import EventLog
 from node.events.models import Baseline, Exited, Final, RoundClosed
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest
+from node.swarm.netns import ShapedNetwork
 from protocol.identity import Identity
 
 STOP_SECONDS = 20.0
@@ -49,13 +50,31 @@ class Swarm:
     procs: list[Proc] = field(default_factory=list)
     bootstrap: list[str] = field(default_factory=list)
     unclean: list[str] = field(default_factory=list)  # roles that did not shut down cleanly on Ctrl+C
+    net: ShapedNetwork | None = None  # the hosts that roles started with `host=` run on (`netns.py`)
 
     @property
     def work(self) -> Path:
         return self.out / "work"
 
-    def spawn(self, name: str, role: str, args: list[str], *, module: str = "node", cwd: Path | None = None) -> Proc:
-        """Start `python -m module args` as `name` (default: a `pulse` command), logging to `logs/name.log`.
+    def listen(self, host: str | None) -> str:
+        """The address a role listens on: loopback, or its host's address on `net`."""
+        if host is None:
+            return "/ip4/127.0.0.1/tcp/0"
+        assert self.net is not None, "a role on a host needs the swarm's `net`"
+        return self.net.maddr(host)
+
+    def spawn(
+        self,
+        name: str,
+        role: str,
+        args: list[str],
+        *,
+        module: str = "node",
+        cwd: Path | None = None,
+        host: str | None = None,
+    ) -> Proc:
+        """Start `python -m module args` as `name` (default: a `pulse` command), logging to `logs/name.log`;
+        inside `host`'s namespace when one is named.
 
         `cwd` (default: this process's) is also put on PYTHONPATH, so modules of a source checkout
         (such as the test tier's hostile peers) can be started from anywhere.
@@ -69,7 +88,8 @@ class Swarm:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         if module != "node":
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", module, *args]
+        inside = self.net.exec_prefix(host) if host is not None and self.net is not None else []
+        cmd = [*inside, sys.executable, "-m", module, *args]
         # own session: a killed role takes its DHT process and libp2p daemon with it (`kill`)
         popen = subprocess.Popen(
             cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
@@ -78,14 +98,16 @@ class Swarm:
         self.procs.append(proc)
         return proc
 
-    def start_bootstrap(self, timeout: float = 60.0, extra: Sequence[str] = ()) -> None:
-        args = ["dht", "--config", str(self.out / "run.toml"), "--host", "/ip4/127.0.0.1/tcp/0", *extra]
-        proc = self.spawn("bootstrap", "bootstrap", args)
+    def start_bootstrap(self, timeout: float = 60.0, extra: Sequence[str] = (), host: str | None = None) -> None:
+        listen = self.listen(host)
+        args = ["dht", "--config", str(self.out / "run.toml"), "--host", listen, *extra]
+        proc = self.spawn("bootstrap", "bootstrap", args, host=host)
+        address = listen.rsplit("/tcp/", 1)[0] + "/"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = proc.log.read_text(errors="replace")
             if "ready" in text:
-                self.bootstrap = [line for line in text.splitlines() if line.startswith("/ip4/127.0.0.1/")][:1]
+                self.bootstrap = [line for line in text.splitlines() if line.startswith(address)][:1]
                 return
             if proc.popen.poll() is not None:
                 break
@@ -101,9 +123,11 @@ class Swarm:
         state: str | None = None,
         state_dir: Path | None = None,
         extra: Sequence[str] = (),
+        host: str | None = None,
     ) -> Proc:
-        """Start `pulse <role>`; its state folder is `state_dir`, else `work/<state>` (default: `work/<name>`;
-        a restart reuses one). `extra` flags come last (a later flag overrides an earlier one)."""
+        """Start `pulse <role>` (on `host` of `net`, if named); its state folder is `state_dir`, else
+        `work/<state>` (default: `work/<name>`; a restart reuses one). `extra` flags come last (a later
+        flag overrides an earlier one)."""
         args = [
             role,
             "--config",
@@ -119,13 +143,13 @@ class Swarm:
             "--state-dir",
             str(state_dir or self.work / (state or name)),
             "--host",
-            "/ip4/127.0.0.1/tcp/0",
+            self.listen(host),
             "--initial-peers",
             *self.bootstrap,
         ]
         if key is not None:
             args += ["--key", str(key)]
-        return self.spawn(name, role, [*args, *extra])
+        return self.spawn(name, role, [*args, *extra], host=host)
 
     def start_dashboard(self, port: int = 0, timeout: float = 60.0) -> tuple[Proc, str]:
         """Start `pulse dashboard` on the run; returns it and the page's URL once it serves."""

@@ -193,8 +193,8 @@ class _GapTamper(SparseLoCoCodec):
         super().__init__(k, beta)
         self.mode, self.done = mode, False
 
-    def _sparsify(self, acc: torch.Tensor, shape: torch.Size):  # type: ignore[no-untyped-def]
-        part, e_new = super()._sparsify(acc, shape)
+    def _sparsify(self, acc: torch.Tensor, shape: torch.Size, k_send: int):  # type: ignore[no-untyped-def]
+        part, e_new = super()._sparsify(acc, shape, k_send)
         if self.done or len(part.k) < 2:
             return part, e_new
         self.done = True

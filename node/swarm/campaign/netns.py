@@ -1,20 +1,17 @@
-"""A swarm across two Linux network namespaces joined by a veth pair: two hosts on one machine.
+"""A swarm across two Linux network namespaces: two hosts on one machine (`node/swarm/netns.py`).
 
 Host A (10.231.0.1) runs the bootstrap peer and the validator; host B (10.231.0.2) runs the
 miners and a follower. Nothing listens on 127.0.0.1, so every byte between roles crosses the
-veth link, as it would cross a LAN. Needs root (or CAP_NET_ADMIN) and `ip`; `available()` says
-why not where it cannot run.
+hosts' links (unshaped here), as it would cross a LAN. Needs root (or CAP_NET_ADMIN) and `ip`;
+`available()` says why not where it cannot run.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from node.swarm import netns
 from node.swarm.campaign.swarms import (
     CampaignSwarm,
     Keys,
@@ -26,88 +23,37 @@ from node.swarm.campaign.swarms import (
 )
 from node.swarm.demo import Proc
 
-HOSTS = {"a": ("pulse-host-a", "10.231.0.1"), "b": ("pulse-host-b", "10.231.0.2")}
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+NETWORK = netns.ShapedNetwork("pulse-host", "10.231.0", {"a": netns.Link(), "b": netns.Link()})
 
 
 def available() -> str | None:
     """None when namespaces can be made here, else the reason they cannot."""
-    if shutil.which("ip") is None:
-        return "no `ip` command"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    probe = _ip("netns", "add", "pulse-probe")
-    if probe.returncode != 0:
-        return f"`ip netns add` failed: {probe.stderr.strip()}"
-    _ip("netns", "del", "pulse-probe")
-    return None
+    return netns.available("pulse-host")
 
 
 def create() -> None:
-    remove()
-    (ns_a, addr_a), (ns_b, addr_b) = HOSTS["a"], HOSTS["b"]
-    steps = [
-        ("netns", "add", ns_a),
-        ("netns", "add", ns_b),
-        ("link", "add", "pulse-veth-a", "type", "veth", "peer", "name", "pulse-veth-b"),
-        ("link", "set", "pulse-veth-a", "netns", ns_a),
-        ("link", "set", "pulse-veth-b", "netns", ns_b),
-        ("-n", ns_a, "addr", "add", f"{addr_a}/24", "dev", "pulse-veth-a"),
-        ("-n", ns_b, "addr", "add", f"{addr_b}/24", "dev", "pulse-veth-b"),
-        ("-n", ns_a, "link", "set", "pulse-veth-a", "up"),
-        ("-n", ns_b, "link", "set", "pulse-veth-b", "up"),
-        ("-n", ns_a, "link", "set", "lo", "up"),
-        ("-n", ns_b, "link", "set", "lo", "up"),
-    ]
-    for step in steps:
-        done = _ip(*step)
-        if done.returncode != 0:
-            raise RuntimeError(f"ip {' '.join(step)}: {done.stderr.strip()}")
+    NETWORK.create()
 
 
 def remove() -> None:
-    for ns, _ in HOSTS.values():
-        _ip("netns", "del", ns)  # the veth pair goes with its namespaces
+    NETWORK.remove()
 
 
 class HostSwarm(CampaignSwarm):
-    """Roles started inside a namespace, listening on that host's address only."""
+    """The campaign's roles on the two hosts, listening on their host's address only."""
 
-    def start_on(self, host: str, name: str, role: str, args: list[str]) -> Proc:
-        ns, addr = HOSTS[host]
-        events = self.out / "events" / f"{name}.jsonl"
-        log = self.out / "logs" / f"{name}.log"
-        for folder in (events.parent, log.parent):
-            folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "node", *args, "--host", f"/ip4/{addr}/tcp/0"]
-        out = log.open("wb")
-        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        proc = Proc(name, role, popen, events, log)
-        self.procs.append(proc)
-        return proc
+    def start_on(self, host: str, name: str, role: str, key: Path | None) -> Proc:
+        extra = ["--config", str(self.out / "run.toml"), "--threads", "1"] + (["--key", str(key)] if key else [])
+        return self.spawn(name, role, [role, *self.net_args(name), *extra], host=host)
 
-    def start_host_bootstrap(self, timeout: float = 90.0) -> None:
-        proc = self.start_on("a", "bootstrap", "bootstrap", ["dht", "--config", str(self.out / "run.toml")])
-        deadline = time.monotonic() + timeout
-        prefix = f"/ip4/{HOSTS['a'][1]}/"
-        while time.monotonic() < deadline:
-            text = proc.log.read_text(errors="replace")
-            if "ready" in text:
-                self.bootstrap = [line for line in text.splitlines() if line.startswith(prefix)][:1]
-                return
-            if proc.popen.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"the bootstrap peer did not start; see {proc.log}")
+    def net_args(self, name: str) -> list[str]:
+        args = super().net_args(name)
+        at = args.index("--host")
+        return [*args[:at], "--host", self.listen(self.host_of(name)), *args[at + 2 :]]
 
-    def role_args(self, name: str, role: str, key: Path | None) -> list[str]:
-        args = [role, "--config", str(self.out / "run.toml"), "--threads", "1", *self.net_args(name)]
-        args = [a for a in args if a not in ("--host", "/ip4/127.0.0.1/tcp/0")]
-        return args + (["--key", str(key)] if key else [])
+    @staticmethod
+    def host_of(name: str) -> str:
+        return "a" if name in ("bootstrap", "validator") else "b"
 
 
 def netns_run(out: Path, keys: Keys, rounds: int, *, miners: int = 3, deadline: float = 20.0) -> RunReport:
@@ -115,17 +61,13 @@ def netns_run(out: Path, keys: Keys, rounds: int, *, miners: int = 3, deadline: 
     start = time.monotonic()
     manifest = campaign_manifest(deadline, keys.validator_hex())
     write_manifest(out, manifest)
-    swarm = HostSwarm(out, manifest, rounds)
+    swarm = HostSwarm(out, manifest, rounds, net=NETWORK)
     create()
     try:
-        swarm.start_host_bootstrap()
-        args = swarm.role_args("validator", "validator", keys.validator)
-        validator = swarm.start_on("a", "validator", "validator", args)
-        workers = [
-            swarm.start_on("b", f"miner{i}", "miner", swarm.role_args(f"miner{i}", "miner", k))
-            for i, k in enumerate(keys.honest[:miners])
-        ]
-        workers.append(swarm.start_on("b", "follower", "follow", swarm.role_args("follower", "follow", None)))
+        swarm.start_bootstrap(timeout=90.0, host="a")
+        validator = swarm.start_on("a", "validator", "validator", keys.validator)
+        workers = [swarm.start_on("b", f"miner{i}", "miner", k) for i, k in enumerate(keys.honest[:miners])]
+        workers.append(swarm.start_on("b", "follower", "follow", None))
         codes = exit_codes(workers, 120.0 + rounds * (deadline + 25.0))
         alive = validator.popen.poll() is None
         swarm.stop(validator)

@@ -1,0 +1,133 @@
+"""`pulse doctor --config C --initial-peers ...`: measure this machine and its links, forecast how it will do.
+
+Joins the run's network as a client for a minute (no heartbeats, no blobs held), measures
+(`node.roles.doctor.measure`) and prints the forecast and what to change; `--json` prints it as one
+object instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from node.commands.roles import DEFAULT_CONFIG
+from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.p2ppeer import P2PPeer
+from node.roles.doctor import Forecast, forecast, measure, reachability
+from node.roles.records import run_records
+from node.run.manifest import load_manifest
+from node.run.setup import RunSetup
+from node.run.task import task_for
+from protocol.errors import ConfigError, NetworkError
+from protocol.identity import Identity
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "doctor", help="measure this machine and its links to the run, and forecast whether it keeps up"
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
+    parser.add_argument("--steps", type=int, default=3, help="inner steps to time (scaled to the run's H)")
+    parser.add_argument("--probe-mib", type=float, default=8.0, help="MiB sent each way to measure the links")
+    parser.add_argument("--state-dir", type=Path, default=None, help="where a node here would keep its state")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_net_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        setup = RunSetup.from_manifest(load_manifest(args.config))
+        config = net_config_from_args(args)
+    except ConfigError as exc:
+        print(f"pulse doctor: {exc}", file=sys.stderr)
+        return 2
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="pulse-doctor-") as tmp:
+        folder = args.state_dir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            report = asyncio.run(_diagnose(setup, config, Path(tmp), folder, args))
+        except NetworkError as exc:
+            print(f"pulse doctor: {exc}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        show(report, Console())
+    return 0
+
+
+async def _diagnose(setup: RunSetup, config: Any, scratch: Path, folder: Path, args: argparse.Namespace) -> Forecast:
+    peer = await P2PPeer.create(config, run_records(setup.manifest), Identity.generate(), scratch, role="follower")
+    try:
+        maddrs = [str(a) for a in await peer.p2p.get_visible_maddrs()]
+        measured = await measure(
+            setup,
+            task_for(setup),
+            peer,
+            steps=max(1, args.steps),
+            probe_bytes=int(args.probe_mib * 2**20),
+            folder=folder,
+            reachability=reachability(maddrs),
+        )
+    finally:
+        await peer.shutdown()
+    return forecast(measured, setup.manifest)
+
+
+def _mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def _rate(n: float | None) -> str:
+    return "not measured" if n is None else f"{8 * n / 1e6:.1f} Mbit/s"
+
+
+def _s(n: float | None) -> str:
+    return "-" if n is None else f"{n:.1f} s"
+
+
+def show(f: Forecast, console: Console) -> None:
+    m = f.measured
+    measured = Table(title="measured")
+    measured.add_column("what")
+    measured.add_column("value")
+    for row in (
+        ("inner step", f"{m.step_seconds:.3f} s (H = {f.train_seconds / max(m.step_seconds, 1e-9):.0f})"),
+        ("downlink", f"{_rate(m.down_bytes_per_second)} (from {(m.probed or '-')[:16]})"),
+        ("uplink", _rate(m.up_bytes_per_second)),
+        ("reachable", m.reachability),
+        ("free disk", _mb(m.disk_free)),
+        ("available memory", _mb(m.memory_available)),
+        ("run", f"round {m.current_round} open, target {m.target_seconds:.1f} s, rounds of {_s(m.round_seconds)}"),
+    ):
+        measured.add_row(*row)
+    console.print(measured)
+    verdict = Table(title="forecast")
+    verdict.add_column("what")
+    verdict.add_column("value")
+    yes_no = {True: "yes", False: "no", None: "unknown"}
+    for row in (
+        ("bytes per round", f"up {_mb(f.bytes_up_per_round)}, down {_mb(f.bytes_down_per_round)}"),
+        ("submission", f"{_s(f.submit_seconds)} (compress + upload of a whole payload)"),
+        ("makes the round's target", f"{yes_no[f.makes_target]} (sends {f.fraction:.0%} of a payload)"),
+        ("trains H steps within a round", f"{yes_no[f.trains_in_a_round]} ({f.train_seconds:.1f} s)"),
+        ("join now", f"{_s(f.join_seconds)} for {_mb(m.join_bytes)} ({m.join_patches} patches after the checkpoint)"),
+        ("needs", f"disk {_mb(f.disk_needed)}, memory about {_mb(f.memory_needed)} to mine"),
+    ):
+        verdict.add_row(*row)
+    console.print(verdict)
+    for line in f.advice or ["nothing to change: this machine keeps up"]:
+        console.print(f"- {line}")

@@ -1,0 +1,317 @@
+"""`pulse doctor`: will this machine keep up with the run? Measured here and on the live network, then forecast.
+
+    measured = await measure(setup, task, peer, steps=3, probe_bytes=8 << 20, folder=state_dir)
+    report = forecast(measured, setup.manifest)      # report.advice: what to change, if anything
+
+What is measured (nothing is assumed that can be measured):
+
+- compute: `steps` inner steps of the run's model on the run's batches (the miner's own `Trainer`),
+  timed and scaled to the run's H; the pseudo-gradient they give, compressed with the run's codec;
+- the links: a download and an upload probe (`net/ranges.py`) with the run's validator (or, failing
+  that, the holder that answers first): what a miner's push and a joiner's pieces go through;
+- the run, from its signed records: the open round, its target (the validator's open heartbeat),
+  the round period (two consecutive open heartbeats), patch sizes (round results), payload sizes
+  (the validator's round metrics), and the cheapest join plan (`joinplan.py`) with its bytes;
+- reachability from this node's own addresses (public, private network only, or relayed);
+- free disk and memory, against what the role needs.
+
+The forecast: bytes per round each way; whether a whole payload arrives before the round's
+target (and, if not, the share a miner sends: `uplink.py`); whether H steps fit in a round; the
+time to join now (bytes still to fetch at the measured downlink, plus the checks and loading,
+timed here by hashing, plus the patches to replay, each timed here on a patch like the run's).
+`pulse bench links` compares these forecasts with what then happens on a shaped network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import ipaddress
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.net.peer import Peer
+from node.roles.joinplan import plan_join
+from node.roles.uplink import MIN_FRACTION, SAFETY
+from node.run.manifest import Manifest
+from node.run.setup import RunSetup
+from node.run.task import Task
+from protocol import pulsesync
+from protocol.errors import NetworkError, ProtocolError, TransferError
+from protocol.identity import Identity
+from protocol.messages import Heartbeat, RoundMetrics
+from protocol.statehash import state_hash
+
+HASH_PROBE_BYTES = 64 << 20
+PERIOD_ROUNDS = 4
+LOAD_PASSES = 3.0  # a join reads the checkpoint about three times after it arrives: blob hash, load, state hash
+TRAIN_BYTES_PER_PARAM = 24  # FP32 model, AdamW moments, error buffer, delta, two BF16 copies
+
+
+@dataclass
+class Measured:
+    """Everything `forecast` needs, each figure measured here or read from the run's signed records."""
+
+    params: int
+    state_bytes: int  # the BF16 weights
+    step_seconds: float
+    own_payload_bytes: int  # this machine's pseudo-gradient after the measured steps, compressed
+    compress_seconds: float
+    hash_bytes_per_second: float
+    patch_apply_seconds: float  # one patch of the run's latest size applied here and its state hash checked
+    current_round: int
+    target_seconds: float  # the open round's (the deadline where the validator names none)
+    round_seconds: float | None  # from the open heartbeats of recent rounds
+    run_payload_bytes: float | None  # mean payload of the latest round, as the validator received it
+    patch_bytes: int | None  # the latest round result's patch
+    join_bytes: int | None  # the cheapest join plan: bytes still to fetch
+    join_patches: int
+    probed: str | None  # the peer the links were measured with
+    down_bytes_per_second: float | None
+    up_bytes_per_second: float | None
+    reachability: str
+    disk_free: int
+    memory_available: int | None
+    problems: list[str] = field(default_factory=list)  # what could not be measured, and why
+
+
+@dataclass
+class Forecast:
+    bytes_up_per_round: float
+    bytes_down_per_round: float
+    train_seconds: float  # H inner steps
+    upload_seconds: float | None  # a whole payload
+    submit_seconds: float | None  # compress + upload
+    target_seconds: float
+    makes_target: bool | None
+    fraction: float  # the share of a payload a miner here would send
+    trains_in_a_round: bool | None
+    join_seconds: float | None
+    disk_needed: int
+    memory_needed: int
+    advice: list[str]
+    measured: Measured
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def measure(
+    setup: RunSetup, task: Task, peer: Peer, *, steps: int, probe_bytes: int, folder: Path, reachability: str
+) -> Measured:
+    """Compute here, then the run's records and the links to its validator."""
+    m = setup.manifest
+    problems: list[str] = []
+    loop = asyncio.get_running_loop()
+    step_seconds, payload, compress = await loop.run_in_executor(None, _train_probe, setup, task, steps)
+    hash_rate = await loop.run_in_executor(None, _hash_rate)
+    current, announcement, head = await peer.position()  # the run head: one read at any round
+    if head is not None:
+        peer.validator_peer = head.validator_peer
+    beat = await peer.validator_heartbeat(current)
+    period = await _round_period(peer, beat, current)
+    if beat is None:
+        problems.append(f"no open heartbeat of the validator for round {current}: is the run live?")
+    target = beat.target_seconds if beat is not None and beat.target_seconds else m.round.deadline_seconds
+    metrics = await peer.from_validator(RoundMetrics, current - 1)
+    result = await peer.round_result(current - 1)
+    patch_bytes = result.patch_size if result is not None else None
+    apply = await loop.run_in_executor(None, _patch_probe, task, patch_bytes)
+    plan = await plan_join(peer, current, announcement)
+    down, up, probed = await _probe(peer, current, probe_bytes, problems)
+    params = sum(t.numel() for t in task.initial_master().values())
+    return Measured(
+        params=params,
+        state_bytes=2 * params,
+        step_seconds=step_seconds,
+        own_payload_bytes=payload,
+        compress_seconds=compress,
+        hash_bytes_per_second=hash_rate,
+        patch_apply_seconds=apply,
+        current_round=current,
+        target_seconds=target,
+        round_seconds=period,
+        run_payload_bytes=metrics.received_bytes / metrics.submissions if metrics and metrics.submissions else None,
+        patch_bytes=patch_bytes,
+        join_bytes=plan.bytes_needed if plan is not None else None,
+        join_patches=plan.behind if plan is not None else 0,
+        probed=probed,
+        down_bytes_per_second=down,
+        up_bytes_per_second=up,
+        reachability=reachability,
+        disk_free=shutil.disk_usage(folder).free,
+        memory_available=_memory_available(),
+        problems=problems,
+    )
+
+
+async def _round_period(peer: Peer, beat: Heartbeat | None, current: int) -> float | None:
+    """Seconds per round: the validator's open heartbeats of up to `PERIOD_ROUNDS` rounds apart
+    (their times are whole seconds, so one round apart says little about short rounds)."""
+    if beat is None:
+        return None
+    for back in range(min(PERIOD_ROUNDS, current), 0, -1):
+        before = await peer.from_validator(Heartbeat, current - back)
+        if before is not None and beat.sent_at > before.sent_at:
+            return (beat.sent_at - before.sent_at) / back
+    return None
+
+
+def _train_probe(setup: RunSetup, task: Task, steps: int) -> tuple[float, int, float]:
+    """(seconds per inner step, compressed payload bytes, compress seconds) over `steps` steps from W_0."""
+    weights = {name: t.to(torch.bfloat16) for name, t in task.initial_master().items()}
+    trainer = task.trainer(Identity.generate())
+    trainer.spec = dataclasses.replace(trainer.spec, steps=steps)
+    trainer.train(0, weights)  # the first steps warm the allocator and kernels up: not timed
+    start = time.monotonic()
+    delta = trainer.train(1, weights)
+    step = (time.monotonic() - start) / steps
+    start = time.monotonic()
+    payload = trainer.compress(delta, weights)
+    return step, len(payload), time.monotonic() - start
+
+
+def _patch_probe(task: Task, patch_bytes: int | None) -> float:
+    """Seconds to apply a patch like the run's latest (a share of values nudged by one BF16 step, the
+    share from its size) to the run's state, and check the state hash after it, as a join does."""
+    weights = {name: t.to(torch.bfloat16) for name, t in task.initial_master().items()}
+    total = sum(t.numel() for t in weights.values())
+    share = min(1.0, max(1e-4, (patch_bytes or 0) / max(total, 1)))
+    gen = torch.Generator().manual_seed(0)
+    new = {}
+    for name, t in weights.items():
+        nudge = (torch.rand(t.shape, generator=gen) < share).to(torch.int16)
+        new[name] = (t.contiguous().view(torch.int16) + nudge).view(torch.bfloat16)
+    patch = pulsesync.encode(weights, new)
+    start = time.monotonic()
+    applied = pulsesync.apply(weights, patch)
+    state_hash(applied)
+    return time.monotonic() - start
+
+
+def _hash_rate() -> float:
+    data = os.urandom(HASH_PROBE_BYTES)
+    start = time.monotonic()
+    hashlib.sha256(data).digest()
+    return HASH_PROBE_BYTES / max(time.monotonic() - start, 1e-6)
+
+
+async def _probe(
+    peer: Peer, current: int, size: int, problems: list[str]
+) -> tuple[float | None, float | None, str | None]:
+    """Download and upload rates with the validator (else any live peer of the run)."""
+    candidates = [peer.validator_peer] if peer.validator_peer else []
+    for r in (current, current - 1):
+        candidates += [v.message.peer_id for v in await peer.get(Heartbeat, r)]
+    for holder in [c for c in dict.fromkeys(candidates) if c and c != peer.peer_id]:
+        try:
+            down, up = await peer.probe(holder, size, size)
+            return down, up, holder
+        except (TransferError, ProtocolError, NetworkError, TimeoutError) as exc:
+            problems.append(f"probing {holder[:16]} failed: {exc}")
+    problems.append("no live peer answered a link probe: the forecast has no link speeds")
+    return None, None, None
+
+
+def _memory_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def reachability(maddrs: list[str]) -> str:
+    """How peers can reach this node, from the addresses it listens on and announces."""
+    if any("/p2p-circuit" in a for a in maddrs):
+        return "through a relay only: peers reach this node via a relay; transfers may be slower"
+    ips = []
+    for a in maddrs:
+        parts = a.split("/")
+        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            try:
+                ips.append(ipaddress.ip_address(parts[2]))
+            except ValueError:
+                continue
+    if any(ip.is_global for ip in ips):
+        return "direct: a public address; peers can dial this node"
+    if any(not ip.is_loopback for ip in ips):
+        return (
+            "private network only: peers on the same network can dial this node; from the internet it "
+            "needs a relay (on by default), a forwarded port with --announce, or --client-mode"
+        )
+    return "loopback only: no other machine can reach this node (--host)"
+
+
+def forecast(m: Measured, manifest: Manifest) -> Forecast:
+    h = manifest.train.inner_steps
+    train = m.step_seconds * h
+    up_bytes = m.run_payload_bytes or float(m.own_payload_bytes)
+    down_bytes = float(m.patch_bytes or 0)
+    upload = up_bytes / m.up_bytes_per_second if m.up_bytes_per_second else None
+    submit = m.compress_seconds + upload if upload is not None else None
+    makes = submit <= m.target_seconds if submit is not None else None
+    fraction = 1.0
+    if upload is not None and not makes:
+        fraction = max(MIN_FRACTION, min(1.0, (m.target_seconds - m.compress_seconds) * SAFETY / upload))
+    fits = train <= m.round_seconds if m.round_seconds else None
+    join = None
+    if m.join_bytes is not None and m.down_bytes_per_second:
+        # bytes at the downlink; then the checkpoint's checks and load, and each patch applied in turn
+        join = m.join_bytes / m.down_bytes_per_second + LOAD_PASSES * m.state_bytes / m.hash_bytes_per_second
+        join += m.join_patches * m.patch_apply_seconds
+    disk = 2 * m.state_bytes + (m.join_patches + 2) * int(down_bytes)
+    memory = TRAIN_BYTES_PER_PARAM * m.params
+    f = Forecast(
+        bytes_up_per_round=up_bytes,
+        bytes_down_per_round=down_bytes,
+        train_seconds=train,
+        upload_seconds=upload,
+        submit_seconds=submit,
+        target_seconds=m.target_seconds,
+        makes_target=makes,
+        fraction=fraction,
+        trains_in_a_round=fits,
+        join_seconds=join,
+        disk_needed=disk,
+        memory_needed=memory,
+        advice=[],
+        measured=m,
+    )
+    f.advice = advise(f, manifest)
+    return f
+
+
+def advise(f: Forecast, manifest: Manifest) -> list[str]:
+    m, out = f.measured, []
+    if f.makes_target is False:
+        out.append(
+            f"a whole payload ({f.bytes_up_per_round / 1e6:.1f} MB) takes {f.upload_seconds:.1f}s to upload here, "
+            f"the round expects it within {f.target_seconds:.1f}s: a miner here sends about {f.fraction:.0%} of it "
+            "(fewer values per chunk, the rest kept for later rounds); a faster uplink sends it whole"
+        )
+    if f.trains_in_a_round is False:
+        out.append(
+            f"{manifest.train.inner_steps} inner steps take {f.train_seconds:.0f}s here, rounds last about "
+            f"{m.round_seconds:.0f}s: this machine would fall behind every round (a faster device, or a run with "
+            "fewer inner steps)"
+        )
+    if m.disk_free < f.disk_needed:
+        out.append(f"free disk {m.disk_free / 1e9:.1f} GB is less than the {f.disk_needed / 1e9:.1f} GB a join needs")
+    if m.memory_available is not None and m.memory_available < f.memory_needed:
+        out.append(
+            f"available memory {m.memory_available / 1e9:.1f} GB is less than the about {f.memory_needed / 1e9:.1f} GB "
+            "a miner needs: run a follower (`pulse follow`), or a smaller model"
+        )
+    if m.reachability.startswith("loopback"):
+        out.append("no other machine can dial this node: listen on a reachable address (--host), or --client-mode")
+    return out + [f"not measured: {p}" for p in m.problems]
