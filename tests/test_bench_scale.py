@@ -29,9 +29,21 @@ def _args(module: object, **overrides: object) -> argparse.Namespace:
     return args
 
 
+def _preset_with_inner_lr(folder: Path, lr: str) -> Path:
+    """The home preset at another inner learning rate: at its fine-tuning rate a toy model's updates
+    change the loss by ~1e-7, below what float rounding on another CPU can flip, so whether a round
+    aggregates would depend on the machine."""
+    text = (Path(__file__).parents[1] / "configs" / f"{scale.HOME_PRESET}.toml").read_text()
+    changed = text.replace("[train.inner]\nlr = 3e-6", f"[train.inner]\nlr = {lr}")
+    assert changed != text, "the preset's inner learning rate moved: update this test"
+    (path := folder / "preset.toml").write_text(changed)
+    return path
+
+
 def test_scale_runs_whole_rounds_with_the_real_pieces(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**TINY_QWEN, "max_position_embeddings": 1024}))
-    args = _args(scale, model_dir=tmp_path, miners=2, submissions="2,4", threads=1)
+    config = _preset_with_inner_lr(tmp_path, "1e-3")
+    args = _args(scale, model_dir=tmp_path, config=config, miners=2, submissions="2,4", threads=1)
     result = scale.run(args)
     s = result.summary
     assert s["scaled"] and s["follower_hash_ok"]
@@ -81,7 +93,9 @@ def test_phases_nest_and_hand_their_peak_up() -> None:
         small = np.ones(2**20 // 8)
         del small
     inner, outer = rec.stats["inner"], rec.stats["outer"]
-    assert inner.host_extra_mb >= 60 and outer.host_peak_mb >= inner.host_peak_mb
+    # the kernel's resident counters lag (per-CPU batches, high-water mark folded in at unmap), so
+    # part of the 64 MiB may go unseen; a recorder that missed the peak would see ~0
+    assert inner.host_extra_mb >= 16 and outer.host_peak_mb >= inner.host_peak_mb
     assert inner.calls == outer.calls == 1 and outer.seconds >= inner.seconds
 
 

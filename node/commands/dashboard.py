@@ -13,18 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from node.commands.roles import DEFAULT_CONFIG, until_signal
-from node.net.dht import PulseDHT
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.commands.roles import DEFAULT_CONFIG, start_run_reader, until_signal
+from node.net.netconfig import add_net_arguments
 from node.net.p2ppeer import DHTView
 from node.net.peer import RunView
 from node.roles.dashboard.board import RunFacts
 from node.roles.dashboard.server import DashboardServer
 from node.roles.dashboard.watch import Watcher
 from node.roles.records import run_records
-from node.run.manifest import Manifest, load_manifest
-from protocol.errors import ConfigError, NetworkError
-from protocol.identity import Identity
+from node.run.manifest import Manifest
 
 
 def register(subparsers: Any) -> None:
@@ -41,12 +38,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        manifest = load_manifest(args.config)
-        dht = PulseDHT.start(net_config_from_args(args), run_records(manifest).rules(), Identity.generate())
-    except (ConfigError, NetworkError) as exc:
-        print(f"pulse dashboard: {exc}", file=sys.stderr)
+    if (started := start_run_reader(args, "dashboard")) is None:
         return 2
+    manifest, dht = started
     try:
         return asyncio.run(_main(DHTView(dht, run_records(manifest)), manifest, args))
     except OSError as exc:  # the port is taken

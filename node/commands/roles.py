@@ -24,6 +24,7 @@ import torch
 
 from node.commands.keygen import DEFAULT_KEY_PATH
 from node.events import Events
+from node.net.dht import PulseDHT
 from node.net.keyfile import load_key_file
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
@@ -36,7 +37,7 @@ from node.roles.records import run_records
 from node.roles.standby import ValidatorRole
 from node.roles.tasks import follower_for, miner_for, validator_for, validator_role_for
 from node.roles.validator_service import ValidatorService
-from node.run.manifest import load_manifest
+from node.run.manifest import Manifest, load_manifest
 from node.run.presets import preset
 from node.run.setup import RunSetup
 from node.run.task import task_for
@@ -96,6 +97,19 @@ def register(subparsers: Any) -> None:
         add_metrics_arguments(parser)
         add_net_arguments(parser)
         parser.set_defaults(func=lambda args, role=name: run(role, args))
+
+
+def start_run_reader(args: argparse.Namespace, command: str) -> tuple[Manifest, PulseDHT] | None:
+    """`--config`'s manifest and a DHT peer that reads the run's records under a throwaway key (it signs
+    and announces nothing), for the commands that only look at a run; None once the reason it could
+    not start is printed."""
+    try:
+        manifest = load_manifest(args.config)
+        dht = PulseDHT.start(net_config_from_args(args), run_records(manifest).rules(), Identity.generate())
+    except (ConfigError, NetworkError) as exc:
+        print(f"pulse {command}: {exc}", file=sys.stderr)
+        return None
+    return manifest, dht
 
 
 def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,15 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from node.commands.roles import DEFAULT_CONFIG
-from node.net.dht import PulseDHT
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.commands.roles import DEFAULT_CONFIG, start_run_reader
+from node.net.netconfig import add_net_arguments
 from node.net.p2ppeer import DHTView
 from node.roles.records import run_records
 from node.roles.status import RunStatus, read_status
-from node.run.manifest import load_manifest
-from protocol.errors import ConfigError, NetworkError
-from protocol.identity import Identity
 
 
 def register(subparsers: Any) -> None:
@@ -33,12 +29,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        manifest = load_manifest(args.config)
-        dht = PulseDHT.start(net_config_from_args(args), run_records(manifest).rules(), Identity.generate())
-    except (ConfigError, NetworkError) as exc:
-        print(f"pulse status: {exc}", file=sys.stderr)
+    if (started := start_run_reader(args, "status")) is None:
         return 2
+    manifest, dht = started
     try:
         status = asyncio.run(read_status(DHTView(dht, run_records(manifest))))
     finally:

@@ -10,4 +10,6 @@
 - `faults.py`      a validator process that tells one of those lies (`python -m node.swarm.faults`)
 - `campaign/`      the attack and fault campaign: hostile miner processes, faults, the ledger
                    (`pulse bench attacks`, and the swarm tier's campaign test)
+
+`demo-loss-60.png` is the held-out loss of a 60-round `pulse demo`, shown in the README.
 """

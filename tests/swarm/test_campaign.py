@@ -54,7 +54,9 @@ def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
     played = ledger.per_attack()
     assert set(played) == set(ATTACKS) - set(SCENARIOS), sorted(set(ATTACKS) - set(SCENARIOS) - set(played))
     assert ledger.unaccounted == 0, [o for o in ledger.outcomes if o.kind == "unaccounted" or not o.logged]
-    assert ledger.aggregated(detectable_only=True) == 0, [o for o in ledger.outcomes if o.kind == "aggregated"]
+    assert ledger.aggregated(detectable_only=True) == 0, [
+        (o.attack, o.round, o.sender[:12], o.reason) for o in ledger.outcomes if o.kind == "aggregated"
+    ]
     refusals = {o.attack: o.reason for o in ledger.outcomes if o.kind == "refused" and "BUSY" not in o.reason}
     for attack in TRANSPORT:
         if attack in played:

@@ -7,4 +7,6 @@ Files (in import order):
 - `render.py`  the page: server-rendered HTML around the board and its charts; pure
 - `watch.py`   `Watcher`: reads results, metrics, heartbeats and headers through a peer into a `Seen`
 - `server.py`  a small HTTP server (the standard library's) that renders the watcher's board per request
+
+`screenshot.png` is the page of a demo run, shown in the README.
 """
