@@ -29,6 +29,7 @@ from protocol.messages import (
     WireModel,
 )
 from protocol.signing import SignedMessage, sign
+from tests.helpers import commitments
 
 RUN = hashlib.sha256(b"validator-run").hexdigest()
 PEER = "/ip4/127.0.0.1/tcp/4000/p2p/12D3KooWJDZW5oetBduTcnsaAHQat9C9sTKdmejTcWTReSBr8CHv"
@@ -122,7 +123,7 @@ def result(round_: int = 1) -> RoundResult:
     h = hashlib.sha256(str(round_).encode()).hexdigest()
     return RoundResult(
         run_id=RUN, round=round_, selected=(), rejections=(), base_state_hash=h, patch_sha256=h, patch_size=1,
-        new_state_hash=h,
+        new_state_hash=h, **commitments(str(round_)),
     )  # fmt: skip
 
 
