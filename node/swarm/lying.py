@@ -41,6 +41,16 @@ LIES = ("add", "drop", "scale", "patch", "median")
 SCALE = 1.5
 
 
+def told(lie: str, submissions: int, selected: int) -> bool:
+    """Whether `lie` changes anything in a round with these counts: "drop" and "scale" need an
+    aggregated update, "median" a measured submission; "add" and "patch" lie in any round."""
+    if lie in ("drop", "scale"):
+        return selected > 0
+    if lie == "median":
+        return submissions > 0
+    return True
+
+
 def lying_validator(lie: str, from_round: int = 0) -> type[Validator]:
     """A `Validator` class that tells `lie` in every round from `from_round` on (honest before)."""
     if lie not in LIES:
