@@ -140,6 +140,7 @@ def _manifest(args: argparse.Namespace, validators: list[str]) -> Manifest:
     data["train"]["inner_steps"] = 5
     data["train"]["inner"]["warmup_steps"] = 0  # 5 steps of warmup-scaled rates teach too little to be selected
     data["selection"]["held_out_batches"] = 1
+    data["selection"]["assignment_batches"] = 5  # one fresh batch per inner step
     return parse_manifest(data)
 
 
@@ -311,10 +312,12 @@ def _open_round(swarm: Swarm) -> int:
 
 
 def _caught_up(log: EventLog, name: str) -> bool:
-    """`name` stands by at the round open now (it audited up to it), or is active again."""
+    """`name` stands by at the round open now (it audited up to it), or is active again, or the run
+    is over (its last patch may have no holder left to fetch from: nothing to catch up to)."""
     head = max((e.round for e in log.events(RoundOpened)), default=-1)
     standing = any(e.round >= head for e in log.events(Standby, name))
-    return standing or log.has(RoundOpened, name) or log.has(Done, name)
+    over = any(logged.name != name for logged in log.of(Done))
+    return standing or log.has(RoundOpened, name) or log.has(Done, name) or over
 
 
 def _received(log: EventLog, name: str, r: int) -> int:
