@@ -88,14 +88,15 @@ def run(args: argparse.Namespace) -> BenchResult:
         "lies_total": len(lies),
     }
     kills = [
-        [k["point"], k["round"], k["rounds_lost"], k["taken_over_by"], k["submissions_lost"]] for k in takeover["kills"]
+        [k["point"], k["round"], k["rounds_lost"], k["taken_over_by"], k["next_closed_by"], k["submissions_lost"]]
+        for k in takeover["kills"]
     ]
     lie_rows = [
         [lie, f["detected"], f["told_round"], f["verified_round"], "; ".join(f["findings"])[:80]]
         for lie, f in lies.items()
     ]
     tables = [
-        table("kills", ["point", "round", "rounds lost", "closed by", "submissions lost"], kills),
+        table("kills", ["point", "round", "rounds lost", "closed by", "next closed by", "submissions lost"], kills),
         table(
             "takeover run",
             [
@@ -222,7 +223,9 @@ def _kills(
 ) -> None:
     """Kill the active validator at each of `points` (one round each, as many as fit) and restart it."""
     for point in points:
-        r = max(_open_round(swarm) + 1, 2)  # the next round to open: a standby is caught up by now
+        # the next round to open (from round 1: the standby holds round 0's blobs, handed over before
+        # they were published); the restarted validator caught up as a standby by then
+        r = max(_open_round(swarm) + 1, 1)
         if r >= args.rounds - 1:
             break
         active = _active(swarm, by_key, r)
@@ -354,7 +357,9 @@ def _takeover_figures(
         named = set(result.scores) | set(result.rejections) if result is not None else set()
         k["submissions_lost"] = len(submitted.get(r, set()) - named)
         signer = counted[r].signer if r in counted else None
-        k["taken_over_by"] = by_key.get(signer) if signer else None
+        k["taken_over_by"] = by_key.get(signer) if signer else None  # the signer of round r's counted result
+        after = counted[r + 1].signer if r + 1 in counted else None
+        k["next_closed_by"] = by_key.get(after) if after else None
         del k["at"]
     scored: dict[tuple[str, int], int] = {}
     for r, result in chain.items():
