@@ -32,6 +32,7 @@ from pathlib import Path
 from node.events import Events
 from node.events.audit import Replicated
 from node.net.peer import Peer
+from node.net.streams import STREAM_ERRORS
 from node.run.setup import RunSetup
 from protocol.codec import default_max_bytes
 from protocol.errors import NetworkError, ProtocolError, TransferError
@@ -65,7 +66,7 @@ async def replicate(peer: Peer, setup: RunSetup, me: str, r: int, envelope: byte
                 try:
                     push.result()
                     acked += 1
-                except (TransferError, ProtocolError, NetworkError, *_STREAM_ERRORS) as exc:
+                except (ProtocolError, NetworkError, *STREAM_ERRORS) as exc:
                     refusals.append(f"{pushes[push][:16]}: {exc}")
     finally:
         for push in pending:  # a standby still fetching keeps going on its side
@@ -79,9 +80,6 @@ async def replicate(peer: Peer, setup: RunSetup, me: str, r: int, envelope: byte
     )
     events.emit(Replicated(round=r, standbys=len(standbys), acknowledged=acked, seconds=seconds), text)
     return acked
-
-
-_STREAM_ERRORS = (ConnectionError, OSError, asyncio.IncompleteReadError)
 
 
 class ReplicaTaker:
