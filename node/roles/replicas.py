@@ -39,10 +39,9 @@ from protocol.errors import NetworkError, ProtocolError, TransferError
 from protocol.messages import RoundResult
 from protocol.signing import open_signed
 from validator.audit import Replica
-from validator.evidence import RoundEvidence
+from validator.evidence import MAX_EVIDENCE_BYTES, RoundEvidence
 
 log = logging.getLogger(__name__)
-MAX_EVIDENCE_BYTES = 64 * 2**20  # a round's evidence: outcomes and the public book, far below this
 
 
 async def replicate(peer: Peer, setup: RunSetup, me: str, r: int, envelope: bytes, events: Events) -> int:
