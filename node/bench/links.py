@@ -60,12 +60,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cpu-only", action="store_true", help="only the join's CPU phases, in one process (no namespaces needed)"
     )
     parser.add_argument("--patches", type=int, default=3, help="patches after the checkpoint (--cpu-only)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per phase, the fastest kept (--cpu-only)")
     parser.add_argument("--dir", type=Path, default=None, help="work folder, kept (default: a temp folder, removed)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
     if args.cpu_only:
-        summary = {"join_cpu": joincpu.phases(int(args.state_mib * 2**20), args.patches)}
+        summary = {"join_cpu": joincpu.phases(int(args.state_mib * 2**20), args.patches, args.repeat)}
         return BenchResult(summary=summary, tables=_tables(summary))
     why = netns.available(args.prefix)
     if why is not None:

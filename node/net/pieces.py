@@ -19,7 +19,10 @@ any holder can send any piece and a wrong piece is caught on its own, before it 
   over; with nobody to ask for `NO_HOLDERS_SECONDS` the fetch gives up (the caller tries again later).
 - resume: pieces are written in place into `pieces/<sha256>` under the store; after a restart, the
   pieces already there that pass their check are kept (only allocated regions are read), the rest
-  fetched. Only when every piece is in is the file hashed whole, fsynced and renamed into `blobs/`.
+  fetched. When every piece is in, the file is fsynced and renamed into `blobs/`, not hashed whole
+  again: the pieces tile the blob and each passed its digest, so the caller's digests must come
+  from a list that names the blob's content (a checkpoint's piece index, which the validator's signed
+  announcement names by its SHA-256 beside the blob's).
 """
 
 from __future__ import annotations
@@ -121,11 +124,11 @@ class PartialBlob:
         return regions
 
     def commit(self) -> Path:
-        """Hash the whole file; if it is the blob, make it durable under its name in the store."""
+        """Make the file, every piece of it checked, durable under the blob's name in the store."""
         os.fsync(self.fd)
         os.close(self.fd)
         self.fd = -1
-        return self.store.adopt(self.sha256, self.size, self.path)
+        return self.store.adopt(self.sha256, self.size, self.path, pieces_checked=True)
 
     def close(self) -> None:
         if self.fd >= 0:
