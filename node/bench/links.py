@@ -39,7 +39,7 @@ from node.swarm.demo import Swarm
 from node.swarm.links import LinkLab, links_manifest, round_figures, run_rounds
 from protocol.identity import Identity
 
-PREFIX, SUBNET = "plb", "10.232.61"  # apart from the tests' and the campaign's hosts
+PREFIX, SUBNET = "plb", "10.232.61"  # namespaces are <prefix>-<pid>-<n>-<host>: unique per run (`netns.py`)
 JOIN_MBIT, HOLDER_MBIT = 100.0, 30.0
 SLOW_MBIT, FAST_MBIT, BUSY_MBIT = 20.0, 100.0, 50.0
 NEWCOMER = netns.Link(20, 100)
