@@ -66,8 +66,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> BenchResult:
     if args.cpu_only:
-        summary = {"join_cpu": joincpu.phases(int(args.state_mib * 2**20), args.patches, args.repeat)}
-        return BenchResult(summary=summary, tables=_tables(summary))
+        phases = {"join_cpu": joincpu.phases(int(args.state_mib * 2**20), args.patches, args.repeat)}
+        return BenchResult(summary=phases, tables=_tables(phases))
     why = netns.available(args.prefix)
     if why is not None:
         raise SystemExit(f"pulse bench links needs network namespaces: {why}")
