@@ -39,6 +39,15 @@ class CorruptState(PulseError):
     """The validator's saved state is missing, unreadable or inconsistent with itself."""
 
 
+class Superseded(PulseError):
+    """Another validator's result counts for a round this validator closed (or is closing): it stands
+    down and continues as a standby (`node/roles/standby.py`)."""
+
+    def __init__(self, round_: int, by: str) -> None:
+        super().__init__(f"round {round_}: the result of validator {by[:12]} counts")
+        self.round, self.by = round_, by
+
+
 # -- untrusted input: peer bytes that fail a check ---------------------------------------------
 
 

@@ -28,7 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from protocol.errors import MalformedPayload, SizeLimitExceeded
 
 PROTOCOL_VERSION = 2
-"""The one protocol version: bump it on any change to a wire schema or the signing preimage."""
+"""The one protocol version: bump it on any change to a wire schema or the signing preimage.
+(2: every envelope carries signed freshness, `expires_ms`; a round result commits to what
+recomputing its step needs: `RoundResult.evidence` and the rest.)"""
 
 MAX_ROUND = 2**62
 MAX_BLOB_BYTES = 2**40  # 1 TiB: larger than any payload, small enough to rule out overflow games
@@ -136,13 +138,40 @@ class Rejection(BaseModel):
     reason: Reason
 
 
+class BlobRef(BaseModel):
+    """A blob named by its SHA-256, with its exact size (a fetcher never reads past it)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    sha256: Sha256Hex
+    size: ByteSize
+
+
+class OuterStep(BaseModel):
+    """The outer optimizer's settings and step count a round's step used (`validator/outer.py`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    lr: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    momentum: float = Field(ge=0, lt=1, allow_inf_nan=False)
+    nesterov: bool
+    steps: int = Field(ge=0, le=MAX_ROUND)
+    """Outer steps applied before this round's."""
+
+
 class RoundResult(WireModel):
-    """The validator's verdict for a round and the patch that moves everyone to the next state."""
+    """The validator's verdict for a round and the patch that moves everyone to the next state.
+
+    It commits to everything needed to recompute the round's step from public data (an auditor
+    does, `validator/audit.py`): the FP32 state before and after, the outer step's settings, and
+    the round's evidence blob, which lists the aggregated payloads in order with their norms and
+    clip factors and the signed header of every submission the result names.
+    """
 
     KIND: ClassVar[str] = "round_result"
 
     selected: tuple[ScoredSubmission, ...] = Field(max_length=MAX_SELECTED)
-    """Aggregated submissions with their scores."""
+    """Aggregated submissions with their scores, in aggregation order (the sum runs in this order)."""
     rejections: tuple[Rejection, ...] = Field(max_length=MAX_REJECTIONS)
     """Every submission that was not aggregated, with its reason."""
     base_state_hash: Sha256Hex
@@ -151,6 +180,18 @@ class RoundResult(WireModel):
     patch_size: ByteSize
     new_state_hash: Sha256Hex
     """SHA-256 of W_{r+1}; a follower checks its patched weights against it."""
+    master_before: Sha256Hex
+    """SHA-256 (`statehash.py`) of the FP32 state the step reads, before it: the master, and the
+    momentum buffers when momentum is on."""
+    master_after: Sha256Hex
+    """The same after the step (equal to `master_before` when nothing was aggregated)."""
+    outer: OuterStep
+    """The outer step's settings and the number of steps before this one."""
+    evidence: BlobRef
+    """The round's evidence blob (`validator/evidence.py`)."""
+    master_checkpoint: BlobRef | None
+    """The FP32 state after the step as a safetensors blob hashing to `master_after`, every
+    `checkpoint_every` rounds: where an auditor can start without replaying from W_0."""
 
     @model_validator(mode="after")
     def _one_outcome_each(self) -> Self:

@@ -74,6 +74,14 @@ class SignedMessage:
     def message_id(self) -> str:
         return hashlib.sha256(self.preimage()).hexdigest()
 
+    @property
+    def statement_id(self) -> str:
+        """What was said and by whom, whatever its freshness: the same for a record signed afresh
+        (a republished round result) as for the original; two results for one round differ in it."""
+        return hashlib.sha256(
+            b"".join([self.kind.encode("ascii"), bytes.fromhex(self.run_id), self.sender, self.body])
+        ).hexdigest()
+
     def to_bytes(self) -> bytes:
         return MAGIC + self._fields() + self.signature
 
@@ -149,6 +157,10 @@ class Verified(Generic[M]):
     @property
     def message_id(self) -> str:
         return self.signed.message_id
+
+    @property
+    def statement_id(self) -> str:
+        return self.signed.statement_id
 
 
 def sign(identity: Identity, message: WireModel, *, expires_ms: int = 0) -> SignedMessage:

@@ -11,6 +11,7 @@ Every wait has a timeout; `wait_for` raises with what it waited for (and the log
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from node.events import EventLog, read_events
+from protocol.messages import BlobRef, OuterStep
 
 T = TypeVar("T")
 
@@ -62,3 +64,19 @@ def events(out: Path) -> EventLog:
     """Every event the swarm in `out` has written so far (`out/events/*.jsonl`), typed; query it with
     `EventLog.has(kind, name, round_)`, `.events(kind, name)`."""
     return read_events(out / "events")
+
+
+def commitments(tag: str = "") -> dict[str, Any]:
+    """The audit commitments of a `RoundResult` (FP32 states, outer step, evidence) as placeholders,
+    for tests that build a result by hand: `RoundResult(..., **commitments())`."""
+
+    def h(text: str) -> str:
+        return hashlib.sha256(f"{tag}/{text}".encode()).hexdigest()
+
+    return {
+        "master_before": h("fp32-before"),
+        "master_after": h("fp32-after"),
+        "outer": OuterStep(lr=1.0, momentum=0.0, nesterov=False, steps=0),
+        "evidence": BlobRef(sha256=h("evidence"), size=100),
+        "master_checkpoint": None,
+    }

@@ -19,6 +19,7 @@ from node.roles.chainstate import checkpoint_bytes
 from protocol.identity import Identity
 from protocol.messages import CheckpointAnnouncement, RoundResult
 from protocol.statehash import state_hash
+from tests.helpers import commitments
 
 RUN = hashlib.sha256(b"pulse-test-catchup").hexdigest()
 VALIDATOR = Identity.generate()
@@ -47,7 +48,7 @@ def test_a_chain_broken_at_the_newest_checkpoint_waits_before_rejoining(tmp_path
     )  # fmt: skip
     elsewhere = RoundResult(
         run_id=RUN, round=0, selected=(), rejections=(), base_state_hash="1" * 64, patch_sha256="2" * 64,
-        patch_size=10, new_state_hash="3" * 64,
+        patch_size=10, new_state_hash="3" * 64, **commitments(),
     )  # fmt: skip
     events = Counting()
     chain = Chain(follower, events, poll=0.1)

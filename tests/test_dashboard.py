@@ -31,6 +31,7 @@ from protocol.messages import (
     SubmissionHeader,
     WireModel,
 )
+from tests.helpers import commitments
 
 VALIDATOR = Identity.from_seed(b"v" * 32)
 MINERS = [Identity.from_seed(bytes([i]) * 32).public_hex for i in range(1, 4)]
@@ -56,6 +57,7 @@ def result(r: int, base: str | None = None, reason: str = "undecodable: NonFinit
         patch_sha256=h(f"p{r}"),
         patch_size=1000 + r,
         new_state_hash=h(f"w{r + 1}"),
+        **commitments(str(r)),
     )
 
 

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 from hivemind.dht.validation import DHTRecord
 
-from node.net.dht import PulseRecordValidator, dht_key_id, sign_for
+from node.net.dht import PulseDHT, PulseRecordValidator, dht_key_id, sign_for
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
 from node.net.records import MAX_DHT_VALUE_BYTES, POLICIES, RecordRules, StoreBudget
 from protocol.errors import ConfigError, InvalidRecord, InvalidSignature, MalformedPayload, WrongRun
@@ -29,6 +29,7 @@ from protocol.messages import (
     WireModel,
 )
 from protocol.signing import SignedMessage, sign
+from tests.helpers import commitments
 
 RUN = hashlib.sha256(b"validator-run").hexdigest()
 PEER = "/ip4/127.0.0.1/tcp/4000/p2p/12D3KooWJDZW5oetBduTcnsaAHQat9C9sTKdmejTcWTReSBr8CHv"
@@ -122,7 +123,7 @@ def result(round_: int = 1) -> RoundResult:
     h = hashlib.sha256(str(round_).encode()).hexdigest()
     return RoundResult(
         run_id=RUN, round=round_, selected=(), rejections=(), base_state_hash=h, patch_sha256=h, patch_size=1,
-        new_state_hash=h,
+        new_state_hash=h, **commitments(str(round_)),
     )  # fmt: skip
 
 
@@ -249,3 +250,37 @@ def test_flags_map_to_config() -> None:
     args = parser.parse_args(["--initial-peers", PEER, "--no-relay", "--auto-relay", "--client-mode"])
     config = net_config_from_args(args)
     assert config.initial_peers == (PEER,) and not config.use_relay and config.use_auto_relay and config.client_mode
+
+
+class _Answered:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def result(self, timeout: float | None = None) -> object:
+        return self.value
+
+
+class _Replicas:
+    """A DHT handle whose store answers as hivemind does when its last replica refused, and whose
+    read finds what the other replicas kept."""
+
+    def __init__(self, store_answer: bool, kept: dict[bytes, bytes]) -> None:
+        self.store_answer, self.kept = store_answer, kept
+
+    def is_alive(self) -> bool:
+        return True
+
+    def store(self, *args: object, **kwargs: object) -> _Answered:
+        return _Answered(self.store_answer)
+
+    def get(self, *args: object, **kwargs: object) -> _Answered:
+        entries = {k: argparse.Namespace(value=v, expiration_time=0.0) for k, v in self.kept.items()}
+        return _Answered(argparse.Namespace(value=entries, expiration_time=0.0))
+
+
+@pytest.mark.parametrize(("kept_ours", "stored"), [(True, True), (False, False)])
+def test_a_store_counts_when_the_network_holds_it_whatever_the_last_replica_said(kept_ours: bool, stored: bool) -> None:
+    signed = signed_header(VALIDATOR)
+    kept = {signed.sender: signed.to_bytes() if kept_ours else b"another envelope"}
+    dht = PulseDHT(_Replicas(False, kept), RULES, VALIDATOR, NetConfig())  # type: ignore[arg-type]
+    assert dht.store_signed(signed) is stored

@@ -391,7 +391,8 @@ def test_a_round_decodes_each_payload_once_and_spills_within_its_budget(tmp_path
         with Counting(cfg, v.weights, v.evaluator, v.batch_fn, spill) as pipeline:
             decision = pipeline.decide(screened, secret, v.standing(), run_id=RUN_ID, round_=0)
             inspection = pipeline.inspect(screened.candidates, secret)
-            update = pipeline.aggregate([a for a in inspection.assessments if a.problem is None])
+            aggregated = pipeline.aggregate([a for a in inspection.assessments if a.problem is None])
+            update = aggregated.update if aggregated is not None else None
             spilled = len(list(spill.iterdir())) if spill is not None else 0
             assert spilled == (4 if budget == 2**30 else 0)  # one file per distinct payload, if it fits
         assert spill is None or not spill.exists()  # closed: nothing left

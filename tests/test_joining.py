@@ -43,6 +43,7 @@ from protocol.identity import Identity
 from protocol.messages import HEAD_ROUND, CheckpointAnnouncement, RoundResult, RunHead, WireModel
 from protocol.state import StateDict
 from protocol.statehash import state_hash
+from tests.helpers import commitments
 from tests.test_rounds_in_process import SELECTION
 
 TIMEOUT = 60.0
@@ -84,6 +85,7 @@ def fabricate_chain(net: MemoryNetwork, folder: Path, open_round: int, patches: 
                 patch_sha256=hashlib.sha256(patch).hexdigest(),
                 patch_size=len(patch),
                 new_state_hash=state_hash(new),
+                **commitments(str(r)),
             )
         )
         weights = new

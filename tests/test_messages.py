@@ -30,8 +30,10 @@ from protocol.messages import (
     MAX_ROUND,
     MAX_SELECTED,
     PROTOCOL_VERSION,
+    BlobRef,
     CheckpointAnnouncement,
     Heartbeat,
+    OuterStep,
     PoolEntry,
     PoolRejection,
     Rejection,
@@ -84,6 +86,11 @@ def worst_round_result() -> RoundResult:
         patch_sha256=key,
         patch_size=2**40,
         new_state_hash=key,
+        master_before=key,
+        master_after=key,
+        outer=OuterStep(lr=-1.2345678901234567e-300 + 1e6, momentum=0.12345678901234567, nesterov=True, steps=2**62),
+        evidence=BlobRef(sha256=key, size=2**40),
+        master_checkpoint=BlobRef(sha256=key, size=2**40),
     )
 
 

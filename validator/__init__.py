@@ -14,6 +14,9 @@ Files:
 - `ledger.py`     every round's signed result in an append-only file; the hash-chain check anyone can run
 - `state.py`      the state on disk: atomic files, one commit point per round, resume after a kill
 - `core.py`       `Validator`: owns master, ratings and replay cache; `run_round`: screen, decide, step, sign, commit
+- `evidence.py`   a round's evidence blob (aggregation order, norms, clips, headers, revealed secret, book)
+- `audit.py`      recompute a round from public data on an FP32 `Replica`; `AuditReport` names what differs
+- `receipt.py`    a miner's receipt: the verdict from result and evidence, its gains recomputed within a tolerance
 
 `validator` imports `protocol`, never `node`.
 """

@@ -5,8 +5,12 @@
 Norms are global L2 norms over all tensors (float64). Each update is scaled by
 min(1, median / norm), so no single submission counts for more than a typical one, and the
 scaled updates are averaged. At most one decoded update is held at a time: without precomputed
-norms the payloads are decoded twice (a norm pass, then a sum pass). Sums run in float64 in the
-given order, so the result is deterministic for a given input order.
+norms the payloads are decoded twice (a norm pass, then a sum pass).
+
+Bit-reproducible: the norms are summed in one fixed order (`global_norm`), the clip factors are
+computed in Python from them, and the sum of the updates is elementwise (a product, then an
+addition, each correctly rounded) in float64 in the given order, so norms and mean have the same
+bytes on every CPU and thread count. An auditor recomputes all of it (`audit.py`).
 
 Payloads reaching this point were already validated (decoded once by the round logic); a decode
 error here propagates as the `ProtocolError` it is.
@@ -19,6 +23,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
+
+import torch
 
 from protocol.state import State, StateDict
 
@@ -33,9 +39,56 @@ class Aggregate:
     scales: list[float]  # factor each input was multiplied by
 
 
+BLOCK = 1 << 14  # width of the accumulator in `sum_of_squares`
+GROUP = 64  # rows of BLOCK values squared and folded at once
+
+
 def global_norm(update: State) -> float:
-    """L2 norm over every tensor of `update`, accumulated in float64 in sorted-name order."""
-    return math.sqrt(sum(float(update[name].double().square().sum()) for name in sorted(update)))
+    """L2 norm over every tensor of `update`: the same float on every machine and thread count.
+
+    `sum_of_squares` per tensor, added in sorted-name order. A torch `sum` takes about as long but
+    its order depends on the vector width and the threads, and an auditor must get the validator's
+    norms bit for bit (they decide the clip factors).
+    """
+    total = 0.0
+    for name in sorted(update):
+        total += sum_of_squares(update[name])
+    return math.sqrt(total)
+
+
+def sum_of_squares(t: torch.Tensor) -> float:
+    """The sum of the squares of `t`'s values in float64, in one fixed order.
+
+    A square of an FP32 value is exact in float64. The nonzero values (zeros add nothing; a sparse
+    update has few nonzeros) are read in flat order as rows of BLOCK; each group of rows is folded
+    into one by halving (elementwise additions of the first and second half), the groups' rows are
+    added into a BLOCK-wide accumulator in order, and the accumulator is halved down to one value.
+    Every operation is elementwise, so vector width and threads change nothing.
+    """
+    flat = t.detach().reshape(-1)
+    flat = flat[flat != 0]
+    full = flat.numel() // BLOCK
+    acc = torch.zeros(BLOCK, dtype=torch.float64)
+    rows = flat[: full * BLOCK].view(full, BLOCK)
+    for start in range(0, full, GROUP):
+        group = rows[start : start + GROUP].double()
+        acc.add_(_halve(group.mul_(group)))
+    rest = flat[full * BLOCK :]
+    if rest.numel():
+        tail = torch.zeros(BLOCK, dtype=torch.float64)
+        tail[: rest.numel()] = rest.double()
+        acc.add_(tail.mul_(tail))
+    return float(_halve(acc.view(BLOCK, 1)).item())
+
+
+def _halve(rows: torch.Tensor) -> torch.Tensor:
+    """(k, w) float64 -> (w,): the sum over the rows, by adding the second half to the first until one is left."""
+    while rows.shape[0] > 1:
+        if rows.shape[0] % 2:
+            rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+        half = rows.shape[0] // 2
+        rows = rows[:half] + rows[half:]
+    return rows[0]
 
 
 def clip_scales(norms: Sequence[float]) -> tuple[float, list[float]]:

@@ -13,7 +13,7 @@ gauntlet` reports the figures they give.
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -134,6 +134,9 @@ class GauntletConfig(UpdateRules, SelectionRules):
     # -- persistence -------------------------------------------------------------------------
     keep_rounds: int = Field(default=2, ge=1)
     """Committed round folders kept on disk (the newest is the one a restart resumes from)."""
+    fp32_checkpoint_every: int = Field(default=5, ge=1)
+    """Every this many rounds the result names the FP32 state after its step as a blob, where an
+    auditor can start (a run manifest sets it to its `checkpoint_every`)."""
     decoded_spill_bytes: int = Field(default=32 * 2**30, ge=0)
     """Disk for a round's decoded updates (spill.py, deleted when the round ends), so each payload is
     decoded once, not once per step; updates beyond it are decoded again when needed. 0 = no spill."""
@@ -145,11 +148,12 @@ class GauntletConfig(UpdateRules, SelectionRules):
         return self
 
     @classmethod
-    def for_run(cls, update: UpdateRules, selection: SelectionRules) -> GauntletConfig:
-        """The settings for a run that fixes `update` and `selection`; the rest keep their defaults."""
+    def for_run(cls, update: UpdateRules, selection: SelectionRules, **own: Any) -> GauntletConfig:
+        """The settings for a run that fixes `update` and `selection` (and any of the validator's
+        own settings in `own`); the rest keep their defaults."""
         fixed = {name: getattr(update, name) for name in UpdateRules.model_fields}
         fixed |= {name: getattr(selection, name) for name in SelectionRules.model_fields}
-        return cls(**fixed)
+        return cls(**fixed, **own)
 
     @property
     def eval_step(self) -> float:

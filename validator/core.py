@@ -5,8 +5,10 @@
     report = v.run_round(submissions)   # one Outcome per submission, signed result, patch
 
 A round: screen (intake.py), decide (`RoundPipeline.decide`, gauntlet.py: outcomes, the selected,
-the next ratings and indicator averages), aggregate and step the master, encode the patch and
-sign the result, commit (state.py). Everything for round r is computed from the state of round
+the next ratings and indicator averages), aggregate and step the master, encode the patch, write
+the round's evidence (evidence.py) and sign the result, commit (state.py). The result commits to
+the FP32 state before and after the step, the outer step's settings and the evidence, so anyone
+can recompute the step (audit.py). Everything for round r is computed from the state of round
 r; the state of round r+1 is committed and only then adopted in memory. Inputs are the same
 after a restart (the validator's randomness is a hash of its own signature), so re-running a
 round that was cut off before its commit gives the same result and patch, byte for byte.
@@ -22,14 +24,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors.torch import save as save_tensors
+
 from protocol import pulsesync
 from protocol.errors import ConfigError, CorruptState
 from protocol.identity import Identity
-from protocol.messages import RoundResult
+from protocol.messages import BlobRef, OuterStep, RoundResult
 from protocol.signing import SeenCache, sign
 from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator.config import GauntletConfig
+from validator.evidence import build_evidence
 from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing, established
 from validator.intake import RoundContext, Submission, screen
 from validator.outer import OuterOptimizer
@@ -53,6 +58,8 @@ class RoundReport:
     seconds: float  # run_round from start to commit
     decide_seconds: float = 0.0  # of which: intake, decoding, scoring and selection
     encode_seconds: float = 0.0  # of which: encoding the PULSESync patch
+    evidence: bytes = b""  # the round's evidence blob, named by the result
+    master_checkpoint: bytes | None = None  # the FP32 state after the step, when the result names it
 
     def selected(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == "selected"]
@@ -73,9 +80,10 @@ class Validator:
         self.evaluator, self.batch_fn, self.store = evaluator, batch_fn, store
         self.outer = OuterOptimizer(cfg.outer, snap.master)
         self.outer.load_state_tensors(snap.momentum, snap.book.outer_steps)
-        self._adopt(snap.book, snap.result, snap.patch)
+        self._adopt(snap.book, snap.result, snap.patch, snap.evidence)
         if self.state_hash != snap.book.states[-1]:
             raise CorruptState("the saved master weights do not give the saved state hash")
+        self.fp32_hash = state_hash(self.outer.fp32_state())  # what the next result's `master_before` names
         self._broken = False
 
     @classmethod
@@ -95,11 +103,7 @@ class Validator:
         store = StateStore(directory, cfg.keep_rounds, crash_hook)
         if store.exists():
             raise ConfigError(f"{directory} already holds a validator state: open it instead")
-        outer = OuterOptimizer(cfg.outer, master)
-        book = Book(
-            round=0, outer_steps=0, ratings={}, indicators={}, seen=[], states=[state_hash(outer.bf16_weights())]
-        )
-        snap = Snapshot(book, outer.master, outer.state_tensors(), None, None)
+        snap = initial_snapshot(cfg, master)
         store.commit(snap)
         return cls(cfg, run_id, identity, evaluator, batch_fn, store, snap)
 
@@ -123,13 +127,13 @@ class Validator:
     def round(self) -> int:
         return self.book.round
 
-    def _adopt(self, book: Book, result: bytes | None, patch: bytes | None) -> None:
+    def _adopt(self, book: Book, result: bytes | None, patch: bytes | None, evidence: bytes | None) -> None:
         self.book = book
         self.ratings = Ratings(self.cfg.openskill_beta, self.cfg.openskill_tau, self.cfg.missing_rounds, book.ratings)
         self.seen = SeenCache(self.cfg.seen_capacity, book.seen)
         self.weights = self.outer.bf16_weights()
         self.state_hash = state_hash(self.weights)
-        self.last_result, self.last_patch = result, patch
+        self.last_result, self.last_patch, self.last_evidence = result, patch, evidence
 
     def context(self, pipeline: RoundPipeline) -> RoundContext:
         recent = self.book.states[:-1]
@@ -153,31 +157,45 @@ class Validator:
         spill = self.store.directory / SPILL_FOLDER
         if spill.exists():
             shutil.rmtree(spill)  # what a crashed round left behind (a finished round removes it)
-        with RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill) as pipeline:
+        with self._pipeline(spill) as pipeline:
             screened = screen(submissions, self.context(pipeline), self.seen)
             secret = RoundSecret.derive(self.identity, self.run_id, self.round)
             decision = pipeline.decide(screened, secret, self.standing(), run_id=self.run_id, round_=self.round)
             decided = time.perf_counter()
 
             self._broken = True  # from here the master changes before the commit
-            update = pipeline.aggregate(decision.selected)
-        new_weights, new_hash = self._step(update)
-        del update
+            before = Step(self.fp32_hash, self.outer.steps)
+            aggregated = pipeline.aggregate(decision.selected)
+        new_weights, new_hash = self._step(aggregated.update if aggregated is not None else None)
+        master_after = state_hash(self.outer.fp32_state())
         stepped = time.perf_counter()
-        patch = pulsesync.encode(self.weights, new_weights, old_hash=self.state_hash, new_hash=new_hash)
+        patch = self._encode(new_weights, new_hash)
         encoded = time.perf_counter()
-        result = self._result(decision, patch, new_hash)
+        book = self._next_book(decision.standing, screened.message_ids, new_hash)
+        evidence = build_evidence(self.run_id, self.round, secret, decision, aggregated, submissions, book).to_bytes()
+        checkpoint = self.fp32_checkpoint() if (self.round + 1) % self.cfg.fp32_checkpoint_every == 0 else None
+        result = self._result(decision, patch, new_hash, before, master_after, evidence, checkpoint)
         envelope = sign(self.identity, result).to_bytes()
-        self._commit(decision.standing, screened.message_ids, new_hash, envelope, patch)
+        self._commit(book, envelope, patch, evidence)
+        self.fp32_hash = master_after
         self._broken = False
 
         seconds = time.perf_counter() - start
         report = RoundReport(
             result.round, decision.outcomes, result, envelope, patch, new_hash, decision.median_norm, seconds,
-            decide_seconds=decided - start, encode_seconds=encoded - stepped,
+            decide_seconds=decided - start, encode_seconds=encoded - stepped, evidence=evidence,
+            master_checkpoint=checkpoint,
         )  # fmt: skip
         _log_report(report)
         return report
+
+    def _pipeline(self, spill: Path | None = None) -> RoundPipeline:
+        """The round's pipeline; `spill`: the folder for its decoded updates (None: no spill)."""
+        return RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill)
+
+    def _encode(self, new_weights: State, new_hash: str) -> bytes:
+        """The PULSESync patch W_r -> W_{r+1}."""
+        return pulsesync.encode(self.weights, new_weights, old_hash=self.state_hash, new_hash=new_hash)
 
     def standing(self) -> Standing:
         """The miners' ratings, indicator averages and rounds gained this round starts from."""
@@ -195,7 +213,21 @@ class Validator:
         new_weights = self.outer.bf16_weights()
         return new_weights, state_hash(new_weights)
 
-    def _result(self, decision: Decision, patch: bytes, new_hash: str) -> RoundResult:
+    def fp32_checkpoint(self) -> bytes:
+        """The FP32 state the next step reads, as a safetensors file (what `master_checkpoint` names)."""
+        return fp32_checkpoint_bytes(self.outer.fp32_state())
+
+    def _result(
+        self,
+        decision: Decision,
+        patch: bytes,
+        new_hash: str,
+        before: Step,
+        master_after: str,
+        evidence: bytes,
+        checkpoint: bytes | None,
+    ) -> RoundResult:
+        outer = self.cfg.outer
         return RoundResult(
             run_id=self.run_id,
             round=self.round,
@@ -205,16 +237,19 @@ class Validator:
             patch_sha256=hashlib.sha256(patch).hexdigest(),
             patch_size=len(patch),
             new_state_hash=new_hash,
+            master_before=before.fp32_hash,
+            master_after=master_after,
+            outer=OuterStep(lr=outer.lr, momentum=outer.momentum, nesterov=outer.nesterov, steps=before.steps),
+            evidence=blob_ref(evidence),
+            master_checkpoint=blob_ref(checkpoint) if checkpoint is not None else None,
         )
 
-    def _commit(
-        self, standing: Standing, message_ids: Sequence[str], new_hash: str, envelope: bytes, patch: bytes
-    ) -> None:
-        """Write the state of the next round (state.py), then adopt it in memory."""
+    def _next_book(self, standing: Standing, message_ids: Sequence[str], new_hash: str) -> Book:
+        """The book of the next round: ratings, indicator averages, replay cache, recent states."""
         seen = SeenCache(self.cfg.seen_capacity, self.seen.ids())
         for message_id in message_ids:
             seen.add(message_id)
-        book = Book(
+        return Book(
             round=self.round + 1,
             outer_steps=self.outer.steps,
             ratings=dict(standing.ratings.records),
@@ -223,8 +258,36 @@ class Validator:
             seen=seen.ids(),
             states=[*self.book.states, new_hash][-(self.cfg.behind_rounds + 1) :],
         )
-        self.store.commit(Snapshot(book, self.outer.master, self.outer.state_tensors(), envelope, patch))
-        self._adopt(book, envelope, patch)
+
+    def _commit(self, book: Book, envelope: bytes, patch: bytes, evidence: bytes) -> None:
+        """Write the state of the next round (state.py), then adopt it in memory."""
+        snap = Snapshot(book, self.outer.master, self.outer.state_tensors(), envelope, patch, evidence)
+        self.store.commit(snap)
+        self._adopt(book, envelope, patch, evidence)
+
+
+@dataclass(frozen=True)
+class Step:
+    """Where the outer optimizer stands: the FP32 state hash and the steps taken."""
+
+    fp32_hash: str
+    steps: int
+
+
+def initial_snapshot(cfg: GauntletConfig, master: State) -> Snapshot:
+    """The state of round 0: W_0 as the FP32 master, no momentum yet, nobody rated."""
+    outer = OuterOptimizer(cfg.outer, master)
+    book = Book(round=0, outer_steps=0, ratings={}, indicators={}, seen=[], states=[state_hash(outer.bf16_weights())])
+    return Snapshot(book, outer.master, outer.state_tensors(), None, None)
+
+
+def blob_ref(data: bytes) -> BlobRef:
+    return BlobRef(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def fp32_checkpoint_bytes(state: State) -> bytes:
+    """An FP32 state as a safetensors file (deterministic bytes for the same tensors)."""
+    return save_tensors({name: t.contiguous() for name, t in state.items()})
 
 
 def _log_report(report: RoundReport) -> None:

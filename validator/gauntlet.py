@@ -48,7 +48,7 @@ from protocol.codec_options import build_codec
 from protocol.errors import ProtocolError
 from protocol.messages import Rejection, ScoredSubmission
 from protocol.state import State, StateDict
-from validator.aggregate import aggregate, global_norm
+from validator.aggregate import Aggregate, aggregate, global_norm
 from validator.config import GauntletConfig
 from validator.intake import Candidate, Screened, reason_text
 from validator.ratings import Ratings
@@ -103,6 +103,7 @@ class Outcome:
     final: float | None = None  # ordinal x max(indicator average, 0)
     indicator: int = 0
     gains: Gains | None = None
+    norm: float | None = None  # global L2 norm of the decoded update, if it decoded
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,8 @@ class Decision:
     """Everything a round decides before the master moves."""
 
     outcomes: tuple[Outcome, ...]  # one per submission, in arrival order
-    selected: tuple[Assessment, ...]  # to aggregate, best final score first
-    scored: tuple[ScoredSubmission, ...]  # the signed result's selected entries
+    selected: tuple[Assessment, ...]  # to aggregate, best final score first: the aggregation order
+    scored: tuple[ScoredSubmission, ...]  # the signed result's selected entries, in the same order
     rejections: tuple[Rejection, ...]  # ... and its rejected ones
     standing: Standing  # ratings and indicator averages after this round
     median_norm: float
@@ -355,11 +356,11 @@ class RoundPipeline:
             if a.index in owners:
                 a.problem, a.copy = f"copy of {sender[owners[a.index]][:16]}'s submission", True
 
-    def aggregate(self, selected: Sequence[Assessment]) -> StateDict | None:
+    def aggregate(self, selected: Sequence[Assessment]) -> Aggregate | None:
+        """The clipped mean of `selected`, in that order, from the norms the round measured (None: nothing)."""
         if not selected:
             return None
-        result = aggregate(list(selected), self.update_of, norms=[a.norm for a in selected])
-        return result.update
+        return aggregate(list(selected), self.update_of, norms=[a.norm for a in selected])
 
 
 def select(
@@ -414,7 +415,7 @@ def outcomes_and_result(
         h = a.candidate.header.payload_sha256
         base = Outcome(
             a.index, "rejected", "", a.sender, h, a.gains.random if a.gains else None,
-            finals.get(a.index), a.indicator, a.gains,
+            finals.get(a.index), a.indicator, a.gains, a.norm if a.sketch is not None else None,
         )  # fmt: skip
         if a.index in chosen:
             outcomes[a.index] = replace(base, status="selected")
@@ -423,10 +424,9 @@ def outcomes_and_result(
     if sorted(outcomes) != list(range(total)):
         raise AssertionError("every submission must get exactly one outcome")
     ordered = [outcomes[i] for i in range(total)]
-    scored = tuple(
-        ScoredSubmission(sender=o.sender or "", payload_sha256=o.payload_sha256 or "", score=o.final or 0.0)
-        for o in ordered
-        if o.status == "selected"
+    scored = tuple(  # in aggregation order
+        ScoredSubmission(sender=a.sender, payload_sha256=a.candidate.header.payload_sha256, score=finals[a.index])
+        for a in selected
     )
     rejections = tuple(
         Rejection(sender=o.sender or "", payload_sha256=o.payload_sha256 or "", reason=o.reason)

@@ -11,6 +11,7 @@ and is dropped (by readers, and before the next append), so the file is always a
 chain.
 
     append(path, round_, envelope)         # idempotent: a round already in the file is skipped
+    truncate(path, round_)                 # drop round_ and later: a result that did not count (rare)
     entries = read(path)                   # [(round, envelope bytes)], in file order
     write(path, entries)                   # a whole ledger at once (an export)
     results = verify_chain(envelopes, run_id, validators)   # raises BrokenChain, InvalidSignature...
@@ -55,6 +56,14 @@ def read(path: Path) -> list[Entry]:
 def write(path: Path, entries: Sequence[Entry]) -> None:
     """A whole ledger at once (atomically), e.g. beside an exported model."""
     write_atomic(path, b"".join(_line(round_, envelope) for round_, envelope in entries))
+
+
+def truncate(path: Path, round_: int) -> None:
+    """Drop the entries of round `round_` and later (a validator's result that another validator's
+    result superseded: it never counted). The one exception to append-only, written atomically."""
+    entries = read(path)
+    if entries and entries[-1][0] >= round_:
+        write(path, [e for e in entries if e[0] < round_])
 
 
 def append(path: Path, round_: int, envelope: bytes) -> None:

@@ -7,7 +7,16 @@ Pseudo-gradients point like gradients (Delta = W - W_local), so a step subtracts
     master -= lr * d
 
 This is `torch.optim.SGD`'s rule, written out so the state is two plain dicts the validator
-can save and load (`state_tensors` / `load_state_tensors`). Deterministic.
+can save and load (`state_tensors` / `load_state_tensors`).
+
+Bit-reproducible on any CPU and any thread count, because anyone may recompute it (`audit.py`):
+every operation is elementwise and separate (a product, then a sum: never `add_(alpha=...)`,
+whose vectorized body may fuse a multiply-add that its scalar tail does not, so the bytes would
+depend on where a thread's chunk ends), carried out in float64 and rounded to float32 once at
+the end. Elementwise IEEE operations are correctly rounded, so every machine gets the same bytes.
+
+`fp32_state()` is what the step reads (the master, and the momentum buffers when momentum is
+on); its `state_hash` is the FP32 state hash a round result commits to before and after its step.
 """
 
 from __future__ import annotations
@@ -57,16 +66,24 @@ class OuterOptimizer:
             g = update[name].to(torch.float32)
             if g.shape != self.master[name].shape:
                 raise IncompatibleStates(f"{name}: update {tuple(g.shape)}, master {tuple(self.master[name].shape)}")
-        mu = self.cfg.momentum
+        mu, lr = self.cfg.momentum, self.cfg.lr
         for name in sorted(self.master):
-            g = update[name].to(torch.float32)
+            g = update[name].to(torch.float32).double()  # the update as FP32, as a payload carries it
             if mu == 0:
                 direction = g
             else:
-                buf = self.momentum[name].mul_(mu).add_(g)
-                direction = g + mu * buf if self.cfg.nesterov else buf
-            self.master[name].sub_(direction, alpha=self.cfg.lr)
+                buf = (self.momentum[name].double() * mu + g).float()
+                self.momentum[name].copy_(buf)
+                direction = g + buf.double() * mu if self.cfg.nesterov else buf.double()
+            self.master[name].copy_((self.master[name].double() - direction * lr).float())
         self.steps += 1
+
+    def fp32_state(self) -> dict[str, torch.Tensor]:
+        """What the step reads: the master, plus the momentum buffers (`momentum/<name>`) when momentum is on."""
+        state = dict(self.master)
+        if self.cfg.momentum > 0:
+            state.update({_PREFIX + name: t for name, t in self.momentum.items()})
+        return state
 
     def bf16_weights(self) -> dict[str, torch.Tensor]:
         """The BF16 global weights nodes train from: the master rounded to nearest."""

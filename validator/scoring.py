@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from protocol.identity import Identity
+from protocol.identity import Identity, verify_signature
 from protocol.state import State
 
 Batch = Any  # opaque to the validator: whatever the node's batch function returns
@@ -68,14 +68,26 @@ class Evaluator(Protocol):
 @dataclass(frozen=True)
 class RoundSecret:
     """Per-round randomness only this validator can compute (a hash of its own signature), yet
-    the same after a restart: random batches, which assigned batch to test, the sketch offset."""
+    the same after a restart: random batches, which assigned batch to test, the sketch offset.
+
+    Ed25519 signatures are deterministic, so the validator cannot choose its secret; once the
+    round is closed it reveals the signature (the round's evidence), and anyone can check it
+    against the validator's key (`revealed`) and redraw the round's batches (a miner's receipt).
+    """
 
     digest: bytes
+    signature: bytes = b""  # what `digest` hashes
 
     @classmethod
     def derive(cls, identity: Identity, run_id: str, round_: int) -> RoundSecret:
-        preimage = b"pulse/gauntlet-secret\x00" + bytes.fromhex(run_id) + struct.pack(">Q", round_)
-        return cls(hashlib.sha256(identity.sign(preimage)).digest())
+        signature = identity.sign(_secret_preimage(run_id, round_))
+        return cls(hashlib.sha256(signature).digest(), signature)
+
+    @classmethod
+    def revealed(cls, signature: bytes, signer: bytes, run_id: str, round_: int) -> RoundSecret:
+        """The secret of a closed round from its revealed signature; `InvalidSignature` unless `signer` made it."""
+        verify_signature(signer, _secret_preimage(run_id, round_), signature)
+        return cls(hashlib.sha256(signature).digest(), signature)
 
     def number(self, *parts: object) -> int:
         """A 63-bit number named by `parts`."""
@@ -96,6 +108,10 @@ class RoundSecret:
 
     def sketch_offset(self, stride: int) -> int:
         return self.number("sketch") % stride
+
+
+def _secret_preimage(run_id: str, round_: int) -> bytes:
+    return b"pulse/gauntlet-secret\x00" + bytes.fromhex(run_id) + struct.pack(">Q", round_)
 
 
 # -- gains and the indicator -----------------------------------------------------------------

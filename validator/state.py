@@ -9,6 +9,7 @@ Layout (the folder of round r holds the state the validator runs round r from):
                                         seen message ids, recent state hashes, rounds gained
     DIR/round-<r>/result.bin            signed result of round r-1 (absent for the first state)
     DIR/round-<r>/patch.bin             its PULSESync patch W_{r-1} -> W_r
+    DIR/round-<r>/evidence.bin          its evidence blob (`evidence.py`), served again after a restart
     DIR/ledger.jsonl                    the signed result of every round so far (`ledger.py`)
 
 Commit protocol: every file is written to a temp file, fsynced and renamed (then the folder is
@@ -82,6 +83,7 @@ class Snapshot:
     momentum: dict[str, torch.Tensor]
     result: bytes | None  # signed result of the previous round
     patch: bytes | None
+    evidence: bytes | None = None  # that result's evidence blob
 
 
 class _Pointer(BaseModel):
@@ -117,6 +119,8 @@ class StateStore:
         self._step("book")
         if snap.result is not None and snap.patch is not None:
             write_atomic(folder / "patch.bin", snap.patch)
+            if snap.evidence is not None:
+                write_atomic(folder / "evidence.bin", snap.evidence)
             write_atomic(folder / "result.bin", snap.result)
         self._step("result")
         pointer = _Pointer(round=snap.book.round, folder=folder.name, book_sha256=hashlib.sha256(book).hexdigest())
@@ -140,11 +144,38 @@ class StateStore:
             master = load_tensors((folder / "weights.safetensors").read_bytes())
             momentum = load_tensors((folder / "optimizer.safetensors").read_bytes())
             result, patch = _optional(folder / "result.bin"), _optional(folder / "patch.bin")
+            evidence = _optional(folder / "evidence.bin")
         except (OSError, ValidationError, SafetensorError) as exc:
             raise CorruptState(f"cannot load the validator state in {self.directory}: {exc}") from exc
         if book.round != pointer.round:
             raise CorruptState(f"book is for round {book.round}, COMMITTED says {pointer.round}")
-        return Snapshot(book, master, momentum, result, patch)
+        return Snapshot(book, master, momentum, result, patch, evidence)
+
+    def rewind(self) -> bool:
+        """Go back one committed round (to the previous folder, on disk while `keep` >= 2) because the
+        last round's result did not count: another validator's result for that round did. Returns
+        False when there is no earlier folder to go back to.
+
+        Order: the ledger drops the superseded entry first, then `COMMITTED` names the earlier folder,
+        then the newer folder goes. A crash in between leaves a state that is rewound again on resume
+        (its last result still does not count), never a ledger entry that did not count.
+        """
+        pointer = self._pointer()
+        earlier = self.directory / f"round-{pointer.round - 1:012d}"
+        if pointer.round == 0 or not (earlier / "book.json").exists():
+            return False
+        book = (earlier / "book.json").read_bytes()
+        ledger.truncate(self.directory / LEDGER, pointer.round - 1)
+        back = _Pointer(round=pointer.round - 1, folder=earlier.name, book_sha256=hashlib.sha256(book).hexdigest())
+        write_atomic(self.directory / COMMITTED, _dumps(back.model_dump(mode="json")))
+        shutil.rmtree(self.directory / pointer.folder)
+        return True
+
+    def _pointer(self) -> _Pointer:
+        try:
+            return _Pointer.model_validate_json((self.directory / COMMITTED).read_bytes())
+        except (OSError, ValidationError) as exc:
+            raise CorruptState(f"cannot load the validator state in {self.directory}: {exc}") from exc
 
     def results(self) -> list[bytes]:
         """The signed result of every round the ledger holds, in round order, the committed one included.

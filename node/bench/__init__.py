@@ -14,6 +14,7 @@
                    rollout checks) against single-process GRPO
 - `links.py`       joins, fetches, fixed vs adaptive deadlines, busy miners and `pulse doctor` on a shaped network
 - `attacks.py`     the attack and fault campaign (`node/swarm/campaign/`) against real loopback swarms
+- `failover.py`    standby takeover after kills at five points of a round, and each lie against `--audit`
 - `phases.py`      seconds and peak memory (host and CUDA) of named, nested phases; timing library steps
 - `footprint.py`   what a miner holds, counted on its live tensors; activations kept for backward
 - `memory.py`      the miner's memory options (BF16 moments, checkpointing, BF16 error feedback): loss, bytes

@@ -5,7 +5,8 @@
 - `keygen.py`     `pulse keygen`
 - `runid.py`      `pulse run-id --config`: the manifest's run id
 - `dht.py`        `pulse dht`: a bootstrap peer that prints its multiaddrs
-- `roles.py`      `pulse validator`, `pulse miner`, `pulse follow`; clean Ctrl+C shutdown
+- `roles.py`      `pulse validator` (active or standby), `pulse miner`, `pulse follow [--audit]`, `pulse audit`
+- `receipt.py`    `pulse receipt`: a miner's verdict in a round and its gains recomputed
 - `demo.py`       `pulse demo`: a loopback swarm, live table, report and plots
 - `status.py`     `pulse status`: current round, active nodes, latest scores
 - `doctor.py`     `pulse doctor`: this machine and its links measured, and a forecast against the run

@@ -23,6 +23,7 @@ BENCHES = {
     "memory": "node.bench.memory",
     "rl": "node.bench.rl",
     "attacks": "node.bench.attacks",
+    "failover": "node.bench.failover",
     "links": "node.bench.links",
 }
 

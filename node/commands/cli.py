@@ -22,8 +22,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "node.commands.roles",
         "keep bit-identical BF16 weights through PULSESync patches (an inference worker)",
     ),
+    "audit": (
+        "node.commands.roles",
+        "recompute every round from the published payloads on an FP32 replica; report any mismatch",
+    ),
     "demo": ("node.commands.demo", "run a whole swarm on loopback and report on it"),
     "status": ("node.commands.status", "show the run's current round, active nodes and latest scores"),
+    "receipt": (
+        "node.commands.receipt",
+        "why a miner's submission of a round was selected or not, with its gains recomputed locally",
+    ),
     "doctor": (
         "node.commands.doctor",
         "measure this machine and its links to the run, and forecast whether it keeps up",

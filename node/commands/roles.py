@@ -1,7 +1,9 @@
-"""`pulse validator`, `pulse miner`, `pulse follow`: the long-running roles of a run.
+"""`pulse validator`, `pulse miner`, `pulse follow`, `pulse audit`: the long-running roles of a run.
 
 Each parses its flags, loads the manifest and the key, starts the libp2p peer (`P2PPeer`) and runs
-the role the run's task calls for (`node/roles/tasks.py`) on it until Ctrl+C (or `--rounds`);
+the role the run's task calls for (`node/roles/tasks.py`) on it until Ctrl+C (or `--rounds`). A
+validator of a manifest that lists several runs as the active one or a standby (`standby.py`);
+`pulse follow --audit` and `pulse audit` recompute every round from an FP32 replica (`auditor.py`);
 shutting down stops the libp2p daemon and the DHT process, so nothing is left behind. With
 `--metrics-port` it also serves Prometheus metrics (`node/roles/metrics.py`).
 """
@@ -27,11 +29,13 @@ from node.net.keyfile import load_key_file
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
 from node.net.peer import Role
+from node.roles.auditor import Auditor
 from node.roles.follower import Follower
 from node.roles.metrics import NodeMetrics
 from node.roles.miner import Miner
 from node.roles.records import run_records
-from node.roles.tasks import follower_for, miner_for, validator_for
+from node.roles.standby import ValidatorRole
+from node.roles.tasks import follower_for, miner_for, validator_for, validator_role_for
 from node.roles.validator_service import ValidatorService
 from node.run.manifest import Manifest, load_manifest
 from node.run.presets import preset
@@ -42,7 +46,8 @@ from protocol.identity import Identity
 
 DEFAULT_CONFIG = preset("tiny")
 RL_CONFIG = preset("rl")  # the `task = "rl"` preset
-PEER_ROLES: dict[str, Role] = {"validator": "validator", "miner": "miner", "follow": "follower"}
+PEER_ROLES: dict[str, Role] = {"validator": "validator", "miner": "miner", "follow": "follower", "audit": "follower"}
+AUDIT_MISMATCH_EXIT = 3  # `pulse audit` when a round's result did not recompute
 
 
 def register(subparsers: Any) -> None:
@@ -50,12 +55,13 @@ def register(subparsers: Any) -> None:
         "validator": "run the validator: collect, score, aggregate and publish each round",
         "miner": "train on assigned data each round and submit compressed pseudo-gradients",
         "follow": "keep bit-identical BF16 weights through PULSESync patches (an inference worker)",
+        "audit": "recompute every round from the published payloads on an FP32 replica; report any mismatch",
     }
     for name, text in roles.items():
         parser = subparsers.add_parser(name, help=text, description=text)
         parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
         key_help = "Ed25519 key file from `pulse keygen`"
-        if name == "follow":
+        if name in ("follow", "audit"):
             parser.add_argument("--key", type=Path, help=key_help + " (default: a throwaway key)")
         else:
             parser.add_argument("--key", type=Path, default=DEFAULT_KEY_PATH, help=key_help + " (%(default)s)")
@@ -74,6 +80,20 @@ def register(subparsers: Any) -> None:
         parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
         parser.add_argument("--rounds", type=int, help="stop after the run reaches this round (default: never)")
         parser.add_argument("--events", type=Path, help="also append machine-readable JSON lines here")
+        if name == "follow":
+            parser.add_argument(
+                "--audit",
+                action="store_true",
+                help="hold only states this node recomputed from the published payloads (an FP32 replica in "
+                "--state-dir); a result that does not recompute is reported and not applied",
+            )
+        if name == "audit":
+            parser.add_argument(
+                "--stop-on-mismatch",
+                action="store_true",
+                help=f"exit with status {AUDIT_MISMATCH_EXIT} at the first round that does not recompute "
+                "(default: report it and keep waiting on the last verified state)",
+            )
         add_metrics_arguments(parser)
         add_net_arguments(parser)
         parser.set_defaults(func=lambda args, role=name: run(role, args))
@@ -156,7 +176,9 @@ def run(role: str, args: argparse.Namespace) -> int:
             else:
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"pulse-{role}-")))
         try:
-            return asyncio.run(_main(role, setup, identity, folder, config, events, args.rounds, args.device, metrics))
+            return asyncio.run(
+                _main(role, setup, identity, folder, config, events, args.rounds, args.device, metrics, args)
+            )
         except (ConfigError, NetworkError) as exc:
             print(f"pulse {role}: {exc}", file=sys.stderr)
             return 1
@@ -176,23 +198,32 @@ async def _main(
     rounds: int | None,
     device: str,
     metrics: NodeMetrics | None = None,
+    args: argparse.Namespace | None = None,
 ) -> int:
     task = task_for(setup)
     peer = await P2PPeer.create(config, run_records(setup.manifest), identity, folder, role=PEER_ROLES[role])
     if metrics is not None:
         metrics.watch(peer)
     try:
-        service: ValidatorService | Miner | Follower
-        if role == "validator":  # opening or creating its state takes a while: off the event loop
+        service: ValidatorService | ValidatorRole | Miner | Follower | Auditor
+        if role == "validator" and len(setup.manifest.validators) > 1:  # active or standby
+            service = validator_role_for(setup, task, identity, folder, peer, events, device=device)
+        elif role == "validator":  # opening or creating its state takes a while: off the event loop
             loop = asyncio.get_running_loop()
             service = await loop.run_in_executor(
                 None, lambda: validator_for(setup, task, identity, folder, peer, events, device=device)
             )
         elif role == "miner":
             service = miner_for(setup, task, identity, peer, events, device=device)
+        elif role == "audit":
+            stop = bool(args is not None and args.stop_on_mismatch)
+            service = Auditor(setup, peer, events, folder, task.initial_master, stop_on_mismatch=stop)
         else:
-            service = follower_for(setup, task, identity, peer, events, device=device)
+            audit = folder if args is not None and args.audit else None
+            service = follower_for(setup, task, identity, peer, events, device=device, audit=audit)
         await until_signal(service.run(rounds))
+        if isinstance(service, Auditor) and service.mismatches:
+            return AUDIT_MISMATCH_EXIT
     finally:
         await peer.shutdown()
         events.finish()

@@ -4,6 +4,7 @@ Files (in import order):
 
 - `models.py`    one pydantic model per event kind of the roles (start, patch, submitted, round, pool, ...)
 - `campaign.py`  the events of the attack campaign's hostile miners (attack, uploading, skipped, ...)
+- `audit.py`     the events of auditors and standby validators (audited, mismatch, took over, stood down)
 - `log.py`       `Events` (writes log lines and JSON lines, hands events to sinks), `read_events` / `EventLog`
 - `metrics.py`   `EventMetrics`: a sink that turns events into Prometheus metrics (bounded label sets)
 - `progress.py`  progress bars for long work, drawn on a terminal only

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Generic, TypeVar, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
+from node.events.audit import AUDIT_EVENTS
 from node.events.campaign import CAMPAIGN_EVENTS
 from node.events.models import ROLE_EVENTS, Done, Event, Exited, Final, Started
 from protocol.errors import PulseError
@@ -32,7 +33,7 @@ from protocol.errors import PulseError
 E = TypeVar("E", bound=Event)
 ENVELOPE = ("t", "role")  # what the writer adds to every line around the event's own fields
 _ANY: TypeAdapter[Event] = TypeAdapter(
-    Annotated[Union[(*ROLE_EVENTS, *CAMPAIGN_EVENTS)], Field(discriminator="event")]  # type: ignore[arg-type]
+    Annotated[Union[(*ROLE_EVENTS, *CAMPAIGN_EVENTS, *AUDIT_EVENTS)], Field(discriminator="event")]  # type: ignore[arg-type]
 )
 
 

@@ -7,6 +7,7 @@ output embeddings. Shapes in comments: B batch, T time, C channels, V vocabulary
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -120,14 +121,23 @@ class GPT(CausalLM):
         self.checkpointing = enabled
 
 
+_GLOBAL_RNG = threading.Lock()  # held while `build_gpt` draws from torch's process-wide generator
+
+
 def build_gpt(cfg: GPTConfig, seed: int = 0) -> GPT:
-    """A freshly initialized GPT; the same seed gives the same weights on every machine."""
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        return GPT(cfg)
-    finally:
-        torch.random.set_rng_state(gen_state)
+    """A freshly initialized GPT; the same seed gives the same weights on every machine.
+
+    The init draws from torch's global generator, which every thread shares: two roles building
+    the model at once in executor threads (one process, several nodes) would reseed it under each
+    other's draws and get different W_0. The lock makes the seed, the draws and the restore one step.
+    """
+    with _GLOBAL_RNG:
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            return GPT(cfg)
+        finally:
+            torch.random.set_rng_state(gen_state)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -197,7 +197,19 @@ class PulseDHT:
             subkey=signed.sender,
             return_future=True,
         )
-        return bool(self._result(future, "store"))
+        # hivemind reports the answer of the replica that answered last, not whether any stored it:
+        # one peer that refuses (a hostile one, or one holding a record it should not) can turn a
+        # store that succeeded into False. Ask the network before calling it a failure.
+        return bool(self._result(future, "store")) or self._readable(signed, value)
+
+    def _readable(self, signed: SignedMessage, value: bytes) -> bool:
+        """Whether a read of `signed`'s key finds this very envelope under its signer's subkey."""
+        future = self._call().get(dht_key(signed.run_id, signed.kind, signed.round), latest=True, return_future=True)
+        found = self._result(future, "get")
+        if found is None or not isinstance(found.value, dict):
+            return False
+        entry = found.value.get(signed.sender)
+        return entry is not None and entry.value == value
 
     def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
         """The valid `kind` records of `round_`, re-verified here: the run's validators' first (in

@@ -1,11 +1,12 @@
 """What a role needs of the network: one interface, two implementations.
 
     result = await peer.round_result(r)        # the validator's signed verdict for round r, or None
+    found = await peer.counted_result(r, base) # the result of round r that counts for a node holding `base`
     path = await peer.fetch(sha256, size, r)   # from the validator or any peer whose heartbeat lists it
     path = await peer.fetch_pieces(sha256, size, r, pieces, check)   # a large blob from all holders at once
-    peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
-    await peer.submit(signed, payload_path, deadline=t)   # push to the validator; BUSY: again until t
+    peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
+    await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
     peer.take_submissions(accept, on_submission, inbox, favoured)   # the validator: take pushed submissions
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
@@ -18,6 +19,12 @@ Everything here is written once on top of a few transport primitives (`_get`, `_
 streams, `memory.MemoryPeer` with an in-process network for the fast test tier. Both check every
 record's signature with `dht.PulseRecordValidator` and every blob against its SHA-256. Only records
 signed by one of the run's validator keys count as round results and checkpoints.
+
+The chain rule (a manifest may list several validators, in priority order): the result of round r
+that counts is, among the run's validators' results for r that start from the state the counted
+result of round r-1 produced, the one whose signer comes first in the list. Every node applies the
+same rule to the same records, so the run does not fork: two results for one round happen only
+when a standby took over from a validator that then published late, and the rule picks one.
 
 A fetch asks the holders that delivered before first and hedges over the others
 (`fetching.py`), within one deadline per blob; blobs age out by `retention.py`.
@@ -75,6 +82,7 @@ class RunRecords:
     validators: tuple[str, ...]  # public keys (hex) whose round results and checkpoints count, in priority order
     record_ttl_seconds: float  # how long this node's DHT records live
     checkpoint_every: int  # how far back the newest checkpoint can be
+    payload_rounds: int = 0  # rounds the aggregated payloads and evidence stay fetchable (for auditors)
 
     def rules(self) -> RecordRules:
         """The store-time rules every DHT peer of this run applies (`records.py`)."""
@@ -82,7 +90,8 @@ class RunRecords:
 
     def retention(self) -> Retention:
         """What a node keeps: enough rounds for a joiner to replay the patches since a checkpoint."""
-        return Retention(keep_rounds=max(Retention().keep_rounds, self.checkpoint_every + 2))
+        keep = max(Retention().keep_rounds, self.checkpoint_every + 2, self.payload_rounds + 1)
+        return Retention(keep_rounds=keep)
 
 
 class RunView(ABC):
@@ -114,8 +123,20 @@ class RunView(ABC):
         found.sort(key=lambda v: self.run.validators.index(v.sender_hex))
         return found[0].message if found else None
 
+    async def from_validators(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        """Every validator's `kind` record of `round_`, in the validators' priority order."""
+        found = [v for v in await self.get(kind, round_) if v.sender_hex in self.run.validators]
+        return sorted(found, key=lambda v: self.run.validators.index(v.sender_hex))
+
     async def round_result(self, round_: int) -> RoundResult | None:
         return await self.from_validator(RoundResult, round_)
+
+    async def counted_result(self, round_: int, base: str) -> Verified[RoundResult] | None:
+        """The result of `round_` that counts for a node holding the state `base` (the chain rule above)."""
+        for verified in await self.from_validators(RoundResult, round_):
+            if verified.message.base_state_hash == base:
+                return verified
+        return None
 
     async def head(self) -> RunHead | None:
         """The newest head (by its signed `sent_at`) that one of the run's validators published: one
@@ -236,6 +257,13 @@ class Peer(RunView):
             self.validator_peer = beat.peer_id
             return beat
         return None
+
+    async def validator_heartbeats(self, round_: int) -> list[Verified[Heartbeat]]:
+        """Every validator's heartbeat for `round_` (the active one's and the standbys'), in priority order."""
+        beats = [v for v in await self.from_validators(Heartbeat, round_) if v.message.role == "validator"]
+        if beats:
+            self.validator_peer = beats[0].message.peer_id
+        return beats
 
     def sign(self, message: WireModel) -> SignedMessage:
         """`message` signed by this node, fresh: kept in the DHT for the run's record TTL from now."""
@@ -361,16 +389,20 @@ class Peer(RunView):
 
     # -- submissions -----------------------------------------------------------------------------
 
-    async def submit(self, signed: SignedMessage, payload: Path, *, deadline: float | None = None) -> None:
-        """Push a signed submission header and its payload to the validator. A validator with no
-        free slot (BUSY) is asked again with growing pauses until `deadline` (unix time);
-        `TransferError` if it refused, `PeerBusy` if it was still busy then."""
+    async def submit(
+        self, signed: SignedMessage, payload: Path, *, deadline: float | None = None, to: str | None = None
+    ) -> None:
+        """Push a signed submission header and its payload to the validator at peer id `to` (default:
+        the one of the last validator heartbeat read). A validator with no free slot (BUSY) is asked
+        again with growing pauses until `deadline` (unix time); `TransferError` if it refused,
+        `PeerBusy` if it was still busy then."""
         pause, longest = SUBMIT_BACKOFF_SECONDS
+        validator = to or self.validator_peer
         while True:
-            if self.validator_peer is None:
+            if validator is None:
                 raise TransferError("the validator's peer id is unknown")
             try:
-                await self._submit_to(self.validator_peer, signed, payload)
+                await self._submit_to(validator, signed, payload)
                 return
             except PeerBusy as exc:
                 wait = pause * random.uniform(0.5, 1.5)  # spread the retries of many miners

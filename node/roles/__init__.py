@@ -16,6 +16,11 @@ Files (in import order):
                   service), the pool fetch (miner's inputs), the RL round hooks
 - `deadline.py`   when a round closes: fixed, or adaptive (quorum + a target learned from arrivals)
 - `validator_service.py` the validator's rounds: open, collect pushed submissions, close, publish
+- `auditor.py`    `Auditor`: an FP32 replica that recomputes every counted round (`pulse audit`,
+                  `pulse follow --audit`); a result that does not recompute is reported, not applied
+- `standby.py`    `ValidatorRole`: a validator of a manifest listing several, active or standby
+                  (audits, collects, takes a round over after deadline + its turn, stands down)
+- `receipt.py`    `pulse receipt`: W_r, the counted result and its evidence, a miner's verdict and gains
 - `tasks.py`      the roles of a run from its task (`Task` -> hooks, inputs, services): the one
                   place that knows which task needs what; the roles never ask
 - `status.py`     what `pulse status` shows, read from any `RunView`

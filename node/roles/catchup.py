@@ -217,11 +217,16 @@ class Chain:
         await asyncio.gather(*(one(*patch) for patch in plan.patches))
 
     async def _apply_next(self, held: Held) -> Held | Broken | None:
-        """W_{r+1} from round r's patch; `BROKEN` to rejoin; None when there is nothing to apply yet."""
-        result = await self.peer.round_result(held.round)
-        if result is None:
+        """W_{r+1} from round r's patch; `BROKEN` to rejoin; None when there is nothing to apply yet.
+
+        The patch applied is the counted result's (the chain rule, `node/net/peer.py`): among the
+        validators' results for round r that start from the state held, the first in priority order.
+        """
+        results = await self.peer.from_validators(RoundResult, held.round)
+        if not results:
             return None
-        if result.base_state_hash != held.state_hash:
+        result = next((v.message for v in results if v.message.base_state_hash == held.state_hash), None)
+        if result is None:
             log.warning("round %d result starts from another state than ours: rejoining", held.round)
             return BROKEN
         try:

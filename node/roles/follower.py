@@ -2,10 +2,14 @@
 
 It joins from the newest checkpoint, then applies every round's patch, verifying each state hash
 (`catchup.Chain`), and announces itself once a round (a heartbeat listing the patches and the
-checkpoint it re-serves, so fetchers can spread over it, and `pulse status` lists it). For each round
-it holds, it runs its round services: none in a language modelling run (an inference worker serves
-its own requests), the rollout worker in an RL run (`rl/worker.py`, generating and publishing the
-round's rollouts). Stopping at `rounds`, it announces the state it ends on.
+checkpoint it re-serves, so fetchers can spread over it, and `pulse status` lists it). With
+`--audit` its weights come from an auditor instead (`auditor.py`): an FP32 replica that recomputes
+every round, so it never holds a state it has not verified.
+
+For each round it holds, it runs its round services: none in a language modelling run (an
+inference worker serves its own requests), the rollout worker in an RL run (`rl/worker.py`,
+generating and publishing the round's rollouts). Stopping at `rounds`, it announces the state it
+ends on.
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ class RoundService(Protocol):
     async def serve(self, held: Held) -> None: ...
 
 
+class Weights(Protocol):
+    """Where a follower's weights come from: `Chain` (patches, hash-checked) or `Auditor` (recomputed)."""
+
+    async def sync(self) -> Held: ...
+
+
 class Follower:
     def __init__(
         self,
@@ -36,9 +46,10 @@ class Follower:
         services: Sequence[RoundService] = (),
         *,
         poll: float = POLL_SECONDS,
+        weights: Weights | None = None,
     ) -> None:
         self.peer, self.events, self.services, self.poll = peer, events, list(services), poll
-        self.chain = Chain(peer, events, poll=2 * poll)
+        self.chain: Weights = weights or Chain(peer, events, poll=2 * poll)
 
     async def run(self, rounds: int | None = None) -> Held:
         """Follow until holding W_rounds (None: forever)."""

@@ -4,11 +4,12 @@ In every round r it holds W_r for while the round is open, a miner announces its
 gets what its trainer needs from the network (`RoundInputs`: nothing for language modelling, the
 round's rollout pool for RL), trains H steps from W_r on its assignment (DESIGN.md section 3,
 `node/run/trainer.py`), compresses Delta + error feedback with the run's codec, and pushes the
-signed header and payload to the validator (`Peer.submit`). It holds its model, its optimizer,
-one error buffer, the BF16 global weights and the payload it is sending: nothing grows with the
-number of peers. Busy fraction = wall seconds in which it was training or compressing (either or
-both: with `overlap` they run at once) / wall seconds since it first trained, work still running
-included (`BusyClock`).
+signed header and payload to every validator that announced round r (the active one and the
+standbys, which keep it in case they must close the round: `standby.py`; `Peer.submit`). It holds
+its model, its optimizer, one error buffer, the BF16 global weights and the payload it is sending:
+nothing grows with the number of peers. Busy fraction = wall seconds in which it was training or
+compressing (either or both: with `overlap` they run at once) / wall seconds since it first
+trained, work still running included (`BusyClock`).
 
 Deadlines: the validator's open heartbeat names the round's target (`roles/deadline.py`). A miner
 times every push (`uplink.py`); when its whole payload would arrive after the target, it sends the
@@ -23,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from node.events import Events, mb
 from node.events.models import Final, Late, Missed, Started, Submitted, Training
@@ -33,6 +35,7 @@ from node.run.setup import RunSetup
 from node.run.trainer import Trainer
 from protocol.errors import ProtocolError, TransferError
 from protocol.messages import SubmissionHeader
+from protocol.signing import SignedMessage
 from protocol.state import State
 
 log = logging.getLogger(__name__)
@@ -97,7 +100,8 @@ class Miner:
         self.chain = Chain(peer, events, self.key, poll=2 * poll)
         self.clock = BusyClock()
         self.train_seconds: dict[int, float] = {}  # round -> seconds its inner steps took (until submitted)
-        self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, round opened at)
+        self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, its heartbeat's sent_at)
+        self.packaged: tuple[int, SignedMessage, Path] | None = None  # this round's signed header and payload
         self.dense_bytes = setup.dense_bytes()
         self.ahead: tuple[int, asyncio.Task[State]] | None = None  # training for a later round, running
         self.payload_sha: str | None = None  # the last payload sent, kept fetchable until the next one
@@ -125,21 +129,25 @@ class Miner:
 
     async def _mine(self, held: Held) -> None:
         r = held.round
-        beat = await self.peer.validator_heartbeat(r)
-        opened = (r, beat.peer_id, beat.sent_at) if beat is not None else None
-        if opened is None or opened in self.submitted or await self.peer.round_result(r) is not None:
+        beats = [b.message for b in await self.peer.validator_heartbeats(r)]
+        fresh = [b for b in beats if (r, b.peer_id, b.sent_at) not in self.submitted]
+        if not fresh or await self.peer.round_result(r) is not None:
             # the round is not open yet, is done here, or just closed (a restarted validator reopens it)
             await asyncio.sleep(self.poll)
             return
         if not await self.inputs.ready(r):
             await asyncio.sleep(self.poll)  # e.g. the round's rollout pool is not readable yet
             return
-        self.submitted.add(opened)
-        deadline = opened[2] + self.setup.manifest.round.deadline_seconds
-        target = opened[2] + (beat.target_seconds if beat is not None and beat.target_seconds else 0.0)
-        target = target if target > opened[2] else deadline
-        if time.time() > deadline:
+        self.submitted.update((r, b.peer_id, b.sent_at) for b in fresh)
+        deadline = self.setup.manifest.round.deadline_seconds
+        live = [(b.peer_id, b.sent_at + deadline) for b in fresh if time.time() <= b.sent_at + deadline]
+        # the payload is sized to the tightest target among them (adaptive deadlines), else to the deadline
+        target = min((b.sent_at + (b.target_seconds or deadline) for b in fresh), default=time.time())
+        if not live:
             self.events.emit(Late(round=r), f"round {r} is past its deadline: waiting for round {r + 1}")
+            return
+        if self.packaged is not None and self.packaged[0] == r:  # trained already: another validator announced r
+            await self._push(r, live)
             return
         await self.peer.heartbeat(r, held.state_hash)
         if self.ahead is not None and self.ahead[0] == r:
@@ -163,7 +171,7 @@ class Miner:
                 None, trainer.package, r, delta, held.weights, held.state_hash, fraction
             )
         self.compress_seconds = time.monotonic() - start
-        await self._submit(header, payload, deadline, compress_seconds=self.compress_seconds, fraction=fraction)
+        await self._submit(header, payload, live, compress_seconds=self.compress_seconds, fraction=fraction)
 
     async def _train(self, round_: int, weights: State) -> State:
         start = time.monotonic()
@@ -189,24 +197,22 @@ class Miner:
         self,
         header: SubmissionHeader,
         payload: bytes,
-        deadline: float,
+        validators: list[tuple[str, float]],
         *,
         compress_seconds: float,
         fraction: float = 1.0,
     ) -> None:
-        """Push the payload (a busy validator is asked again until the round's `deadline`), then
-        announce the header in the DHT."""
+        """Push the payload to each of `validators` (peer id, the round's deadline there: a busy one is
+        asked again until then), then announce the header in the DHT."""
         peer, r = self.peer, header.round
         sha = peer.store.put(payload)
         if self.payload_sha is not None and self.payload_sha != sha:
             peer.store.remove(self.payload_sha)  # one payload held at a time: the latest stays fetchable
         self.payload_sha = sha
         signed = peer.sign(header)
-        start = time.monotonic()
-        try:
-            await peer.submit(signed, peer.store.path(sha), deadline=deadline)
-        except (TransferError, ProtocolError) as exc:
-            self.events.emit(Missed(round=r, reason=str(exc)), f"round {r}: submission not taken: {exc}")
+        self.packaged = (r, signed, peer.store.path(sha))
+        start = time.monotonic()  # the pushes go one after the other: the uplink is timed over all of them
+        if not await self._push(r, validators):
             return
         upload = time.monotonic() - start
         self.uplink.measured(header.payload_size, upload, fraction)
@@ -230,6 +236,24 @@ class Miner:
             f"train loss {loss:.4f}, busy {busy:.0%}",
         )
         await peer.announce(signed)  # the header also goes into the DHT (DESIGN.md section 3)
+
+    async def _push(self, r: int, validators: list[tuple[str, float]]) -> bool:
+        """Push this round's submission to each of `validators` (peer id, deadline); True if any took it."""
+        assert self.packaged is not None and self.packaged[0] == r
+        _, signed, path = self.packaged
+        failures = []
+        for validator, deadline in validators:
+            try:
+                await self.peer.submit(signed, path, deadline=deadline, to=validator)
+            except (TransferError, ProtocolError) as exc:
+                failures.append(str(exc))
+        if len(failures) == len(validators):
+            reason = "; ".join(failures)
+            self.events.emit(Missed(round=r, reason=reason), f"round {r}: submission not taken: {reason}")
+            return False
+        for failure in failures:
+            log.info("round %d: a validator did not take the submission: %s", r, failure)
+        return True
 
     async def shutdown(self) -> None:
         await self.peer.shutdown()

@@ -12,4 +12,5 @@ def run_records(manifest: Manifest) -> RunRecords:
         validators=tuple(manifest.validators),
         record_ttl_seconds=manifest.round.record_ttl_seconds,
         checkpoint_every=manifest.round.checkpoint_every,
+        payload_rounds=manifest.round.payload_rounds,
     )

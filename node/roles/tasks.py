@@ -1,15 +1,17 @@
 """The roles of a run, built from its task: the one place that maps a `Task` to what each role runs.
 
     service = validator_for(setup, task, identity, folder, peer, events)   # + RoundHooks of the task
+    role = validator_role_for(setup, task, identity, folder, peer, events) # active or standby (`standby.py`)
     miner = miner_for(setup, task, identity, peer, events)                 # + the trainer's RoundInputs
     follower = follower_for(setup, task, identity, peer, events)           # + the task's RoundServices
 
-| task | validator's round hooks                    | miner's round inputs     | follower's round services |
-|------|--------------------------------------------|--------------------------|---------------------------|
-| lm   | held-out loss (`hooks.py`)                 | none                     | none                      |
-| rl   | pool, held-out reward (`rl/validation.py`) | the pool (`rl/miner.py`) | rollouts (`rl/worker.py`) |
+| task | validator's round hooks                    | miner's round inputs     | follower's round services | standby |
+|------|--------------------------------------------|--------------------------|---------------------------|---------|
+| lm   | held-out loss (`hooks.py`)                 | none                     | none                      | yes     |
+| rl   | pool, held-out reward (`rl/validation.py`) | the pool (`rl/miner.py`) | rollouts (`rl/worker.py`) | no      |
 
-Each column is a `functools.singledispatch` function on the task's class: a new task registers its
+Each column is a `functools.singledispatch` function on the task's class (the last, `takes_over`:
+whether a standby validator may close a round another validator opened): a new task registers its
 own pieces here, and the roles themselves never ask which task they run.
 """
 
@@ -21,12 +23,14 @@ from pathlib import Path
 
 from node.events import Events
 from node.net.peer import Peer
+from node.roles.auditor import Auditor
 from node.roles.follower import Follower, RoundService
 from node.roles.hooks import HeldOutLoss, RoundHooks
 from node.roles.miner import Miner, RoundInputs
 from node.roles.rl.miner import PoolInputs
 from node.roles.rl.validation import RLRoundHooks
 from node.roles.rl.worker import RolloutWorker
+from node.roles.standby import ValidatorRole
 from node.roles.validator_service import ValidatorService
 from node.run.setup import RunSetup
 from node.run.task import LMTask, RLTask, Task
@@ -55,6 +59,24 @@ def validator_for(
     return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll, device=device)
 
 
+def validator_role_for(
+    setup: RunSetup,
+    task: Task,
+    identity: Identity,
+    folder: Path,
+    peer: Peer,
+    events: Events,
+    *,
+    poll: float = POLL_SECONDS,
+    device: str = "cpu",
+) -> ValidatorRole:
+    """The validator of the run, active or standby (`standby.py`): what `pulse validator` runs."""
+    hooks = round_hooks(task, peer, events, poll, device)
+    return ValidatorRole(
+        setup, task, hooks, identity, folder, peer, events, poll=poll, can_take_over=takes_over(task), device=device
+    )
+
+
 def miner_for(
     setup: RunSetup,
     task: Task,
@@ -79,9 +101,12 @@ def follower_for(
     *,
     device: str = "cpu",
     poll: float = POLL_SECONDS,
+    audit: Path | None = None,
 ) -> Follower:
+    """`audit`: a folder for an auditor's FP32 replica; the follower then holds only verified states."""
     warn_if_validator_key(identity, peer, "follower")
-    return Follower(peer, events, round_services(task, identity, peer, events, device), poll=poll)
+    weights = Auditor(setup, peer, events, audit, task.initial_master, poll=2 * poll) if audit else None
+    return Follower(peer, events, round_services(task, identity, peer, events, device), poll=poll, weights=weights)
 
 
 def warn_if_validator_key(identity: Identity, peer: Peer, role: str) -> None:
@@ -114,6 +139,18 @@ def _(task: LMTask, peer: Peer, events: Events, poll: float, device: str) -> Rou
 @round_hooks.register
 def _(task: RLTask, peer: Peer, events: Events, poll: float, device: str) -> RoundHooks:
     return RLRoundHooks(task, peer, events, task.setup.new_model(), poll=poll)  # small models: the CPU
+
+
+@singledispatch
+def takes_over(task: Task) -> bool:
+    """Whether a standby may close a round another validator opened: an RL round's rollout pool is the
+    opener's (a standby would need it to score), so RL standbys audit and do not take rounds over."""
+    return True
+
+
+@takes_over.register
+def _(task: RLTask) -> bool:
+    return False
 
 
 @singledispatch

@@ -19,8 +19,17 @@ Round r, as the validator runs it:
    heartbeat names that target, so miners can size their payloads to it): nobody is waited for
    beyond the deadline;
 4. score, select, aggregate and step (`validator.core.Validator.run_round`, in a thread), store the
-   PULSESync patch as a blob and publish the signed round result; report the held-out measure, and
-   publish it with the round's byte counts and the miners' standings (`RoundMetrics`, for run pages).
+   PULSESync patch, the round's evidence and (every `checkpoint_every` rounds) the FP32 state as
+   blobs and publish the signed round result; report the held-out measure, and publish it with the
+   round's byte counts and the miners' standings (`RoundMetrics`, for run pages). The aggregated
+   payloads stay fetchable for `keep_payload_rounds` rounds, so anyone can recompute the round.
+
+With several validators in the manifest (`standby.py` runs this service when this validator is
+the active one), it checks before publishing and at every opening that no other validator's result
+counts for its round (the chain rule, `node/net/peer.py`); if one does, it raises `Superseded` and
+continues as a standby. Before opening a round it gives the standbys a moment to audit the last one
+(`_await_standbys`), so the evidence it alone held has another holder should it die now. A
+standby that takes a round over hands it the submissions it collected (`take_over`).
 
 What depends on the task comes from two objects: the `Task` (W_0, the Gauntlet's evaluator and
 batch function) and its `RoundHooks` (RL: the rollout pool before a round opens; the held-out loss
@@ -71,7 +80,7 @@ from node.roles.hooks import HeldOut, RoundHooks
 from node.run.setup import RunSetup
 from node.run.task import Task
 from protocol.codec import default_max_bytes
-from protocol.errors import ConfigError, NetworkError
+from protocol.errors import ConfigError, NetworkError, Superseded
 from protocol.identity import Identity
 from protocol.messages import (
     HEAD_ROUND,
@@ -84,11 +93,11 @@ from protocol.messages import (
     SubmissionHeader,
 )
 from protocol.pieces import checkpoint_index
-from protocol.signing import Verified
+from protocol.signing import SignedMessage, Verified
 from protocol.state import State
 from validator.admission import Admission, AdmissionRules
 from validator.core import RoundReport, Validator
-from validator.intake import Submission, payload_size
+from validator.intake import Payload, Submission, payload_sha256, payload_size
 from validator.scoring import RoundSecret
 from validator.state import StateStore
 
@@ -135,6 +144,7 @@ class ValidatorService:
         self.refresh_seconds = head_refresh_seconds(timing.record_ttl_seconds)
         self.linger_seconds = max(timing.deadline_seconds, MIN_LINGER_SECONDS)
         self.dense_bytes = setup.dense_bytes()
+        self.kept: dict[int, list[str]] = {}  # round -> aggregated payloads and evidence, kept fetchable
         cfg = setup.manifest.gauntlet()
         # refuse an oversize payload from its header, before its body is read or stored
         self.max_payload = cfg.max_payload_bytes or default_max_bytes(self.validator.weights)
@@ -240,6 +250,8 @@ class ValidatorService:
         try:
             first = True
             while rounds is None or self.round < rounds:
+                await self._check_counted()
+                await self._await_standbys(self.round)
                 await self._open(checkpoint=first or self.round % self.setup.manifest.round.checkpoint_every == 0)
                 first = False
                 await self._collect()
@@ -306,10 +318,72 @@ class ValidatorService:
         return await asyncio.get_running_loop().run_in_executor(None, measure, self.validator.weights)
 
     async def _republish(self) -> None:
-        """After a restart: the last result again (DHT records may have expired or never landed)."""
-        if self.validator.last_result is not None and self.validator.last_patch is not None:
-            self.peer.hold(self.peer.store.put(self.validator.last_patch), self.round - 1)
-            await self.peer.publish_signed(self.validator.last_result)
+        """After a restart: the last result again (DHT records may have expired or never landed), and
+        the blobs it names that this validator can make again."""
+        v = self.validator
+        if v.last_result is None or v.last_patch is None:
+            return
+        last = self.round - 1
+        self.peer.hold(self.peer.store.put(v.last_patch), last)
+        if v.last_evidence is not None:
+            self.peer.hold(self.peer.store.put(v.last_evidence), last, "payload")
+        result = SignedMessage.from_bytes(v.last_result)
+        named = RoundResult.from_canonical(result.body).master_checkpoint
+        if named is not None and not self.peer.store.has(named.sha256):
+            data = await asyncio.get_running_loop().run_in_executor(None, v.fp32_checkpoint)
+            if self.peer.store.put(data) == named.sha256:  # the committed master is the state after that round
+                self.peer.hold(named.sha256, last, "checkpoint")
+        await self.peer.publish_signed(v.last_result)
+
+    async def take_over(self, received: dict[str, Submission]) -> None:
+        """Close the open round with the submissions a standby collected (its validator published no
+        result in time); the caller then `run`s the service from the next round."""
+        self.received = {sender: self._into_inbox(sub) for sender, sub in received.items()}
+        self.closed = False
+        self.opened_at = time.time()
+        await self._close()
+
+    def _into_inbox(self, sub: Submission) -> Submission:
+        """A standby's collected submission with its payload moved into this service's inbox, which
+        `_close` empties (both folders are this validator's, on one disk)."""
+        if not isinstance(sub.payload, Path):
+            return sub
+        target = self.inbox.path(sub.payload.name)
+        if not target.exists():  # two senders may have pushed the same bytes: one file for both
+            sub.payload.replace(target)
+        return Submission(sub.envelope, target)
+
+    async def _check_counted(self) -> None:
+        """Before opening round r: the result that counts for round r-1 is this validator's, or nobody's
+        yet (`Superseded` otherwise: a higher-priority validator's late result, or a standby's takeover)."""
+        v = self.validator
+        if v.round == 0 or v.last_result is None or len(v.book.states) < 2:
+            return
+        mine = SignedMessage.from_bytes(v.last_result)
+        counted = await self.peer.counted_result(v.round - 1, v.book.states[-2])
+        if counted is not None and counted.statement_id != mine.statement_id:
+            raise Superseded(v.round - 1, counted.sender_hex)
+
+    async def _await_standbys(self, r: int) -> None:
+        """Before opening round r: give the standbys that stood by in round r-1 up to `takeover_seconds`
+        to audit it (their heartbeat for round r). Until one has fetched them, round r-1's evidence is
+        held here alone, and a standby that cannot audit round r-1 cannot take round r over."""
+        if r == 0 or len(self.setup.manifest.validators) < 2:
+            return
+        me = self.identity.public_hex
+        waiting = {v.sender_hex for v in await self.peer.validator_heartbeats(r - 1)} - {me}
+        end = time.monotonic() + self.setup.manifest.round.takeover_seconds
+        while waiting and time.monotonic() < end:
+            waiting -= {v.sender_hex for v in await self.peer.validator_heartbeats(r)}
+            if waiting:
+                await asyncio.sleep(self.poll)
+
+    async def _check_unclaimed(self, round_: int, base: str) -> None:
+        """Before publishing round r: no other validator published one already (a standby took the round
+        over while this one was slow): publishing too would make nodes that applied it switch back."""
+        for other in await self.peer.from_validators(RoundResult, round_):
+            if other.sender_hex != self.identity.public_hex and other.message.base_state_hash == base:
+                raise Superseded(round_, other.sender_hex)
 
     async def _open(self, *, checkpoint: bool) -> None:
         r = self.round
@@ -384,13 +458,13 @@ class ValidatorService:
         r, senders, submissions = self.round, list(self.received), list(self.received.values())
         sent = sum(payload_size(s.payload) for s in submissions)
         loop = asyncio.get_running_loop()
-        before = self.validator.weights
+        before, base = self.validator.weights, self.validator.state_hash
         report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
         changed = changed_fraction(before, self.validator.weights)
         self.received = {}
-        self._empty_inbox()  # every payload of the round is decided: none is kept
-        sha = self.peer.store.put(report.patch)
-        self.peer.hold(sha, r)
+        self._store_blobs(report, submissions)
+        self._empty_inbox()  # every payload of the round is decided: the aggregated ones were kept above
+        await self._check_unclaimed(r, base)
         try:
             await self.peer.publish_signed(report.envelope)
         except NetworkError as exc:
@@ -415,6 +489,27 @@ class ValidatorService:
             await self.peer.publish(self._metrics(report, len(submissions), sent, measured))
         except NetworkError as exc:  # run pages miss one round's figures; nothing else depends on them
             log.warning("round %d metrics not stored in the DHT: %s", r, exc)
+
+    def _store_blobs(self, report: RoundReport, submissions: list[Submission]) -> None:
+        """The patch, evidence and FP32 checkpoint as served blobs; the aggregated payloads copied from
+        the inbox and kept for `keep_payload_rounds` rounds (with the evidence), so anyone can recompute
+        the round."""
+        hold, store, r = self.peer.hold, self.peer.store, report.round
+        hold(store.put(report.patch), r)
+        if report.master_checkpoint is not None:
+            hold(store.put(report.master_checkpoint), r, "checkpoint")
+        aggregated = {s.payload_sha256 for s in report.result.selected}
+        for sub in submissions:
+            sha = payload_sha256(sub.payload)
+            if sha in aggregated and not store.has(sha):
+                _copy_in(store, sha, sub.payload)
+        kept = [store.put(report.evidence), *sorted(aggregated)]
+        for sha in kept:
+            hold(sha, r, "payload")
+        self.kept[r] = kept
+        for old in [k for k in self.kept if k <= r - self.setup.manifest.round.payload_rounds]:
+            for sha in self.kept.pop(old):
+                store.remove(sha)
 
     def _metrics(self, report: RoundReport, count: int, sent: int, measured: HeldOut) -> RoundMetrics:
         """The round's figures for run pages, each within its field's bounds (a diverged loss is left out)."""
@@ -496,3 +591,14 @@ class ValidatorService:
 
     async def shutdown(self) -> None:
         await self.peer.shutdown()
+
+
+def _copy_in(store: BlobStore, sha256: str, payload: Payload) -> None:
+    """Store `payload` (bytes, or a file read in blocks) as blob `sha256` of `store`."""
+    if not isinstance(payload, Path):
+        store.put(payload)
+        return
+    with payload.open("rb") as src, store.writer(sha256, payload.stat().st_size) as blob:
+        while chunk := src.read(1 << 20):
+            blob.write(chunk)
+        blob.commit()

@@ -147,6 +147,17 @@ class RoundSection(BaseModel):
     """The validator announces a full BF16 checkpoint every this many rounds (and at start-up)."""
     record_ttl_seconds: float = Field(default=6 * 3600.0, gt=0, le=86_400)
     """How long round results, checkpoints and heartbeats live in the DHT."""
+    takeover_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    """With several validators: a standby closes a round itself once the active validator has published
+    no result this long after the round's deadline (the next standby in line waits this long again)."""
+    keep_payload_rounds: int | None = Field(default=None, ge=1, le=10_000)
+    """Rounds the validator and every auditor keep the aggregated payloads fetchable, so that anyone can
+    recompute a round; None: `checkpoint_every` + 1, enough for an auditor that starts at the newest
+    FP32 checkpoint."""
+
+    @property
+    def payload_rounds(self) -> int:
+        return self.keep_payload_rounds or self.checkpoint_every + 1
 
     @model_validator(mode="after")
     def _min_within_deadline(self) -> Self:
@@ -228,7 +239,7 @@ class Manifest(BaseModel):
 
     def gauntlet(self) -> GauntletConfig:
         """The validator library's settings: what `[train]` and `[selection]` fix, defaults otherwise."""
-        return GauntletConfig.for_run(self.train, self.selection)
+        return GauntletConfig.for_run(self.train, self.selection, fp32_checkpoint_every=self.round.checkpoint_every)
 
     def with_validators(self, keys: list[str]) -> Manifest:
         """A copy naming `keys` as the validators (a different run id)."""

@@ -6,6 +6,8 @@
 - `frozenrun.py`   a run frozen on disk (checkpoint, piece index, patches, records) to serve and join
 - `links.py`       joins, fetches and whole rounds on a shaped network (`pulse bench links`, swarm tier)
 - `fakeminers.py`  in-process fake miners for the Gauntlet (the real miner's step), and one class per attack
+- `lying.py`       a lying `Validator` (adds, drops, scales, mismatched patch): the audit's test double
+- `faults.py`      a validator process that tells one of those lies (`python -m node.swarm.faults`)
 - `campaign/`      the attack and fault campaign: hostile miner processes, faults, the ledger
                    (`pulse bench attacks`, and the swarm tier's campaign test)
 

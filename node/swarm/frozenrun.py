@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ from node.roles.catchup import Chain
 from node.roles.chainstate import checkpoint_bytes
 from protocol import pulsesync
 from protocol.identity import Identity
-from protocol.messages import CheckpointAnnouncement, RoundResult
+from protocol.messages import BlobRef, CheckpointAnnouncement, OuterStep, RoundResult
 from protocol.pieces import checkpoint_index
 from protocol.signing import sign
 from protocol.statehash import state_hash
@@ -138,6 +139,13 @@ def make(folder: Path, state_bytes: int, patches: int, seed: int = 0) -> FrozenR
             patch_sha256=store.put(patch),
             patch_size=len(patch),
             new_state_hash=new_hash,
+            # a frozen run is for joins (hash-checked patches), not audits: the FP32 states and the
+            # evidence are named by placeholders no auditor can fetch
+            master_before=_placeholder(f"fp32/{r}"),
+            master_after=_placeholder(f"fp32/{r + 1}"),
+            outer=OuterStep(lr=1.0, momentum=0.0, nesterov=False, steps=r),
+            evidence=BlobRef(sha256=_placeholder(f"evidence/{r}"), size=1),
+            master_checkpoint=None,
         )
         records.append(sign(validator, result).to_bytes())
         weights, h = new, new_hash
@@ -269,3 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _placeholder(text: str) -> str:
+    return hashlib.sha256(f"pulse-frozen-run/{text}".encode()).hexdigest()

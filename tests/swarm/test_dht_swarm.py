@@ -36,6 +36,7 @@ from protocol.identity import Identity
 from protocol.messages import Heartbeat, Rejection, RoundResult, SubmissionHeader
 from protocol.signing import SeenCache
 from tests import helpers
+from tests.helpers import commitments
 
 pytestmark = pytest.mark.swarm
 
@@ -234,6 +235,7 @@ def result(round_: int, rejections: int = 0) -> RoundResult:
         patch_sha256=h(f"patch {round_}"),
         patch_size=1000,
         new_state_hash=h(f"state {round_ + 1}"),
+        **commitments(str(round_)),
     )
 
 

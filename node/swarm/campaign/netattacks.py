@@ -29,7 +29,7 @@ from node.net.streams import DEFAULT_LIMITS, STREAM_ERRORS, Status, open_stream,
 from node.net.transfer import FETCH, SUBMIT
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
-from protocol.messages import CheckpointAnnouncement, Heartbeat, RoundResult, WireModel
+from protocol.messages import BlobRef, CheckpointAnnouncement, Heartbeat, OuterStep, RoundResult, WireModel
 
 FLOOD = 64
 SLOT_STREAMS = 8
@@ -62,6 +62,11 @@ def _junk(run_id: str, round_: int, me: Identity, peer_id: str) -> list[WireMode
             patch_sha256=_h(f"junk patch {me.public_hex}"),
             patch_size=1,
             new_state_hash=_h(f"junk next {me.public_hex}"),
+            master_before=_h(f"junk fp32 {me.public_hex}"),
+            master_after=_h(f"junk fp32 next {me.public_hex}"),
+            outer=OuterStep(lr=1.0, momentum=0.0, nesterov=False, steps=0),
+            evidence=BlobRef(sha256=_h(f"junk evidence {me.public_hex}"), size=1),
+            master_checkpoint=None,
         ),
         CheckpointAnnouncement(
             run_id=run_id,

@@ -1,0 +1,119 @@
+"""`pulse receipt --round R`: why a miner's submission of round R was selected or not, and its gains
+recomputed here from public data (`node/roles/receipt.py`).
+
+Exit status: 0 when the committed figures hold (or there was nothing to recompute), 3 when a
+recomputed figure is outside the stated tolerance, 1 when the round's data is not fetchable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from node.commands.keygen import DEFAULT_KEY_PATH
+from node.commands.roles import DEFAULT_CONFIG
+from node.net.keyfile import load_key_file
+from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
+from node.net.p2ppeer import P2PPeer
+from node.roles.receipt import Found, receipt_for
+from node.roles.records import run_records
+from node.run.manifest import load_manifest
+from node.run.setup import RunSetup
+from node.run.task import task_for
+from protocol.errors import ConfigError, KeyFileError, NetworkError, ProtocolError
+from protocol.identity import Identity
+from validator.receipt import GAIN_ABS_TOL, GAIN_REL_TOL
+
+DIFFERS_EXIT = 3
+
+
+def register(subparsers: Any) -> None:
+    text = "why a miner's submission of a round was selected or not, with its gains recomputed locally"
+    parser = subparsers.add_parser("receipt", help=text, description=text)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
+    parser.add_argument("--round", type=int, required=True, help="the round to explain")
+    parser.add_argument("--key", type=Path, default=DEFAULT_KEY_PATH, help="the miner's key file (%(default)s)")
+    parser.add_argument("--miner", help="a miner's public key (hex) instead of --key")
+    parser.add_argument("--payload", type=Path, help="the payload file the miner sent (default: fetched by hash)")
+    parser.add_argument("--state-dir", type=Path, help="a folder for blobs (a miner's own: its payload is found there)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_net_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        setup = RunSetup.from_manifest(load_manifest(args.config))
+        miner = args.miner or load_key_file(args.key).public_hex
+        payload = args.payload.read_bytes() if args.payload is not None else None
+        config = net_config_from_args(args)
+    except (ConfigError, KeyFileError, OSError) as exc:
+        print(f"pulse receipt: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="pulse-receipt-") as scratch:
+        folder = args.state_dir or Path(scratch)
+        try:
+            found = asyncio.run(_main(setup, config, folder, miner, args.round, payload))
+        except (NetworkError, ProtocolError) as exc:
+            print(f"pulse receipt: round {args.round}: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(as_json(found), sort_keys=True) if args.json else as_text(found))
+    return DIFFERS_EXIT if found.recomputed is not None and not found.recomputed.ok else 0
+
+
+async def _main(
+    setup: RunSetup, config: NetConfig, folder: Path, miner: str, round_: int, payload: bytes | None
+) -> Found:
+    peer = await P2PPeer.create(config, run_records(setup.manifest), Identity.generate(), folder, role="follower")
+    try:
+        return await receipt_for(setup, task_for(setup), peer, miner, round_, payload)
+    finally:
+        await peer.shutdown()
+
+
+def as_json(found: Found) -> dict[str, Any]:
+    r, c = found.receipt, found.recomputed
+    a = r.assessed
+    committed = None if a is None else {"norm": a.norm, "gains": a.gains, "indicator": a.indicator, "final": a.final}
+    recomputed: dict[str, Any] | None = None
+    if c is not None:
+        recomputed = {"norm": c.norm, "assigned": c.assigned, "random": c.random, "indicator": c.indicator}
+        recomputed["differs"] = c.differs
+    return {
+        "round": r.round,
+        "miner": r.miner,
+        "validator": found.result.sender_hex,
+        "verdict": r.verdict,
+        "reason": r.reason,
+        "rank": r.rank,
+        "score": r.score,
+        "clip": r.clip,
+        "committed": committed,
+        "recomputed": recomputed,
+        "not_recomputed": found.not_recomputed,
+        "tolerance": {"gain_abs": GAIN_ABS_TOL, "gain_rel": GAIN_REL_TOL, "norm": "exact"},
+    }
+
+
+def as_text(found: Found) -> str:
+    r, c, a = found.receipt, found.recomputed, found.receipt.assessed
+    lines = [f"round {r.round}, miner {r.miner[:12]}: {r.verdict} ({r.reason})"]
+    if a is not None:
+        gains = "not measured" if a.gains is None else ", ".join(f"{g:.6g}" for g in a.gains)
+        lines.append(f"  the validator measured: norm {a.norm}, gains (assigned, random, references) {gains}")
+        lines.append(f"  indicator {a.indicator}, final score {a.final}")
+    if c is None:
+        lines.append(f"  not recomputed: {found.not_recomputed}")
+    elif c.ok:
+        lines.append(
+            f"  recomputed here: norm {c.norm} (exact), gains {c.assigned:.6g}, {c.random:.6g}, "
+            f"indicator {c.indicator}: the committed figures hold (tolerance {GAIN_ABS_TOL} + {GAIN_REL_TOL} x |gain|)"
+        )
+    else:
+        lines.append("  recomputed here, and these differ: " + "; ".join(c.differs))
+    return "\n".join(lines)
