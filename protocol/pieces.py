@@ -168,7 +168,7 @@ def _check_tiling(index: PieceIndex) -> None:
 
 
 def checkpoint_index(blob: bytes | memoryview) -> PieceIndex:
-    """The index of a safetensors checkpoint made by this node (`roles/catchup.checkpoint_bytes`)."""
+    """The index of a safetensors checkpoint made by this node (`roles/chainstate.checkpoint_bytes`)."""
     view = memoryview(blob)
     (header_len,) = struct.unpack("<Q", view[:8])
     header = json.loads(bytes(view[8 : 8 + header_len]))

@@ -14,7 +14,8 @@ from node.events import Events
 from node.events.models import CheckpointLoaded
 from node.net.memory import MemoryNetwork
 from node.net.peer import RunRecords
-from node.roles.catchup import CHECKPOINT_FORMAT, Chain, checkpoint_bytes
+from node.roles.catchup import CHECKPOINT_FORMAT, Chain
+from node.roles.chainstate import checkpoint_bytes
 from protocol.identity import Identity
 from protocol.messages import CheckpointAnnouncement, RoundResult
 from protocol.statehash import state_hash

@@ -18,7 +18,7 @@ from node.learn.hfexport import byte_tokenizer, from_gpt2, to_gpt2
 from node.learn.hfmodel import build_hf_from_config
 from node.learn.model import build_gpt
 from node.learn.train import bf16_state, load_bf16_state, unique_state
-from node.roles.catchup import checkpoint_bytes
+from node.roles.chainstate import checkpoint_bytes
 from node.roles.export import from_checkpoint, from_state_dir, verify_export, write_export
 from node.run.manifest import Manifest, load_manifest, parse_manifest
 from node.run.presets import preset

@@ -29,7 +29,8 @@ from node.events import EventLog, Events, read_events
 from node.events.models import CheckpointLoaded, Quiet, RoundClosed
 from node.net.memory import MemoryNetwork
 from node.net.peer import RunRecords
-from node.roles.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
+from node.roles.catchup import CHECKPOINT_FORMAT
+from node.roles.chainstate import checkpoint_bytes
 from node.roles.follower import Follower
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_for

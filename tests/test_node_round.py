@@ -10,7 +10,7 @@ import torch
 from node.events import Events, read_events
 from node.events.models import Baseline, Done, Exited, Final, RoundClosed, Started
 from node.learn.train import bf16_state
-from node.roles.catchup import checkpoint_bytes, load_checkpoint
+from node.roles.chainstate import checkpoint_bytes, load_checkpoint
 from node.run.manifest import Manifest, codec_for
 from node.run.setup import RunSetup
 from node.run.task import task_for

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from node.roles.catchup import checkpoint_bytes
+from node.roles.chainstate import checkpoint_bytes
 from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch
 from protocol.pieces import PieceIndex, checkpoint_index
 from protocol.statehash import CHUNK_BYTES, state_hash

@@ -8,13 +8,16 @@ import asyncio
 import hashlib
 import os
 import time
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 
+from node.net import pieces
 from node.net.memory import MemoryNetwork, MemoryPeer
 from node.net.peer import RunRecords
 from node.net.pieces import FetchProgress, Piece, PieceFetch, check_tiling, partial_path, resumable_bytes
+from node.net.streams import Stream
 from protocol.errors import TransferError, TransferTimeout
 from protocol.identity import Identity
 
@@ -174,3 +177,45 @@ def test_pieces_must_tile_the_blob() -> None:
     with pytest.raises(ValueError, match="cover"):
         check_tiling([Piece(0, 10, b"")], 16)
     assert issubclass(TransferTimeout, TransferError)
+
+
+def test_a_dead_holder_still_listed_is_dropped_with_backoff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A holder that died stays in the lookups (its last heartbeat outlives it): it is dropped after
+    its failures and not asked again at every refresh, only once its backoff ends."""
+    monkeypatch.setattr(pieces, "REFRESH_SECONDS", 0.05)  # a lookup every 50 ms: many chances to retry it
+    swarm = Swarm(tmp_path, [1e6, 1e6])
+    dead = swarm.names[0]
+    swarm.net.leave(swarm.holders[0])
+    opened: list[str] = []
+    fetch = swarm.fetch()
+    real_open = fetch.open_fetch
+
+    def counting_open(holder: str) -> AbstractAsyncContextManager[Stream]:
+        opened.append(holder)
+        return real_open(holder)
+
+    fetch.open_fetch = counting_open
+    fetch.find_holders = lambda: _listed(swarm.names)  # the dead one too
+    path = swarm.run(fetch, 30)
+    assert path.read_bytes() == swarm.data
+    # its streams' first tries and the strikes that drop it; never once per refresh (about 50 of them)
+    assert opened.count(dead) <= pieces.STREAMS_PER_HOLDER + pieces.MAX_STRIKES, opened.count(dead)
+    assert fetch.holders[dead].retry_at > time.monotonic() and fetch.holders[dead].drops == 1
+
+
+def test_backoff_doubles_and_a_delivered_piece_resets_it(tmp_path: Path) -> None:
+    holder = pieces._Holder("h")
+    holder.strike(pieces.MAX_STRIKES)
+    first = holder.retry_at - time.monotonic()
+    holder.strikes = 0  # asked again after its backoff
+    holder.strike(pieces.MAX_STRIKES)
+    second = holder.retry_at - time.monotonic()
+    assert first == pytest.approx(pieces.BACKOFF_SECONDS, abs=0.5) and second == pytest.approx(2 * first, abs=0.5)
+    holder.strike(pieces.MAX_STRIKES)  # already dropped: no further doubling
+    assert holder.drops == 2
+    Swarm(tmp_path, [1e6]).fetch()._finished(holder, 0, 0.1)  # it delivered a piece after all
+    assert holder.drops == 0 and holder.strikes == 0
+
+
+async def _listed(names: list[str]) -> list[str]:
+    return list(names)

@@ -14,6 +14,9 @@ all created here and removed on the way out; needs root, else it says why and st
   (`miner_busy_fraction`). Meanwhile `pulse doctor` runs on a newcomer host (20 Mbit/s up, 100
   down); a miner then starts there, and its join and upload times are compared with the doctor's
   forecasts (`doctor_max_error`: the largest relative error).
+
+`--cpu-only` skips all of that and times the join's CPU phases alone, in this process
+(`joincpu.py`: piece checks, the blob committed, the state loaded, each patch applied).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from node.bench import joincpu
 from node.bench.report import BenchResult, table
 from node.events import read_events
 from node.events.models import CheckpointLoaded, Final, Joined, Late, Missed, Submitted
@@ -35,7 +39,7 @@ from node.swarm.demo import Swarm
 from node.swarm.links import LinkLab, links_manifest, round_figures, run_rounds
 from protocol.identity import Identity
 
-PREFIX, SUBNET = "plb", "10.232.61"  # apart from the tests' and the campaign's hosts
+PREFIX, SUBNET = "plb", "10.232.61"  # namespaces are <prefix>-<pid>-<n>-<host>: unique per run (`netns.py`)
 JOIN_MBIT, HOLDER_MBIT = 100.0, 30.0
 SLOW_MBIT, FAST_MBIT, BUSY_MBIT = 20.0, 100.0, 50.0
 NEWCOMER = netns.Link(20, 100)
@@ -52,10 +56,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["joins", "deadlines", "busy"], help="parts to skip")
     parser.add_argument("--prefix", default=PREFIX, help="namespace name prefix (%(default)s)")
     parser.add_argument("--subnet", default=SUBNET, help="the hosts' /24, first three octets (%(default)s)")
+    parser.add_argument(
+        "--cpu-only", action="store_true", help="only the join's CPU phases, in one process (no namespaces needed)"
+    )
+    parser.add_argument("--patches", type=int, default=3, help="patches after the checkpoint (--cpu-only)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per phase, the fastest kept (--cpu-only)")
     parser.add_argument("--dir", type=Path, default=None, help="work folder, kept (default: a temp folder, removed)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
+    if args.cpu_only:
+        phases = {"join_cpu": joincpu.phases(int(args.state_mib * 2**20), args.patches, args.repeat)}
+        return BenchResult(summary=phases, tables=_tables(phases))
     why = netns.available(args.prefix)
     if why is not None:
         raise SystemExit(f"pulse bench links needs network namespaces: {why}")
@@ -233,6 +245,11 @@ def _forecast_summary(f: dict[str, Any]) -> dict[str, Any]:
 
 def _tables(s: dict[str, Any]) -> list[Any]:
     out = []
+    if "join_cpu" in s:
+        c = s["join_cpu"]
+        rows = [[name, sec, c["seconds_per_gib"][name]] for name, sec in c["seconds"].items()]
+        rows.append(["after the last byte", c["after_download_seconds"], c["after_download_seconds_per_gib"]])
+        out.append(table(f"join CPU ({c['state_bytes'] / 2**20:.0f} MiB state)", ["phase", "seconds", "s/GiB"], rows))
     if "join_seconds" in s:
         rows = [
             ["plain fetch at 100 Mbit/s", s["fetch_seconds"], f"{s['fetch_link_fraction']:.0%} of the link"],

@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     swarm = Swarm(out, manifest, args.rounds, device=args.device)
     console = Console(stderr=args.json)
     ok = False
-    try:
+    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:  # on any way out (a role that did not start, Ctrl+C, kill), `stop_all` reaps every role
         swarm.start_bootstrap()
         if args.dashboard is not None:
             _, url = swarm.start_dashboard(args.dashboard)
@@ -91,8 +93,12 @@ def run(args: argparse.Namespace) -> int:
                     break
                 time.sleep(0.5)
         ok = all(w.popen.poll() == 0 for w in workers)
+    except RuntimeError as exc:  # a role did not start: say which, after everyone is stopped
+        print(f"pulse demo: {exc}", file=sys.stderr)
     finally:
         swarm.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     summary = summarize(read_events(out / "events"), args.rounds)
     summary["clean_shutdown"] = not swarm.unclean  # every role exited on Ctrl+C, daemons included
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -122,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
             )
     good = ok and summary["hashes_agree"] and summary["rounds"] == args.rounds
     return 0 if good else 1
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `finally`, as Ctrl+C does
 
 
 def _table(log: EventLog, rounds: int) -> Table:

@@ -97,13 +97,26 @@ class BlobStore:
     def remove(self, sha256: str) -> None:
         self.path(sha256).unlink(missing_ok=True)
 
-    def adopt(self, sha256: str, size: int, path: Path) -> Path:
+    def adopt(self, sha256: str, size: int, path: Path, *, pieces_checked: bool = False) -> Path:
         """Make the complete file `path` (on this store's file system, fsynced) blob `sha256`, once
-        its size and hash are checked; a file that fails either is removed. Blocks: run it in a thread."""
+        its size and hash are checked; a file that fails either is removed. Blocks: run it in a thread.
+
+        `pieces_checked`: every byte of the file already passed a digest from a list that names
+        `sha256`'s content (a checkpoint's piece index, whose own SHA-256 the validator signed):
+        the whole-file hash would check those bytes a second time, so it is skipped."""
         check_sha256(sha256)
         if (actual := path.stat().st_size) != size:
             path.unlink()
             raise TruncatedPayload(f"{path.name} has {actual} of {size} bytes")
+        if not pieces_checked:
+            self._check_hash(sha256, path)
+        final = self.path(sha256)
+        os.replace(path, final)
+        fsync_dir(final.parent)
+        return final
+
+    @staticmethod
+    def _check_hash(sha256: str, path: Path) -> None:
         hasher = hashlib.sha256()
         with path.open("rb", buffering=0) as f:
             while chunk := f.read(8 << 20):
@@ -111,10 +124,6 @@ class BlobStore:
         if hasher.hexdigest() != sha256:
             path.unlink()
             raise BlobHashMismatch(f"{path.name} hashes to {hasher.hexdigest()[:12]}..., not {sha256[:12]}...")
-        final = self.path(sha256)
-        os.replace(path, final)
-        fsync_dir(final.parent)
-        return final
 
     def __iter__(self) -> Iterator[str]:
         return (p.name for p in self._blobs.iterdir() if _SHA256_RE.fullmatch(p.name))

@@ -14,12 +14,18 @@ any holder can send any piece and a wrong piece is caught on its own, before it 
   undone pieces of the slowest span still in flight; whichever copy arrives first is kept.
 - failures: a piece that fails its check bans its holder for this blob (a holder that lies once is
   not asked again); a broken, stalled or refused stream gives its undone pieces back and the holder
-  is dropped after `MAX_STRIKES` failures in a row. Holders are looked up again every
-  `REFRESH_SECONDS` and whenever none is left, so a holder that died is replaced without starting
-  over; with nobody to ask for `NO_HOLDERS_SECONDS` the fetch gives up (the caller tries again later).
+  is dropped after `MAX_STRIKES` failures in a row, for `BACKOFF_SECONDS`, doubling each time it is
+  dropped again (up to `MAX_BACKOFF_SECONDS`; a piece it delivers resets that). Holders are looked up
+  again every `REFRESH_SECONDS` and whenever none is left, so a holder that died is replaced without
+  starting over, and one that is still listed (its last heartbeat outlives it) is not asked again
+  until its backoff ends; with nobody to ask for `NO_HOLDERS_SECONDS` the fetch gives up (the
+  caller tries again later).
 - resume: pieces are written in place into `pieces/<sha256>` under the store; after a restart, the
   pieces already there that pass their check are kept (only allocated regions are read), the rest
-  fetched. Only when every piece is in is the file hashed whole, fsynced and renamed into `blobs/`.
+  fetched. When every piece is in, the file is fsynced and renamed into `blobs/`, not hashed whole
+  again: the pieces tile the blob and each passed its digest, so the caller's digests must come
+  from a list that names the blob's content (a checkpoint's piece index, which the validator's signed
+  announcement names by its SHA-256 beside the blob's).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ SPAN_SECONDS = 1.5  # a span takes about this long at its holder's rate
 FIRST_SPAN_PIECES = 4  # before a holder has shown its rate
 STREAMS_PER_HOLDER = 2
 MAX_STRIKES = 2
+BACKOFF_SECONDS = 15.0  # a dropped holder is not asked again for this long, doubled per drop
+MAX_BACKOFF_SECONDS = 240.0
 REFRESH_SECONDS = 10.0
 STALL_SECONDS = 10.0  # a piece that does not finish arriving within this is a stalled holder
 PROGRESS_SECONDS = 0.5
@@ -121,11 +129,11 @@ class PartialBlob:
         return regions
 
     def commit(self) -> Path:
-        """Hash the whole file; if it is the blob, make it durable under its name in the store."""
+        """Make the file, every piece of it checked, durable under the blob's name in the store."""
         os.fsync(self.fd)
         os.close(self.fd)
         self.fd = -1
-        return self.store.adopt(self.sha256, self.size, self.path)
+        return self.store.adopt(self.sha256, self.size, self.path, pieces_checked=True)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -153,7 +161,18 @@ class _Holder:
     strikes: int = 0
     banned: bool = False
     busy_until: float = 0.0
+    drops: int = 0  # times it was dropped since it last delivered a piece
+    retry_at: float = 0.0  # not asked again before this (monotonic), once dropped
     workers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def strike(self, count: int = 1) -> None:
+        """A failed span; at `MAX_STRIKES` in a row, dropped until its backoff ends."""
+        was = self.strikes
+        self.strikes = min(self.strikes + count, MAX_STRIKES)
+        if was < MAX_STRIKES <= self.strikes:
+            backoff = min(BACKOFF_SECONDS * 2**self.drops, MAX_BACKOFF_SECONDS)
+            self.retry_at, self.drops = time.monotonic() + backoff, self.drops + 1
+            log.info("holder %s dropped after %d failures; not asked again for %.0fs", self.name, self.strikes, backoff)
 
     def span_bytes(self, piece_bytes: int) -> int:
         if self.rate is None:
@@ -250,6 +269,8 @@ class PieceFetch:
             holder = self.holders.setdefault(name, _Holder(name))
             if name == self.exclude or holder.banned or any(not w.done() for w in holder.workers):
                 continue
+            if time.monotonic() < holder.retry_at:  # dropped, though still listed: not yet
+                continue
             holder.strikes = 0
             holder.workers = [asyncio.ensure_future(self._worker(holder)) for _ in range(STREAMS_PER_HOLDER)]
 
@@ -281,11 +302,11 @@ class PieceFetch:
                 holder.busy_until = time.monotonic() + 2.0
                 log.info("holder %s busy: %s", holder.name, exc)
             except BlobNotFound as exc:
-                holder.strikes = MAX_STRIKES
                 log.info("holder %s: %s", holder.name, exc)
+                holder.strike(MAX_STRIKES)
             except (TransferError, ProtocolError, TimeoutError) as exc:
-                holder.strikes += 1
                 log.info("span from %s failed (%s); its pieces go to the others", holder.name, exc or "stalled")
+                holder.strike()
             finally:
                 self._give_back(span, holder)
 
@@ -363,7 +384,7 @@ class PieceFetch:
         length = self.pieces[i].length
         rate = length / max(seconds, 1e-6)
         holder.rate = rate if holder.rate is None else 0.7 * holder.rate + 0.3 * rate
-        holder.strikes = 0
+        holder.strikes = holder.drops = 0
         self.done.add(i)
         self.recent.append((time.monotonic(), length))
         if len(self.done) == len(self.pieces):
@@ -391,10 +412,16 @@ class PieceFetch:
 
     def _summary(self) -> str:
         p = self.progress()
-        holders = ", ".join(
-            f"{h.name}: {'banned' if h.banned else f'{h.strikes} strikes'}" for h in self.holders.values()
-        )
+        holders = ", ".join(f"{h.name}: {_standing(h)}" for h in self.holders.values())
         return f"{p.done} of {p.total} bytes ({holders or 'no holders found'})"
+
+
+def _standing(h: _Holder) -> str:
+    if h.banned:
+        return "banned"
+    if (wait := h.retry_at - time.monotonic()) > 0:
+        return f"dropped, asked again in {wait:.0f}s"
+    return f"{h.strikes} strikes"
 
 
 def check_tiling(pieces: Sequence[Piece], size: int) -> None:

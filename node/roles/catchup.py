@@ -26,23 +26,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Final
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
-
 from node.events import Events, mb, progress
 from node.events.models import CheckpointLoaded, Joined, PatchApplied, Quiet, Scored
 from node.events.progress import transfer
 from node.net.peer import Peer
 from node.net.pieces import FetchProgress, Piece
+from node.roles.chainstate import apply_patch, load_checkpoint, load_pieces
 from node.roles.joinplan import JoinPlan, plan_join
-from protocol import pulsesync
-from protocol.errors import MalformedPayload, ProtocolError, StateHashMismatch, TransferError
+from protocol.errors import ProtocolError, TransferError
 from protocol.messages import RoundResult
 from protocol.pieces import PieceIndex
 from protocol.state import State
-from protocol.statehash import state_hash
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +61,6 @@ class Held:
     round: int  # this node holds W_round
     weights: State  # BF16
     state_hash: str
-
-
-def checkpoint_bytes(weights: State) -> bytes:
-    return save_safetensors({n: t.contiguous() for n, t in weights.items()})
-
-
-def load_checkpoint(data: bytes, expect_hash: str) -> State:
-    """BF16 weights from checkpoint bytes (safetensors: never pickle), checked against `expect_hash`."""
-    try:
-        weights = dict(load_safetensors(data))
-    except (SafetensorError, ValueError) as exc:
-        raise MalformedPayload(f"checkpoint is not a safetensors file: {exc}") from exc
-    if any(t.dtype != torch.bfloat16 for t in weights.values()):
-        raise MalformedPayload("checkpoint holds tensors that are not BF16")
-    got = state_hash(weights)
-    if got != expect_hash:
-        raise StateHashMismatch(f"checkpoint hashes to {got[:12]}..., announced {expect_hash[:12]}...")
-    return weights
 
 
 async def _cpu(fn: Callable[..., State], *args: object) -> State:
@@ -180,8 +156,12 @@ class Chain:
         a, start = plan.checkpoint, time.monotonic()
         patches = asyncio.ensure_future(self._prefetch(plan))
         try:
-            path, holders, resumed = await self._fetch_checkpoint(plan, current)
-            weights = await _cpu(load_checkpoint, path.read_bytes(), a.state_hash)
+            stored = self.peer.store.has(a.blob_sha256)  # from an earlier run: its pieces are not checked now
+            path, index, holders, resumed = await self._fetch_checkpoint(plan, current)
+            if index is None or stored:
+                weights = await _cpu(load_checkpoint, path.read_bytes(), a.state_hash)
+            else:  # every piece checked on arrival against the index, which commits to the state hash
+                weights = await _cpu(load_pieces, path, index, a.state_hash)
         except (TransferError, ProtocolError) as exc:
             log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
             return None
@@ -205,13 +185,14 @@ class Chain:
         self.events.emit(event, f"{text}, state hash {a.state_hash[:12]} verified")
         return Held(a.round, weights, a.state_hash)
 
-    async def _fetch_checkpoint(self, plan: JoinPlan, current: int) -> tuple[Path, int | None, int]:
-        """(the checkpoint blob, most holders at once, bytes resumed): piece by piece from every holder
-        when the validator published a piece index, else whole from one holder at a time."""
+    async def _fetch_checkpoint(self, plan: JoinPlan, current: int) -> tuple[Path, PieceIndex | None, int | None, int]:
+        """(the checkpoint blob, its piece index, most holders at once, bytes resumed): piece by piece
+        from every holder when the validator published a piece index, else whole from one holder at a
+        time (no index)."""
         a, now = plan.checkpoint, current - 1  # holders heartbeat the rounds they are at, not the checkpoint's
         what = f"checkpoint of round {a.round}"
         if a.index_sha256 is None or a.index_size is None:
-            return await fetch_showing(self.peer, a.blob_sha256, a.blob_size, now, what), None, 0
+            return await fetch_showing(self.peer, a.blob_sha256, a.blob_size, now, what), None, None, 0
         index_path = await self.peer.fetch(a.index_sha256, a.index_size, now)
         index = PieceIndex.from_bytes(index_path.read_bytes(), size=a.blob_size)
         index.check_root(a.state_hash)  # every piece is then checked against the announced state
@@ -220,7 +201,7 @@ class Chain:
             path = await self.peer.fetch_pieces(
                 a.blob_sha256, a.blob_size, now, pieces, _check_piece, on_progress=report.update
             )
-        return path, report.most_holders, report.resumed
+        return path, index, report.most_holders, report.resumed
 
     async def _prefetch(self, plan: JoinPlan) -> None:
         """The plan's patches, a few at a time, while the checkpoint arrives (a failure is fetched again later)."""
@@ -251,16 +232,14 @@ class Chain:
         try:
             path = await self.peer.fetch(result.patch_sha256, result.patch_size, held.round)
             start = time.monotonic()
-            weights = await _cpu(pulsesync.apply, held.weights, path.read_bytes())
+            data = path.read_bytes()
+            weights = await _cpu(apply_patch, held.weights, held.state_hash, data, result.new_state_hash)
             seconds = time.monotonic() - start
         except TransferError as exc:
             log.warning("patch of round %d not available yet: %s", held.round, exc)
             return None
         except ProtocolError as exc:
             log.warning("patch of round %d failed its checks (%s): rejoining from a checkpoint", held.round, exc)
-            return BROKEN
-        if state_hash(weights) != result.new_state_hash:
-            log.warning("round %d patch gave another state than the result names: rejoining", held.round)
             return BROKEN
         self.peer.hold(result.patch_sha256, held.round)
         if self.me is not None:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from node.net.peer import Peer
+from node.roles.chainstate import apply_patch
 from node.roles.joinplan import plan_join
 from node.roles.uplink import MIN_FRACTION, SAFETY
 from node.run.manifest import Manifest
@@ -51,7 +52,9 @@ from protocol.statehash import state_hash
 
 HASH_PROBE_BYTES = 64 << 20
 PERIOD_ROUNDS = 4
-LOAD_PASSES = 3.0  # a join reads the checkpoint about three times after it arrives: blob hash, load, state hash
+# after the checkpoint's last piece (each checked as it came) a join fsyncs the file and reads it once
+# into the live state (`roles/chainstate.py`): measured at about one hash pass's time (0.6-1.5x)
+LOAD_PASSES = 1.0
 TRAIN_BYTES_PER_PARAM = 24  # FP32 model, AdamW moments, error buffer, delta, two BF16 copies
 
 
@@ -180,7 +183,7 @@ def _train_probe(setup: RunSetup, task: Task, steps: int) -> tuple[float, int, f
 
 def _patch_probe(task: Task, patch_bytes: int | None) -> float:
     """Seconds to apply a patch like the run's latest (a share of values nudged by one BF16 step, the
-    share from its size) to the run's state, and check the state hash after it, as a join does."""
+    share from its size) to the run's state, the new state's hash checked, as a join does."""
     weights = {name: t.to(torch.bfloat16) for name, t in task.initial_master().items()}
     total = sum(t.numel() for t in weights.values())
     share = min(1.0, max(1e-4, (patch_bytes or 0) / max(total, 1)))
@@ -189,10 +192,10 @@ def _patch_probe(task: Task, patch_bytes: int | None) -> float:
     for name, t in weights.items():
         nudge = (torch.rand(t.shape, generator=gen) < share).to(torch.int16)
         new[name] = (t.contiguous().view(torch.int16) + nudge).view(torch.bfloat16)
-    patch = pulsesync.encode(weights, new)
+    old_hash, new_hash = state_hash(weights), state_hash(new)
+    patch = pulsesync.encode(weights, new, old_hash=old_hash, new_hash=new_hash)
     start = time.monotonic()
-    applied = pulsesync.apply(weights, patch)
-    state_hash(applied)
+    apply_patch(weights, old_hash, patch, new_hash)  # as a join applies it: the held state's hash is known
     return time.monotonic() - start
 
 

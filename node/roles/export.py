@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from node.learn.hfexport import byte_tokenizer, from_gpt2, gpt2_config, to_gpt2
 from node.learn.hfmodel import load_hf_tokenizer, model_dir
-from node.roles.catchup import load_checkpoint
+from node.roles.chainstate import load_checkpoint
 from node.run.manifest import Manifest, load_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for

@@ -7,8 +7,9 @@ round's rollout pool for RL), trains H steps from W_r on its assignment (DESIGN.
 signed header and payload to every validator that announced round r (the active one and the
 standbys, which keep it in case they must close the round: `standby.py`; `Peer.submit`). It holds
 its model, its optimizer, one error buffer, the BF16 global weights and the payload it is sending:
-nothing grows with the number of peers. Busy fraction = seconds spent training and compressing / wall seconds since the
-first round it trained.
+nothing grows with the number of peers. Busy fraction = wall seconds in which it was training or
+compressing (either or both: with `overlap` they run at once) / wall seconds since it first
+trained, work still running included (`BusyClock`).
 
 Deadlines: the validator's open heartbeat names the round's target (`roles/deadline.py`). A miner
 times every push (`uplink.py`); when its whole payload would arrive after the target, it sends the
@@ -19,8 +20,10 @@ decodes and checks by the run's codec rules like any other payload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from node.events import Events, mb
@@ -47,6 +50,38 @@ class RoundInputs:
         return True
 
 
+class BusyClock:
+    """Wall seconds during which at least one piece of work ran, counted up to now for work still
+    running (a miner that reports while it trains ahead is busy, not idle)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None  # when the first work started
+        self.since = 0.0  # when the current busy stretch started
+        self.running = 0
+        self.done_seconds = 0.0  # of the busy stretches that ended
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        now = time.monotonic()
+        self.first = now if self.first is None else self.first
+        if self.running == 0:
+            self.since = now
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            if self.running == 0:
+                self.done_seconds += time.monotonic() - self.since
+
+    def fraction(self) -> float:
+        if self.first is None:
+            return 0.0
+        now = time.monotonic()
+        busy = self.done_seconds + (now - self.since if self.running else 0.0)
+        return busy / max(now - self.first, 1e-9)
+
+
 class Miner:
     def __init__(
         self,
@@ -63,9 +98,8 @@ class Miner:
         self.poll = poll
         self.key = trainer.identity.public_hex
         self.chain = Chain(peer, events, self.key, poll=2 * poll)
-        self.busy_seconds = 0.0
+        self.clock = BusyClock()
         self.train_seconds: dict[int, float] = {}  # round -> seconds its inner steps took (until submitted)
-        self.started: float | None = None
         self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, its heartbeat's sent_at)
         self.packaged: tuple[int, SignedMessage, Path] | None = None  # this round's signed header and payload
         self.dense_bytes = setup.dense_bytes()
@@ -76,9 +110,7 @@ class Miner:
 
     @property
     def busy_fraction(self) -> float:
-        if self.started is None:
-            return 0.0
-        return self.busy_seconds / max(time.monotonic() - self.started, 1e-9)
+        return self.clock.fraction()
 
     async def run(self, rounds: int | None = None) -> Held:
         """Follow and mine until holding W_rounds (None: forever)."""
@@ -134,20 +166,20 @@ class Miner:
         trainer = self.trainer
         fraction = self.uplink.fraction(target - time.time() - (self.compress_seconds or 0.0))
         start = time.monotonic()
-        header, payload = await asyncio.get_running_loop().run_in_executor(
-            None, trainer.package, r, delta, held.weights, held.state_hash, fraction
-        )
+        with self.clock.busy():
+            header, payload = await asyncio.get_running_loop().run_in_executor(
+                None, trainer.package, r, delta, held.weights, held.state_hash, fraction
+            )
         self.compress_seconds = time.monotonic() - start
         await self._submit(header, payload, live, compress_seconds=self.compress_seconds, fraction=fraction)
 
     async def _train(self, round_: int, weights: State) -> State:
-        self.started = self.started or time.monotonic()
         start = time.monotonic()
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self.trainer.train, round_, weights)
+            with self.clock.busy():
+                return await asyncio.get_running_loop().run_in_executor(None, self.trainer.train, round_, weights)
         finally:
             seconds = time.monotonic() - start
-            self.busy_seconds += seconds
             self.train_seconds = {r: s for r, s in self.train_seconds.items() if r >= round_ - 1}  # rounds in flight
             self.train_seconds[round_] = seconds
 

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from node.net.peer import Peer
-from node.roles.catchup import Held, load_checkpoint
+from node.roles.catchup import Held
+from node.roles.chainstate import apply_patch, load_checkpoint
 from node.run.setup import RunSetup
 from node.run.task import Task
-from protocol import pulsesync
-from protocol.errors import ProtocolError, StateHashMismatch, TransferError
+from protocol.errors import ProtocolError, TransferError
 from protocol.messages import BlobRef, RoundResult, SubmissionHeader
 from protocol.signing import SignedMessage, Verified
-from protocol.statehash import state_hash
 from validator.evidence import RoundEvidence
 from validator.receipt import Receipt, Recomputed, explain, recompute
 
@@ -84,9 +83,8 @@ async def state_at(peer: Peer, round_: int) -> Held:
             raise TransferError(f"no result for round {held.round} continues the chain")
         result = verified.message
         patch = await _fetch(peer, BlobRef(sha256=result.patch_sha256, size=result.patch_size), held.round)
-        weights = await _cpu(lambda: pulsesync.apply(held.weights, patch))  # noqa: B023 (awaited at once)
-        if state_hash(weights) != result.new_state_hash:
-            raise StateHashMismatch(f"the patch of round {held.round} does not give the state its result names")
+        # raises unless the patch continues the held state and gives the state the result names
+        weights = await _cpu(lambda: apply_patch(held.weights, held.state_hash, patch, result.new_state_hash))  # noqa: B023
         held = Held(held.round + 1, weights, result.new_state_hash)
     return held
 

@@ -76,7 +76,8 @@ from node.events.models import (
 from node.learn.train import changed_fraction
 from node.net.blobstore import BlobStore
 from node.net.peer import Peer
-from node.roles.catchup import CHECKPOINT_FORMAT, checkpoint_bytes
+from node.roles.catchup import CHECKPOINT_FORMAT
+from node.roles.chainstate import checkpoint_bytes
 from node.roles.deadline import RoundClock
 from node.roles.hooks import HeldOut, RoundHooks
 from node.roles.replicas import replicate

@@ -11,13 +11,14 @@ typed events (`read_events`) to draw the table, and at the end writes `DIR/summa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from node.swarm.netns import ShapedNetwork
 from protocol.identity import Identity
 
 STOP_SECONDS = 20.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PRCTL = getattr(ctypes.CDLL(None), "prctl", None)  # Linux only; looked up here, not in a forked child
 
 
 @dataclass
@@ -90,9 +93,8 @@ class Swarm:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
         inside = self.net.exec_prefix(host) if host is not None and self.net is not None else []
         cmd = [*inside, sys.executable, "-m", module, *args]
-        # own session: a killed role takes its DHT process and libp2p daemon with it (`kill`)
         popen = subprocess.Popen(
-            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_own_session(os.getpid())
         )
         proc = Proc(name, role, popen, events, log)
         self.procs.append(proc)
@@ -187,8 +189,31 @@ class Swarm:
         proc.popen.wait()
 
     def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            self.stop(proc)
+        """Stop every role, newest first. Whatever interrupts that (a second Ctrl+C, an error), every
+        role's process group still gets SIGKILL on the way out: no child outlives the swarm."""
+        try:
+            for proc in reversed(self.procs):
+                self.stop(proc)
+        finally:
+            for proc in self.procs:
+                if proc.popen.poll() is None or _group_alive(proc.popen.pid, wait=0.0):
+                    self.kill(proc)
+
+
+def _own_session(parent: int) -> Callable[[], None]:
+    """What a role's child runs before exec: its own session, so that `kill` takes its DHT process and
+    libp2p daemon with it; and, on Linux, SIGTERM (a role's clean stop) when the process that started
+    it dies, even by SIGKILL, so no role outlives a swarm whose owner was killed. (The kernel sends it
+    when the thread that started the child ends: swarms are started from their owner's main thread.)"""
+
+    def prepare() -> None:  # between fork and exec: nothing here may take a lock
+        os.setsid()
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the owner died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return prepare
 
 
 def _group_alive(pgid: int, wait: float) -> bool:

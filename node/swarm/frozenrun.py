@@ -40,7 +40,8 @@ from node.net.keyfile import load_key_file, write_key_file
 from node.net.netconfig import NetConfig
 from node.net.p2ppeer import P2PPeer
 from node.net.peer import RunRecords
-from node.roles.catchup import Chain, checkpoint_bytes
+from node.roles.catchup import Chain
+from node.roles.chainstate import checkpoint_bytes
 from protocol import pulsesync
 from protocol.identity import Identity
 from protocol.messages import BlobRef, CheckpointAnnouncement, OuterStep, RoundResult

@@ -13,14 +13,23 @@ two hosts crosses the sender's uplink and the receiver's downlink, as on the int
 only latency is the links' own queueing (`QUEUE_MS` at most), which is what a saturated home link
 adds anyway.
 
-Everything lives in namespaces named `<prefix>-<host>` and `<prefix>-switch`: two harnesses with
-different prefixes and subnets never touch each other. Needs root (or CAP_NET_ADMIN) and `ip`/`tc`;
+Names: a network's namespaces are `<prefix>-<pid>-<n>-<host>` and `<prefix>-<pid>-<n>-switch`, where
+`<pid>-<n>` is the owning process and a counter of the networks it made: two harnesses (two test
+suites at once, a test beside a benchmark) never share or delete each other's namespaces, whatever
+prefix they chose. `remove` deletes only the network's own; `create` also sweeps namespaces of the
+same prefix whose owning process is dead (a crashed run's), never a live one's. Interface names
+(`eth0`, `p<i>`, `br0`) are made directly inside the namespaces, so they stay short (the kernel's
+limit is 15 characters) and never meet another network's. Subnets cannot collide either: each
+network is its own bridge in its own switch namespace, with no address or route in the machine's
+own namespace, so two networks may use the same /24. Needs root (or CAP_NET_ADMIN) and `ip`/`tc`;
 `available(prefix)` says why not where it cannot run.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -61,7 +70,7 @@ def available(prefix: str) -> str | None:
             return f"no `{tool}` command"
     if os.geteuid() != 0:
         return "creating network namespaces needs root"
-    probe = f"{prefix}-probe"
+    probe = f"{_owner(prefix)}-probe"
     made = _run(["ip", "netns", "add", probe])
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()}"
@@ -82,6 +91,41 @@ def tbf(mbit: float) -> list[str]:
     return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", f"{QUEUE_MS}ms"]
 
 
+_NETWORKS = itertools.count()
+
+
+def _owner(prefix: str) -> str:
+    """A name part no other live network has: this process and a counter of its networks."""
+    if not _PREFIX_RE.fullmatch(prefix):
+        raise ValueError(f"namespace prefix {prefix!r}: letters, digits and hyphens, at most 16")
+    return f"{prefix}-{os.getpid()}-{next(_NETWORKS)}"
+
+
+_PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,15}")
+
+
+def sweep_dead(prefix: str) -> list[str]:
+    """Delete the namespaces `<prefix>-<pid>-...` whose process `pid` is no longer alive; their names."""
+    listed = _run(["ip", "netns", "list"]).stdout.split("\n")
+    pattern = re.compile(rf"({re.escape(prefix)}-(\d+)-\d+-\S+)")
+    dead = []
+    for line in listed:
+        if (m := pattern.match(line)) and not _alive(int(m.group(2))):
+            _run(["ip", "netns", "del", m.group(1)])
+            dead.append(m.group(1))
+    return dead
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: alive
+        return True
+    return True
+
+
 class ShapedNetwork:
     """Hosts (name -> `Link`) at `<subnet>.1`, `<subnet>.2`, ... in insertion order."""
 
@@ -89,10 +133,11 @@ class ShapedNetwork:
         if len(hosts) > 250:
             raise ValueError("at most 250 hosts on one /24")
         self.prefix, self.subnet, self.links = prefix, subnet, dict(hosts)
-        self.switch = f"{prefix}-switch"
+        self.owner = _owner(prefix)  # unique among live networks on this machine
+        self.switch = f"{self.owner}-switch"
 
     def ns(self, host: str) -> str:
-        return f"{self.prefix}-{host}"
+        return f"{self.owner}-{host}"
 
     def addr(self, host: str) -> str:
         return f"{self.subnet}.{list(self.links).index(host) + 1}"
@@ -106,7 +151,7 @@ class ShapedNetwork:
         return ["ip", "netns", "exec", self.ns(host)]
 
     def create(self) -> None:
-        self.remove()  # a crashed run may have left namespaces of the same names
+        sweep_dead(self.prefix)  # what crashed runs of this prefix left
         _check(["ip", "netns", "add", self.switch])
         _check(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
         _check(["ip", "-n", self.switch, "link", "set", "br0", "up"])

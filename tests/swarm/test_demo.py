@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from node.commands.cli import main
 from node.commands.roles import DEFAULT_CONFIG
+from node.swarm.demo import Proc, Swarm
 
 pytestmark = pytest.mark.swarm
 
@@ -90,3 +96,85 @@ def test_demo_on_cuda_needs_a_cuda_torch(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "node", "demo", "--device", "cuda", "--out", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+def _sessions_of(folder: Path) -> dict[int, int]:
+    """{pid: session id} of every process whose command line names `folder` (the demo's roles)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        if str(folder).encode() in cmdline:
+            found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[3])
+    return found
+
+
+def _in_sessions(sessions: set[int]) -> list[int]:
+    """Processes still alive (zombies aside) in any of `sessions`: roles, their DHT processes, their daemons."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) in sessions and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def _wait_gone(sessions: set[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := _in_sessions(sessions)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive
+
+
+def test_a_failed_start_reaps_every_role(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The follower fails to start after the DHT, the validator and the miners did: `pulse demo`
+    says why, and none of them (nor their DHT processes and daemons) is left running."""
+    started: list[Proc] = []
+    real = Swarm.start_role
+
+    def start_role(self: Swarm, name: str, role: str, key: Path | None, **kw: Any) -> Proc:
+        if role == "follow":
+            raise RuntimeError("the follower could not start (forced by the test)")
+        proc = real(self, name, role, key, **kw)
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(Swarm, "start_role", start_role)
+    code = main(["demo", "--miners", "2", "--rounds", "1", "--out", str(tmp_path), "--json"])
+    assert code == 1
+    assert [p.role for p in started] == ["validator", "miner", "miner"]
+    assert all(p.popen.poll() is not None for p in started)
+    assert _wait_gone(set(_sessions_of(tmp_path).values()) | {p.popen.pid for p in started}, 5.0) == []
+
+
+def test_roles_stop_when_the_demo_is_killed(tmp_path: Path) -> None:
+    """SIGKILL on `pulse demo` mid-run (no `finally` runs): every role still stops, by the signal
+    its parent's death sends it."""
+    cmd = [sys.executable, "-m", "node", "demo", "--miners", "2", "--rounds", "50", "--out", str(tmp_path), "--json"]
+    demo = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, own = time.monotonic() + 120, os.getsid(0)
+        roles: set[int] = set()
+        while len(roles) < 5 and time.monotonic() < deadline:  # dht, validator, 2 miners, follower
+            time.sleep(0.5)
+            roles = set(_sessions_of(tmp_path).values()) - {own}
+        assert len(roles) >= 5, f"the demo started {len(roles)} roles"
+    finally:
+        demo.kill()
+        demo.wait()
+    try:
+        assert _wait_gone(roles, 60.0) == []
+    finally:  # reap what a failure left, as the swarm tier's teardown does
+        for sid in roles:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sid, signal.SIGKILL)

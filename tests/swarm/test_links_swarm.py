@@ -23,7 +23,7 @@ from node.swarm.links import LinkLab, kill_group
 
 pytestmark = pytest.mark.swarm
 
-PREFIX, SUBNET = "plt", "10.232.41"  # apart from the campaign's hosts and the benchmark's
+PREFIX, SUBNET = "plt", "10.232.41"  # namespaces are <prefix>-<pid>-<n>-<host>: unique per run (`netns.py`)
 UNAVAILABLE = netns.available(PREFIX)
 HOLDER_MBIT = 30.0
 HOSTS = {
