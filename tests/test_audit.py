@@ -132,6 +132,9 @@ def test_every_lie_is_found(played: Played, lie: str, tmp_path: Path) -> None:
     found = {f.what for f in checked.findings}
     if lie == "patch":
         assert lied.state_hash == honest.state_hash and found == {"patch"}
+    elif lie == "median":  # the gate and the step were honest: only the committed median is not
+        assert RoundEvidence.from_bytes(lied.evidence).median_norm > 0
+        assert lied.state_hash == honest.state_hash and found == {"median"}
     else:
         assert lied.state_hash != honest.state_hash  # the lie moved the model, and the result says so
         assert {"step", "state"} <= found

@@ -16,7 +16,7 @@ from node.net import peer as peer_mod
 from node.net.blobstore import BlobStore
 from node.net.netconfig import NetConfig
 from node.net.p2ppeer import P2PPeer
-from node.net.transfer import FETCH, SUBMIT, TransferService
+from node.net.transfer import FETCH, REPLICATE, SUBMIT, TransferService
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from protocol.errors import NetworkError
@@ -85,4 +85,4 @@ def test_a_dead_dht_process_is_restarted_and_the_blob_service_registered_again(t
     asyncio.run(peer.publish(_beat(manifest.run_id)))
     assert dht.restarts == 1 and dht.calls == 1
     assert isinstance(peer.p2p, FakeDaemon) and peer.p2p.generation == 1 and service.p2p is peer.p2p
-    assert peer.p2p.handlers == [FETCH, SUBMIT]
+    assert peer.p2p.handlers == [FETCH, SUBMIT, REPLICATE]

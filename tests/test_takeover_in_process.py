@@ -3,7 +3,8 @@ returning validator that catches up as a standby, and an auditing follower.
 
 The real roles (`ValidatorRole`, miners, a follower with `--audit`) run whole rounds of a tiny GPT
 in one process (`node/net/memory.py`); the active validator "dies" (its task cancelled, its peer
-gone from the network) while it collects a round.
+gone from the network) while it collects a round, or (a second run) right after it published a
+round's result, never to come back: the standby holds that round's blobs (`roles/replicas.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from node.events import EventLog, Events
-from node.events.audit import Audited, AuditMismatch, Standby, StoodDown, TookOver
+from node.events.audit import Audited, AuditMismatch, Replicated, Standby, StoodDown, TookOver
 from node.events.models import Done, RoundClosed, RoundOpened, Submitted
 from node.net.memory import MemoryNetwork
 from node.roles.records import run_records
@@ -53,8 +54,8 @@ def manifest() -> Manifest:
 
 
 class Run:
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, rounds: int = ROUNDS) -> None:
+        self.root, self.rounds = root, rounds
         self.setup = RunSetup.from_manifest(manifest())
         self.task = task_for(self.setup)
         self.network = MemoryNetwork(run_records(self.setup.manifest))
@@ -71,12 +72,12 @@ class Run:
         events = self.events(name, role)
         folder = self.root / name.removesuffix("-again")
         if role == "validator":
-            work = validator_role_for(self.setup, self.task, me, folder, peer, events, poll=POLL).run(ROUNDS)
+            work = validator_role_for(self.setup, self.task, me, folder, peer, events, poll=POLL).run(self.rounds)
         elif role == "miner":
-            work = miner_for(self.setup, self.task, me, peer, events, poll=POLL).run(ROUNDS)
+            work = miner_for(self.setup, self.task, me, peer, events, poll=POLL).run(self.rounds)
         else:
             audit = folder / "audit" if name.startswith("auditor") else None
-            work = follower_for(self.setup, self.task, me, peer, events, poll=POLL, audit=audit).run(ROUNDS)
+            work = follower_for(self.setup, self.task, me, peer, events, poll=POLL, audit=audit).run(self.rounds)
         self.running[name] = asyncio.ensure_future(work)
 
     async def kill(self, name: str) -> None:
@@ -135,8 +136,8 @@ def counted(run: Run) -> list[RoundResult]:
     """The chain of counted results, from each round's records (the chain rule, from W_0)."""
     out: list[RoundResult] = []
     state = StateStore(run.root / "validator-b" / "validator").load()
-    assert state.book.round == ROUNDS
-    for r in range(ROUNDS):
+    assert state.book.round == run.rounds
+    for r in range(run.rounds):
         found = run.network.get(RoundResult, r)
         base = out[-1].new_state_hash if out else None
         order = list(run.setup.manifest.validators)
@@ -214,3 +215,66 @@ def test_two_results_for_one_round_the_first_validator_in_the_manifest_counts(tm
 
     asyncio.run(main())
     assert open_signed(ra.envelope, run_id=run_id, expect=RoundResult).message.round == 0
+
+
+# -- killed right after publishing, never restarted -------------------------------------------------
+
+PUBLISHED = 1  # validator a is killed as soon as its result of this round is in the DHT
+
+
+async def play_killed_after_publishing(run: Run) -> None:
+    a = key("validator-a").public_hex
+    try:
+        run.start("validator-a", "validator")
+        run.start("validator-b", "validator")
+        for name in ("miner0", "miner1", "miner2"):
+            run.start(name, "miner")
+        run.start("auditor", "follower")
+
+        def published() -> bool:
+            return any(v.sender_hex == a for v in run.network.get(RoundResult, PUBLISHED))
+
+        assert await apoll(published, TIMEOUT, 0.01), "a never published"
+        await run.kill("validator-a")  # nobody fetched its patch or evidence from it yet: only b holds them
+        waiting = [run.running[n] for n in ("miner0", "miner1", "miner2", "auditor")]
+        await asyncio.wait_for(asyncio.gather(*waiting), TIMEOUT)
+        await run.until("b done", lambda log: log.has(Done, "validator-b"))
+    finally:
+        await run.stop()
+
+
+@pytest.fixture(scope="module")
+def killed_after_publishing(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, EventLog]:
+    torch.set_num_threads(1)
+    run = Run(tmp_path_factory.mktemp("published"), rounds=PUBLISHED + 2)
+    asyncio.run(play_killed_after_publishing(run))
+    return run, run.log()
+
+
+def test_killed_right_after_publishing_the_standby_holds_the_round_and_goes_on(
+    killed_after_publishing: tuple[Run, EventLog],
+) -> None:
+    run, log = killed_after_publishing
+    replicated = [e for e in log.events(Replicated, "validator-a") if e.round == PUBLISHED]
+    assert replicated and replicated[0].acknowledged == 1  # b held the blobs before a published
+    # b verified a's last round from what it was handed (a was gone before anyone else fetched it)
+    assert {e.round for e in log.events(Audited, "validator-b")} >= {PUBLISHED}
+    assert [t.round for t in log.events(TookOver, "validator-b")] == [PUBLISHED + 1]
+    chain = counted(run)
+    a, b = key("validator-a").public_hex, key("validator-b").public_hex
+    signers = [
+        next(v.sender_hex for v in run.network.get(RoundResult, r) if v.message == c) for r, c in enumerate(chain)
+    ]
+    assert signers == [a, a, b]  # a's last result counts; b goes on from it
+    assert len(run.network.get(RoundResult, PUBLISHED + 1)) == 1
+    finals = log.final_hashes()
+    assert set(finals) >= {"miner0", "miner1", "miner2", "auditor", "validator-b"}
+    assert len(set(finals.values())) == 1, finals  # one chain of hashes
+    assert [e.round for e in log.events(Audited, "auditor")] == list(range(run.rounds))
+    assert not log.events(AuditMismatch)
+    # no round lost: the round taken over scores what every miner pushed for it, once
+    keys = log.keys()
+    for name in ("miner0", "miner1", "miner2"):
+        for sent in log.events(Submitted, name):
+            named = [s.sender for s in (*chain[sent.round].selected, *chain[sent.round].rejections)]
+            assert named.count(keys[name]) == 1, (name, sent.round)

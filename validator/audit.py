@@ -51,6 +51,7 @@ from protocol.statehash import state_hash
 from validator.aggregate import aggregate, clip_scales, global_norm
 from validator.config import GauntletConfig
 from validator.evidence import Aggregated, RoundEvidence, public_book
+from validator.gauntlet import established_of, gate_median
 from validator.outer import OuterOptimizer
 from validator.scoring import RoundSecret
 from validator.state import Book, Snapshot
@@ -150,6 +151,7 @@ def audit_round(
     headers = _check_headers(replica, ctx, result, evidence, report)
     payloads = _fetch_payloads(evidence, payload, report)
     _check_clips(ctx.cfg, evidence, report)
+    _check_median(ctx.cfg, replica, evidence, report)
     if not report.ok or payloads is None or headers is None:
         return report
     _recompute(replica, ctx.cfg, result, evidence, payloads, report)
@@ -301,6 +303,32 @@ def _check_clips(cfg: GauntletConfig, evidence: RoundEvidence, report: AuditRepo
     clip_to, scales = clip_scales(norms)
     if clip_to != evidence.clip_to or scales != [a.clip for a in evidence.aggregated]:
         report.add("clip", f"clip factors {[a.clip for a in evidence.aggregated]}, the norms give {scales}")
+
+
+def _check_median(cfg: GauntletConfig, replica: Replica, evidence: RoundEvidence, report: AuditReport) -> None:
+    """The norm gate's median, recomputed as `gauntlet.inspect` takes it: from the committed norm of
+    every distinct payload that decoded (`assessed`), those of the miners established in the book the
+    round started from. (The aggregated payloads' norms are checked against their bytes below; the
+    rejected ones' payloads are not kept, so their committed norms are taken as given.)"""
+    established = established_of(cfg, replica.book.gained, replica.round)
+    senders: dict[str, set[str]] = {}
+    norms: dict[str, float] = {}
+    for a in evidence.assessed:
+        if a.norm is None:
+            continue  # not measured: undecodable, or refused before inspection
+        if norms.setdefault(a.payload_sha256, a.norm) != a.norm:
+            report.add("median", f"payload {a.payload_sha256[:12]} is committed with two different norms")
+            return
+        senders.setdefault(a.payload_sha256, set()).add(a.sender)
+    measured: list[tuple[str | None, float]] = []
+    for sha, who in senders.items():
+        if len({s in established for s in who}) > 1:
+            return  # exact copies from an established and a fresh key: which came first is not public
+        measured.append((next(iter(who)), norms[sha]))
+    median = gate_median(measured, established)
+    if median != evidence.median_norm:
+        said = evidence.median_norm
+        report.add("median", f"the norm gate's median is committed as {said!r}; the committed norms give {median!r}")
 
 
 def _recompute(

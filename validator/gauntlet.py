@@ -240,8 +240,7 @@ class RoundPipeline:
                 directions = _accumulate(directions, update, 1.0 / a.norm)
             del update  # invariant: one decoded update alive at a time
         distinct = [a for a in first.values() if a.problem is None]
-        reference_norms = [a.norm for a in distinct if a.sender in established] or [a.norm for a in distinct]
-        median = statistics.median(reference_norms) if reference_norms else 0.0
+        median = gate_median([(a.sender, a.norm) for a in distinct], established)
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median)
             if a.problem is not None and a.norm > 0 and directions is not None:
@@ -452,10 +451,22 @@ def record_gains(
 def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozenset[str]:
     """Miners whose updates gained on random data in at least `established_rounds` of the
     `established_window` rounds before `round_`."""
+    return established_of(cfg, standing.gained, round_)
+
+
+def established_of(cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], round_: int) -> frozenset[str]:
+    """`established` from the rounds each miner gained (a book's `gained`: an auditor has no ratings object)."""
     oldest = round_ - cfg.established_window
-    return frozenset(
-        m for m, rounds in standing.gained.items() if sum(1 for r in rounds if r >= oldest) >= cfg.established_rounds
-    )
+    enough = cfg.established_rounds
+    return frozenset(m for m, rounds in gained.items() if sum(1 for r in rounds if r >= oldest) >= enough)
+
+
+def gate_median(measured: Sequence[tuple[str | None, float]], established: frozenset[str]) -> float:
+    """The norm gate's reference: the median norm of the distinct payloads that decoded to a finite
+    update (`measured`: (first sender, norm) each), those of `established` miners only when there are
+    any (a majority of fresh keys must not move it); 0 with none."""
+    reference = [norm for sender, norm in measured if sender in established] or [norm for _, norm in measured]
+    return statistics.median(reference) if reference else 0.0
 
 
 def _accumulate(total: StateDict | None, update: State, scale: float) -> StateDict:

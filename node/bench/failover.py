@@ -5,14 +5,18 @@ Two runs of separate `pulse` processes (`node/swarm/demo.py`):
 1. takeover: two validators (priority a, b), MINERS miners and a `pulse follow --audit` follower
    for ROUNDS rounds. The active validator is killed (SIGKILL, its whole process group) at five
    points of five rounds, and restarted on its state folder after the round was taken over; the
-   next kill waits until it has caught up as a standby (a restart takes ~40 s on a loaded 2-core
-   machine, 10 rounds or more: five kill cycles need about 50 rounds, the default):
+   next kill waits until it has caught up as a standby:
 
        collecting     1 s after it opened the round
        evaluating     0.3 s after the last miner's submission reached it (closing starts then)
        committed      as soon as its state folder holds the new round (before or as it publishes)
-       published      as soon as it logged the round closed (result published)
+       published      as soon as it logged the round closed (its result was published just before,
+                      after the standby took the round's blobs: `replicas.py`; before that was
+                      there, nobody else held them and the run waited for the restart)
        serving        0.5 s later (followers fetch the patch from it)
+
+   The killed validator is restarted only once the next round has closed (or the wait for that ran
+   out: `stalled_until_restart`, the run waited on the restart, a miss of "at most one round lost").
 
    Figures: rounds lost per kill (rounds around the kill whose counted result scores none of the
    submissions miners made), whether every node ends on one state hash, submissions scored in
@@ -21,7 +25,11 @@ Two runs of separate `pulse` processes (`node/swarm/demo.py`):
 
 2. lies: for each lie of `node/swarm/lying.py`, one validator telling it from round 1
    (`python -m node.swarm.faults`), two miners and a `pulse follow --audit` follower: detected if
-   the follower reports a mismatch for round 1 and holds no state past the last verified one.
+   the follower reports a mismatch for the first round in which the lie changed anything (round 1 for
+   "add" and "patch"; the first round from 1 on with an aggregated submission for "drop" and "scale",
+   with a measured one for "median": `lying.told`) and holds no state past the last verified one.
+   A lie run lasts up to LIE_ROUNDS rounds, so that the miners, which start in the first rounds, get
+   aggregated before it ends; a lie never told is reported as not detected.
 """
 
 from __future__ import annotations
@@ -39,21 +47,22 @@ from typing import Any
 
 from node.bench.report import BenchResult, table
 from node.events import EventLog, read_events
-from node.events.audit import Audited, AuditMismatch, Standby, TookOver
+from node.events.audit import Audited, AuditMismatch, AuditStarted, Replicated, Standby, TookOver
 from node.events.models import Done, Final, Received, RoundClosed, RoundOpened, Submitted
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
 from node.swarm.demo import Proc, Swarm
-from node.swarm.lying import LIES
+from node.swarm.lying import LIES, told
 from protocol.identity import Identity
 
 KILL_POINTS = ("collecting", "evaluating", "committed", "published", "serving")
 WAIT = 240.0
+LIE_ROUNDS = 6
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=50, help="rounds of the takeover run (%(default)s)")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of the takeover run (%(default)s)")
     parser.add_argument("--miners", type=int, default=4, help="miners of the takeover run (%(default)s)")
     parser.add_argument("--deadline", type=float, default=10.0, help="round deadline in seconds (%(default)s)")
     parser.add_argument("--takeover", type=float, default=4.0, help="takeover_seconds (%(default)s)")
@@ -79,17 +88,30 @@ def run(args: argparse.Namespace) -> BenchResult:
         "lies_total": len(lies),
     }
     kills = [
-        [k["point"], k["round"], k["rounds_lost"], k["taken_over_by"], k["submissions_lost"]] for k in takeover["kills"]
+        [k["point"], k["round"], k["rounds_lost"], k["taken_over_by"], k["next_closed_by"], k["submissions_lost"]]
+        for k in takeover["kills"]
     ]
-    lie_rows = [[lie, f["detected"], f["verified_round"], "; ".join(f["findings"])[:80]] for lie, f in lies.items()]
+    lie_rows = [
+        [lie, f["detected"], f["told_round"], f["verified_round"], "; ".join(f["findings"])[:80]]
+        for lie, f in lies.items()
+    ]
     tables = [
-        table("kills", ["point", "round", "rounds lost", "closed by", "submissions lost"], kills),
+        table("kills", ["point", "round", "rounds lost", "closed by", "next closed by", "submissions lost"], kills),
         table(
             "takeover run",
-            ["max rounds lost", "hashes agree", "scored twice", "false alarms", "auditor s/round", "validator s/round"],
+            [
+                "max rounds lost",
+                "stalled",
+                "hashes agree",
+                "scored twice",
+                "false alarms",
+                "auditor s/round",
+                "validator s/round",
+            ],
             [
                 [
                     takeover["max_rounds_lost_per_kill"],
+                    takeover["kills_stalled_until_restart"],
                     takeover["hashes_agree"],
                     takeover["scored_twice"],
                     takeover["audit_false_alarms"],
@@ -98,7 +120,7 @@ def run(args: argparse.Namespace) -> BenchResult:
                 ]
             ],
         ),
-        table("lies", ["lie", "detected", "follower stays at", "findings"], lie_rows),
+        table("lies", ["lie", "detected", "told in round", "follower stays at", "findings"], lie_rows),
     ]
     return BenchResult(summary, tables)
 
@@ -110,10 +132,16 @@ def _manifest(args: argparse.Namespace, validators: list[str]) -> Manifest:
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["validators"] = validators
     data["round"].update(
-        deadline_seconds=args.deadline, min_seconds=3.0, checkpoint_every=5, takeover_seconds=args.takeover
+        deadline_seconds=args.deadline,
+        min_seconds=3.0,
+        checkpoint_every=5,
+        takeover_seconds=args.takeover,
+        replicate_seconds=2 * args.takeover,  # a loaded machine: the standby's fetches may take seconds
     )
     data["train"]["inner_steps"] = 5
+    data["train"]["inner"]["warmup_steps"] = 0  # 5 steps of warmup-scaled rates teach too little to be selected
     data["selection"]["held_out_batches"] = 1
+    data["selection"]["assignment_batches"] = 5  # one fresh batch per inner step
     return parse_manifest(data)
 
 
@@ -138,6 +166,7 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     by_key = {keys[v][1].public_hex: v for v in ("a", "b")}
     procs: dict[str, Proc] = {}
     starts = {"a": 0, "b": 0}
+    spawned: dict[str, float] = {}  # process name -> when it was started (unix time)
     kills: list[dict[str, Any]] = []
     peaks: dict[str, float] = {}
     failures: list[str] = []
@@ -145,6 +174,7 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     def start(v: str) -> None:
         starts[v] += 1
         name = f"validator-{v}-{starts[v]}"
+        spawned[name] = time.time()
         procs[v] = swarm.start_role(name, "validator", keys[v][0], state=f"validator-{v}")
 
     try:
@@ -171,8 +201,11 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         _wait_exits(workers, sample)
     finally:
         swarm.stop_all()
-    figures = _takeover_figures(read_events(out / "events"), kills, by_key, args.rounds, peaks)
-    return {**figures, "failures": failures}
+    log = read_events(out / "events")
+    figures = _takeover_figures(log, kills, by_key, args.rounds, peaks)
+    restarts = _restarts(log, spawned)
+    slowest = _max(r["standing_by"] for r in restarts)
+    return {**figures, "restarts": restarts, "restart_seconds_max": slowest, "failures": failures}
 
 
 def _kills(
@@ -190,7 +223,9 @@ def _kills(
 ) -> None:
     """Kill the active validator at each of `points` (one round each, as many as fit) and restart it."""
     for point in points:
-        r = max(_open_round(swarm) + 1, 2)  # the next round to open: a standby is caught up by now
+        # the next round to open (from round 1: the standby holds round 0's blobs, handed over before
+        # they were published); the restarted validator caught up as a standby by then
+        r = max(_open_round(swarm) + 1, 1)
         if r >= args.rounds - 1:
             break
         active = _active(swarm, by_key, r)
@@ -250,15 +285,42 @@ def _kill_at(swarm: Swarm, proc: Proc, point: str, r: int, miners: int, state: P
         time.sleep(0.5)
 
 
+def _restarts(log: EventLog, spawned: dict[str, float]) -> list[dict[str, Any]]:
+    """For each restarted validator: seconds from its start to its state loaded (`audit_start`: the
+    process, its DHT node and its state), to standing by at a round, and to its first audited round."""
+    return [
+        {
+            "name": name,
+            "state_loaded": _after(log, AuditStarted, name, at),
+            "standing_by": _after(log, Standby, name, at),
+            "first_audit": _after(log, Audited, name, at),
+        }
+        for name, at in spawned.items()
+        if not name.endswith("-1")  # the first start of each
+    ]
+
+
+def _after(log: EventLog, kind: type[Any], name: str, at: float) -> float | None:
+    found = [r.t for r in log.of(kind, name)]
+    return round(min(found) - at, 2) if found else None
+
+
+def _max(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
 def _open_round(swarm: Swarm) -> int:
     return max((e.round for e in read_events(swarm.out / "events").events(RoundOpened)), default=-1)
 
 
 def _caught_up(log: EventLog, name: str) -> bool:
-    """`name` stands by at the round open now (it audited up to it), or is active again."""
+    """`name` stands by at the round open now (it audited up to it), or is active again, or the run
+    is over (its last patch may have no holder left to fetch from: nothing to catch up to)."""
     head = max((e.round for e in log.events(RoundOpened)), default=-1)
     standing = any(e.round >= head for e in log.events(Standby, name))
-    return standing or log.has(RoundOpened, name) or log.has(Done, name)
+    over = any(logged.name != name for logged in log.of(Done))
+    return standing or log.has(RoundOpened, name) or log.has(Done, name) or over
 
 
 def _received(log: EventLog, name: str, r: int) -> int:
@@ -295,7 +357,9 @@ def _takeover_figures(
         named = set(result.scores) | set(result.rejections) if result is not None else set()
         k["submissions_lost"] = len(submitted.get(r, set()) - named)
         signer = counted[r].signer if r in counted else None
-        k["taken_over_by"] = by_key.get(signer) if signer else None
+        k["taken_over_by"] = by_key.get(signer) if signer else None  # the signer of round r's counted result
+        after = counted[r + 1].signer if r + 1 in counted else None
+        k["next_closed_by"] = by_key.get(after) if after else None
         del k["at"]
     scored: dict[tuple[str, int], int] = {}
     for r, result in chain.items():
@@ -306,12 +370,17 @@ def _takeover_figures(
     finals = log.final_hashes()
     audited = log.events(Audited, "auditor")
     validator_seconds = [e.seconds for e in log.events(RoundClosed)]
+    replicated = log.events(Replicated)
     return {
         "rounds": rounds,
         "rounds_audited": len(counted),
         "kills": kills,
         "takeovers": len(log.events(TookOver)),
         "max_rounds_lost_per_kill": max((k["rounds_lost"] for k in kills), default=0),
+        "kills_stalled_until_restart": sum(1 for k in kills if k.get("stalled_until_restart")),
+        "replicated_rounds": len(replicated),
+        "replicated_acknowledged": sum(1 for e in replicated if e.acknowledged),
+        "replicate_seconds_mean": _mean([e.seconds for e in replicated]),
         "hashes_agree": len(set(finals.values())) == 1 and len(finals) > 1,
         "final_hashes": {name: h[:16] for name, h in finals.items()},
         "nodes_final": len(finals),
@@ -334,7 +403,7 @@ def _lie_run(out: Path, lie: str, args: argparse.Namespace) -> dict[str, Any]:
     manifest = _manifest(args, [keys["liar"][1].public_hex])
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.toml").write_text(manifest.to_toml())
-    rounds = 3
+    rounds = LIE_ROUNDS
     swarm = Swarm(out, manifest, rounds)
     try:
         swarm.start_bootstrap()
@@ -343,16 +412,20 @@ def _lie_run(out: Path, lie: str, args: argparse.Namespace) -> dict[str, Any]:
         for m in ("miner0", "miner1"):
             swarm.start_role(m, "miner", keys[m][0])
         swarm.start_role("auditor", "follow", None, extra=["--audit"])
-        _wait(swarm, f"{lie}: a mismatch reported", lambda log: log.has(AuditMismatch, "auditor"), soft=True)
-        _wait(swarm, f"{lie}: round 2 closed", lambda log: log.has(RoundClosed, "liar", 2), soft=True)
+        last = rounds - 1
+        done = lambda log: log.has(AuditMismatch, "auditor") or log.has(RoundClosed, "liar", last)  # noqa: E731
+        _wait(swarm, f"{lie}: a mismatch reported or round {last} closed", done, soft=True, within=WAIT + 60 * rounds)
     finally:
         swarm.stop_all()
     log = read_events(out / "events")
     mismatches = log.events(AuditMismatch, "auditor")
     verified = max((e.round for e in log.events(Audited, "auditor")), default=-1)
     finals = [e.round for e in log.events(Final, "auditor")]
+    closed = sorted(log.events(RoundClosed, "liar"), key=lambda e: e.round)
+    told_round = next((e.round for e in closed if e.round >= 1 and told(lie, e.submissions, e.selected)), None)
     return {
-        "detected": bool(mismatches) and mismatches[0].round == 1 and verified < 1,
+        "detected": bool(mismatches) and mismatches[0].round == told_round and verified < told_round,
+        "told_round": told_round,
         "mismatch_round": mismatches[0].round if mismatches else None,
         "findings": mismatches[0].findings if mismatches else [],
         "verified_round": verified,

@@ -78,4 +78,16 @@ class Standby(Event):
     active: str | None
 
 
-AUDIT_EVENTS = (AuditStarted, Audited, AuditMismatch, TookOver, StoodDown, Standby)
+class Replicated(Event):
+    """The active validator handed a round's result to the standbys before publishing it."""
+
+    event: Literal["replicated"] = "replicated"
+    round: int
+    standbys: int
+    """Standbys that announced the round (each was handed the result)."""
+    acknowledged: int
+    """Of which: holding the result's patch, evidence and payloads when it published (it waits for one)."""
+    seconds: float
+
+
+AUDIT_EVENTS = (AuditStarted, Audited, AuditMismatch, TookOver, StoodDown, Standby, Replicated)

@@ -16,7 +16,7 @@ Files (in import order):
 - `ranges.py`     parts of a blob and link probes on the fetch stream
 - `pieces.py`     one large blob from every holder at once, piece by piece, each piece checked on
                   arrival (lying holders dropped, dead ones replaced, a partial file resumed)
-- `transfer.py`   `rpc_fetch`/`rpc_submit` handlers with their budgets, and `call_fetch`/`call_submit`
+- `transfer.py`   `rpc_fetch`/`rpc_submit`/`rpc_replicate` handlers with their budgets, and `call_fetch`/`call_submit`
                   clients (the conversations run on any stream: libp2p or in memory)
 - `peer.py`       what roles need of the network: `RunView` (read the run's records, find the latest
                   result) and `Peer` (publish, heartbeats, hold and fetch blobs, push or take

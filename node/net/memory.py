@@ -36,6 +36,7 @@ from node.net.records import StoreBudget
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, guarded_stream
 from node.net.transfer import (
     FETCH,
+    REPLICATE,
     SUBMIT,
     Accept,
     Favoured,
@@ -43,6 +44,7 @@ from node.net.transfer import (
     TransferCounts,
     TransferService,
     fetch_over,
+    replicate_over,
     submit_over,
 )
 from protocol.errors import NetworkError, ProtocolError
@@ -207,8 +209,7 @@ class MemoryNetwork:
             if target is None:
                 raise ConnectionRefusedError(f"no peer {callee} on the in-memory network")
             client, server = _pipe(self._uplink(caller), self._uplink(callee))
-            handler = target.service.rpc_fetch if name == FETCH else target.service.rpc_submit
-            task = asyncio.ensure_future(handler(_Origin(caller), *server))
+            task = asyncio.ensure_future(target.service.handler(name)(_Origin(caller), *server))
             self._served.add(task)
             task.add_done_callback(self._served.discard)
             return client
@@ -262,6 +263,10 @@ class MemoryPeer(Peer):
     async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         async with self.network.open(self.peer_id, validator, SUBMIT) as stream:
             await submit_over(stream, validator, signed, payload, limits=self.limits)
+
+    async def _replicate_to(self, validator: str, envelope: bytes, wait: float) -> None:
+        async with self.network.open(self.peer_id, validator, REPLICATE) as stream:
+            await replicate_over(stream, validator, envelope, wait=wait, limits=self.limits)
 
     def take_submissions(
         self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None

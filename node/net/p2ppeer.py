@@ -40,6 +40,7 @@ from node.net.transfer import (
     TransferCounts,
     TransferService,
     call_fetch,
+    call_replicate,
     call_submit,
 )
 from protocol.errors import NetworkError, ProtocolError, TransferError
@@ -152,6 +153,9 @@ class P2PPeer(Peer):
 
     async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         await call_submit(self.p2p, PeerID.from_base58(validator), signed, payload, limits=self.limits)
+
+    async def _replicate_to(self, validator: str, envelope: bytes, wait: float) -> None:
+        await call_replicate(self.p2p, PeerID.from_base58(validator), envelope, wait=wait, limits=self.limits)
 
     def take_submissions(
         self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None

@@ -8,6 +8,9 @@
     peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
     peer.take_submissions(accept, on_submission, inbox, favoured)   # the validator: take pushed submissions
+    await peer.replicate(envelope, to=peer_id, wait=s)   # the active validator: a standby holds the round's blobs
+    peer.take_replicas(on_replica)             # a standby validator: take them (`roles/replicas.py`)
+    path = await peer.fetch_from(holder, sha256, size, r)   # from that one holder only
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
   latest result). `pulse status` needs nothing more.
@@ -51,7 +54,15 @@ from node.net.ranges import probe_down, probe_up
 from node.net.records import RecordRules
 from node.net.retention import BlobKind, Keeper, Retention
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits
-from node.net.transfer import Accept, Favoured, OnSubmission, TransferCounts, fetch_deadline
+from node.net.transfer import (
+    Accept,
+    Favoured,
+    OnReplica,
+    OnSubmission,
+    TransferCounts,
+    TransferService,
+    fetch_deadline,
+)
 from protocol.errors import NetworkError, PeerBusy, TransferError
 from protocol.identity import Identity
 from protocol.messages import (
@@ -192,6 +203,8 @@ class RunView(ABC):
 class Peer(RunView):
     """One node on the network: the run's records, blobs held and fetched, submissions pushed or taken."""
 
+    service: TransferService  # this node's stream handlers (set by each implementation)
+
     def __init__(
         self, run: RunRecords, identity: Identity, store: BlobStore, role: Role, limits: TransferLimits = DEFAULT_LIMITS
     ) -> None:
@@ -235,6 +248,15 @@ class Peer(RunView):
         gets each stored one, its payload in `inbox` (apart from the blobs this node serves);
         `favoured` senders may use the reserved slots. Until a role calls this, a peer refuses every
         push."""
+
+    @abstractmethod
+    async def _replicate_to(self, validator: str, envelope: bytes, wait: float) -> None:
+        """Hand a signed round result to the validator at peer id `validator`; returns once it holds the
+        result's blobs. `TransferError` if refused, `TimeoutError` past `wait` seconds."""
+
+    def take_replicas(self, on_replica: OnReplica | None) -> None:
+        """Take replicas pushed by the run's active validator (a standby; None: refuse them again)."""
+        self.service.on_replica = on_replica
 
     @abstractmethod
     async def shutdown(self) -> None: ...
@@ -366,6 +388,22 @@ class Peer(RunView):
         self.keeper.tag_new(sha256, round_, "patch")
         return path
 
+    async def fetch_from(self, holder: str, sha256: str, size: int, round_: int) -> Path:
+        """Blob `sha256` (exactly `size` bytes, hash-checked) from `holder` alone, within one deadline;
+        `TransferError` (or `ProtocolError`) if it cannot deliver, nothing stored then."""
+        if self.store.has(sha256):
+            return self.store.path(sha256)
+        try:
+            async with asyncio.timeout(fetch_deadline(size, self.limits)):
+                path = await self._fetch_one(holder, sha256, size, lambda _: None)
+        except TimeoutError as exc:
+            raise TransferError(f"{holder} did not deliver blob {sha256[:12]}... in time") from exc
+        if path.stat().st_size != size:
+            self.store.remove(sha256)
+            raise TransferError(f"blob {sha256[:12]}... is not the {size} bytes announced")
+        self.keeper.tag_new(sha256, round_, "patch")
+        return path
+
     async def holders_of(self, sha256: str, round_: int) -> list[str]:
         """Peers whose heartbeat of `round_` or the next lists `sha256`, and the validators' peers (not this one)."""
         holders, _ = await self._holders(sha256, round_)
@@ -411,6 +449,16 @@ class Peer(RunView):
                 log.info("the validator is busy (%s); trying again in %.1fs", exc, wait)
                 await asyncio.sleep(wait)
                 pause = min(2 * pause, longest)
+
+    async def replicate(self, envelope: bytes, *, to: str, wait: float) -> None:
+        """Hand signed round result `envelope` to the standby validator at peer id `to` and wait (at
+        most `wait` seconds) until it holds the blobs the result names: `TransferError` if it refused
+        or did not answer in time."""
+        try:
+            async with asyncio.timeout(wait):
+                await self._replicate_to(to, envelope, wait)
+        except TimeoutError as exc:
+            raise TransferError(f"{to} did not take the replica within {wait:g}s") from exc
 
     # -- pieces and probes ------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Blobs over hivemind P2P streams: `rpc_fetch` / `rpc_submit` handlers, `call_fetch` / `call_submit` clients.
+"""Blobs over hivemind P2P streams: `rpc_fetch` / `rpc_submit` / `rpc_replicate` handlers and their `call_*` clients.
 
 `fetch` streams a blob this node holds to any peer that asks (so every holder re-serves what it
 has); `submit` lets a node that cannot accept connections push a payload to a reachable one.
@@ -12,6 +12,10 @@ The two conversations (framing and byte pumps are `streams.py`):
             server: reply OK (or REJECTED, DUPLICATE, TOO_LARGE, BUSY) before any body byte is sent
             client: the body, exactly `payload_size` bytes
             server: reply OK once the blob is verified and stored (or FAILED with the reason)
+    replicate  (between a run's validators) client: request = a signed `RoundResult` envelope
+            server: reply OK once it holds the blobs the result names (it fetches them from the
+            caller, hash-checked), or REJECTED with the reason; a node that takes no replicas
+            (every node but a standby validator) refuses before parsing the request
 
 On any failure nothing is stored; a handler logs the peer's failure and never raises.
 
@@ -67,6 +71,8 @@ logger = logging.getLogger(__name__)
 
 FETCH = f"pulse/v{PROTOCOL_VERSION}/rpc_fetch"
 SUBMIT = f"pulse/v{PROTOCOL_VERSION}/rpc_submit"
+REPLICATE = f"pulse/v{PROTOCOL_VERSION}/rpc_replicate"
+MAX_REPLICAS_AT_ONCE = 2  # replicas a node fetches at once (one per round in practice)
 _FETCH_REQUEST = struct.Struct(">c32sQ")
 
 
@@ -198,6 +204,26 @@ async def submit_over(
     return True
 
 
+async def call_replicate(
+    p2p: P2P, peer: PeerID, envelope: bytes, *, wait: float, limits: TransferLimits = DEFAULT_LIMITS
+) -> None:
+    """Hand a signed round result to the standby validator `peer`; returns once it holds the blobs the
+    result names. `TransferError` if it refused, `TimeoutError` past `wait` seconds."""
+    async with open_stream(p2p, peer, REPLICATE, limits) as stream:
+        await replicate_over(stream, peer, envelope, wait=wait, limits=limits)
+
+
+async def replicate_over(stream: Stream, peer: object, envelope: bytes, *, wait: float, limits: TransferLimits) -> None:
+    """The client side of a replica on an open stream (`call_replicate`; the in-memory network uses it too)."""
+    reader, writer = stream
+    await send_request(writer, envelope, limits)
+    status, _, reason = await read_reply(reader, wait)
+    if status is Status.BUSY:
+        raise PeerBusy(f"{peer} refused the replica: BUSY {reason}")
+    if status is not Status.OK:
+        raise TransferError(f"{peer} refused the replica: {status.name} {reason}")
+
+
 # -- server --------------------------------------------------------------------------------------
 
 Accept = Callable[[SubmissionHeader], str | None]
@@ -209,6 +235,11 @@ what it refuses or no longer needs (two senders may push the same bytes, so only
 Favoured = Callable[[SubmissionHeader], bool]
 """Whether a sender may take a reserved submission slot (e.g. it has a rating history)."""
 NO_SUBMISSIONS = "this node takes no submissions"
+OnReplica = Callable[[str, bytes], Awaitable[str | None]]
+"""Takes a pushed replica (the caller's peer id in base58, the request: a signed round result's
+envelope, unchecked); None once it holds the blobs the result names, else the reason it refuses.
+It must bound its own time (its fetches have deadlines) and change nothing when it refuses."""
+NO_REPLICAS = "this node takes no replicas (only a standby validator does)"
 
 
 REFUSAL_STATUSES = tuple(s.name.lower() for s in Status if s is not Status.OK and s is not Status.NOT_FOUND)
@@ -266,6 +297,8 @@ class TransferService:
         inbox: BlobStore | None = None,
     ) -> None:
         self.p2p, self.store, self.run_id, self.limits = p2p, store, run_id, limits
+        self.on_replica: OnReplica | None = None  # a standby validator's (`take_replicas`)
+        self.replicas = Slots(MAX_REPLICAS_AT_ONCE)
         self.accept, self.on_submission, self.favoured = accept, on_submission, favoured
         # pushed payloads land here, apart from the blobs this node serves: a payload whose bytes
         # equal a served blob (a patch is public) must never replace or remove it
@@ -312,11 +345,16 @@ class TransferService:
         self.p2p = p2p
         await p2p.add_binary_stream_handler(FETCH, self.rpc_fetch)
         await p2p.add_binary_stream_handler(SUBMIT, self.rpc_submit)
+        await p2p.add_binary_stream_handler(REPLICATE, self.rpc_replicate)
+
+    def handler(self, name: str) -> Callable[[Origin, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        """The handler of protocol `name` (the in-memory network dispatches by it)."""
+        return {FETCH: self.rpc_fetch, SUBMIT: self.rpc_submit, REPLICATE: self.rpc_replicate}[name]
 
     async def shutdown(self) -> None:
         if self.p2p is None:
             return
-        for name in (FETCH, SUBMIT):
+        for name in (FETCH, SUBMIT, REPLICATE):
             await asyncio.wait_for(self.p2p.remove_binary_stream_handler(name), self.limits.open_timeout)
 
     async def rpc_fetch(self, info: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -324,6 +362,15 @@ class TransferService:
 
     async def rpc_submit(self, info: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._serve("submit", self._submit, info, reader, writer)
+
+    async def rpc_replicate(self, info: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        origin = info.peer_id
+        name = origin.to_base58() if hasattr(origin, "to_base58") else str(origin)
+
+        async def replicate(request: bytes, _: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+            await self._replicate(name, request, out)
+
+        await self._serve("replicate", replicate, info, reader, writer)
 
     async def _serve(
         self,
@@ -389,6 +436,23 @@ class TransferService:
             self.counts.served_bytes += size
         finally:
             self.fetches.give()
+
+    async def _replicate(self, origin: str, request: bytes, writer: asyncio.StreamWriter) -> None:
+        if self.on_replica is None:
+            await reply(writer, Status.REJECTED, reason=NO_REPLICAS, limits=self.limits)
+            return
+        if not self.replicas.take():
+            await reply(writer, Status.BUSY, reason=f"taking {self.replicas.used} replicas", limits=self.limits)
+            return
+        try:
+            refusal = await self.on_replica(origin, request)
+        finally:
+            self.replicas.give()
+        if refusal is not None:
+            logger.info("replica from %s: REJECTED %s", origin, printable(refusal))
+            await reply(writer, Status.REJECTED, reason=refusal, limits=self.limits)
+            return
+        await reply(writer, Status.OK, limits=self.limits)
 
     async def _submit(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.accept is None:  # not a validator: refused before the header is even parsed

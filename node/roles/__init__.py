@@ -15,6 +15,8 @@ Files (in import order):
 - `rl/`           the RL pieces of the roles: the pool (validator), the rollout worker (follower's
                   service), the pool fetch (miner's inputs), the RL round hooks
 - `deadline.py`   when a round closes: fixed, or adaptive (quorum + a target learned from arrivals)
+- `replicas.py`   a round's result, patch, evidence and payloads on a standby before they are
+                  published (`rpc_replicate`): the active validator's push, the standby's checks
 - `validator_service.py` the validator's rounds: open, collect pushed submissions, close, publish
 - `auditor.py`    `Auditor`: an FP32 replica that recomputes every counted round (`pulse audit`,
                   `pulse follow --audit`); a result that does not recompute is reported, not applied

@@ -14,7 +14,10 @@ closed (`Superseded`), it goes back to its last counted state and continues as a
 
 Standby: it follows the run as an auditor (a verified FP32 replica, and the ratings and the rest of
 the book as published), announces itself for the open round r (a validator heartbeat: miners push
-to every validator that announces the round, `miner.py`) and keeps what miners push. The active
+to every validator that announces the round, `miner.py`) and keeps what miners push. Before the
+active validator publishes a round's result, it hands it to the standbys, which fetch and serve the
+patch, evidence and payloads it names (`replicas.py`): should it die right after publishing, the
+standby verifies the new state from those and takes the next round over. The active
 validator of round r is the one that signed the counted result of round r-1. When no result for r
 has appeared by
 
@@ -49,6 +52,7 @@ from node.net.peer import Peer
 from node.roles.auditor import Auditor
 from node.roles.catchup import Held
 from node.roles.hooks import RoundHooks
+from node.roles.replicas import ReplicaTaker
 from node.roles.validator_service import ValidatorService
 from node.run.setup import RunSetup
 from node.run.task import Task
@@ -154,6 +158,7 @@ class ValidatorRole:
         self.intake = StandbyIntake(peer, events, inbox, cfg.max_submissions, cfg.max_payload_bytes)
         self.service: ValidatorService | None = None
         self.reached: dict[int, float] = {}  # round -> when this standby first held its state
+        self.replicas = ReplicaTaker(setup, peer, self.me, lambda: self.auditor.replica, self._active)
 
     @property
     def round(self) -> int:
@@ -190,6 +195,7 @@ class ValidatorRole:
         if active != self.me:
             return False
         self.auditor.release()
+        self.peer.take_replicas(None)
         self.service = await _cpu(self._new_service)
         return True
 
@@ -214,6 +220,7 @@ class ValidatorRole:
         """Audit and collect until taking a round over (True) or holding W_rounds (False)."""
         self.intake.empty()  # payloads of a round cut off by a restart or a stand-down are void
         self.peer.take_submissions(self.intake.accept, self.intake.on_submission, self.intake.inbox)
+        self.peer.take_replicas(self.replicas.on_replica)  # the active validator's round blobs, before it publishes
         key, peer_id = self.me, self.peer.peer_id
         self.events.emit(
             Started(sender=key, round=self.round, peer_id=peer_id),
@@ -265,6 +272,7 @@ class ValidatorRole:
         previous = self._active()
         collected = self.intake.take()
         self.auditor.release()
+        self.peer.take_replicas(None)
         self.service = await _cpu(self._new_service)
         waited = time.time() - self.reached.get(r, time.time())
         self.events.emit(

@@ -27,7 +27,10 @@ Round r, as the validator runs it:
 With several validators in the manifest (`standby.py` runs this service when this validator is
 the active one), it checks before publishing and at every opening that no other validator's result
 counts for its round (the chain rule, `node/net/peer.py`); if one does, it raises `Superseded` and
-continues as a standby. Before opening a round it gives the standbys a moment to audit the last one
+continues as a standby. Before publishing a round's result it hands it to the standbys that announced
+the round and waits (at most `replicate_seconds`) until one holds the patch, evidence and payloads it
+names (`replicas.py`), so that losing this validator right after it published costs at most a round.
+Before opening a round it gives the standbys a moment to audit the last one
 (`_await_standbys`), so the evidence it alone held has another holder should it die now. A
 standby that takes a round over hands it the submissions it collected (`take_over`).
 
@@ -77,6 +80,7 @@ from node.roles.catchup import CHECKPOINT_FORMAT
 from node.roles.chainstate import checkpoint_bytes
 from node.roles.deadline import RoundClock
 from node.roles.hooks import HeldOut, RoundHooks
+from node.roles.replicas import replicate
 from node.run.setup import RunSetup
 from node.run.task import Task
 from protocol.codec import default_max_bytes
@@ -464,6 +468,9 @@ class ValidatorService:
         self.received = {}
         self._store_blobs(report, submissions)
         self._empty_inbox()  # every payload of the round is decided: the aggregated ones were kept above
+        # a standby holds the round's blobs before anyone can see the result: should this validator die
+        # right after publishing, the standby can still verify and serve the new state, and go on
+        await replicate(self.peer, self.setup, self.identity.public_hex, r, report.envelope, self.events)
         await self._check_unclaimed(r, base)
         try:
             await self.peer.publish_signed(report.envelope)

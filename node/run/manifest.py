@@ -150,10 +150,19 @@ class RoundSection(BaseModel):
     takeover_seconds: float = Field(default=30.0, gt=0, le=86_400)
     """With several validators: a standby closes a round itself once the active validator has published
     no result this long after the round's deadline (the next standby in line waits this long again)."""
+    replicate_seconds: float | None = Field(default=None, gt=0, le=86_400)
+    """With several validators: how long the active validator waits, before it publishes a round's
+    result, for a standby that announced the round to hold the result's patch, evidence and payloads
+    (so that it can take over at once should the active one die right after publishing); None: half
+    of `takeover_seconds`. With no standby announcing the round it publishes at once."""
     keep_payload_rounds: int | None = Field(default=None, ge=1, le=10_000)
     """Rounds the validator and every auditor keep the aggregated payloads fetchable, so that anyone can
     recompute a round; None: `checkpoint_every` + 1, enough for an auditor that starts at the newest
     FP32 checkpoint."""
+
+    @property
+    def replicate_wait(self) -> float:
+        return self.replicate_seconds if self.replicate_seconds is not None else self.takeover_seconds / 2
 
     @property
     def payload_rounds(self) -> int:

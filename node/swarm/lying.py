@@ -13,6 +13,7 @@ state it names), except where said. Only recomputing the round from its public i
 | drop    | leaves the last selected submission out of the aggregate, lists it  | the FP32 and BF16 states  |
 | scale   | applies the outer step at 1.5x the run's learning rate, claims 1x   | the FP32 and BF16 states  |
 | patch   | publishes a patch to another state than the one its result names    | the patch                 |
+| median  | commits a norm-gate median 1.5x the one its gate used               | the median                |
 
 `python -m node.swarm.faults --lie KIND ...` runs a `pulse validator` process with one of these
 (`faults.py`).
@@ -32,10 +33,22 @@ from protocol import pulsesync
 from protocol.state import State, StateDict
 from validator.aggregate import Aggregate, global_norm
 from validator.core import Validator
-from validator.gauntlet import Assessment, RoundPipeline
+from validator.gauntlet import Assessment, Decision, RoundPipeline, Standing
+from validator.intake import Screened
+from validator.scoring import RoundSecret
 
-LIES = ("add", "drop", "scale", "patch")
+LIES = ("add", "drop", "scale", "patch", "median")
 SCALE = 1.5
+
+
+def told(lie: str, submissions: int, selected: int) -> bool:
+    """Whether `lie` changes anything in a round with these counts: "drop" and "scale" need an
+    aggregated update, "median" a measured submission; "add" and "patch" lie in any round."""
+    if lie in ("drop", "scale"):
+        return selected > 0
+    if lie == "median":
+        return submissions > 0
+    return True
 
 
 def lying_validator(lie: str, from_round: int = 0) -> type[Validator]:
@@ -56,6 +69,8 @@ class LyingValidator(Validator):
     def _pipeline(self, spill: Path | None = None) -> RoundPipeline:
         if self.lying and self.lie == "drop":
             return DroppingPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill)
+        if self.lying and self.lie == "median":
+            return MedianPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill)
         return super()._pipeline(spill)
 
     def _step(self, update: StateDict | None) -> tuple[StateDict, str]:
@@ -84,6 +99,17 @@ class DroppingPipeline(RoundPipeline):
         partial = super().aggregate(selected[:-1])
         update = partial.update if partial is not None else {n: torch.zeros_like(t) for n, t in honest.update.items()}
         return dataclasses.replace(honest, update=update)
+
+
+class MedianPipeline(RoundPipeline):
+    """Gates honestly, but commits another median norm than the one its gate used (e.g. to make an
+    honest update look over the gate, or a dropped one look like a free rider)."""
+
+    def decide(
+        self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
+    ) -> Decision:
+        honest = super().decide(screened, secret, standing, run_id=run_id, round_=round_)
+        return dataclasses.replace(honest, median_norm=honest.median_norm * SCALE)
 
 
 def _plus_own(update: StateDict | None, master: State, round_: int) -> StateDict:
