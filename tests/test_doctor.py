@@ -5,13 +5,14 @@ advice follow from them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from node.events.models import RoundClosed
-from node.roles.doctor import Forecast, forecast, measure, reachability
+from node.roles.doctor import Forecast, forecast, join_seconds, measure, reachability
 from node.run.task import task_for
 from protocol.identity import Identity
 from tests.test_deadline import Rounds, adaptive_manifest
@@ -74,6 +75,18 @@ def test_the_forecast_follows_from_the_measurements(report: Forecast) -> None:
     assert (report.fraction < 1.0) == (report.makes_target is False)
     assert "private network only" in m.reachability
     assert report.to_json()["measured"]["params"] == m.params
+
+
+def test_a_join_counts_its_lookups_and_each_patch_read(report: Forecast) -> None:
+    """A join first finds where the run is and prices its plan, then reads each round's result
+    before applying its patch: on a small state those reads are most of the time."""
+    m = report.measured
+    assert m.lookup_seconds > 0 and m.read_seconds > 0
+    base = join_seconds(dataclasses.replace(m, lookup_seconds=0.0, read_seconds=0.0), 10**6, 3)
+    with_reads = join_seconds(m, 10**6, 3)
+    assert base is not None and with_reads == pytest.approx(base + m.lookup_seconds + 3 * m.read_seconds)
+    assert report.join_seconds == pytest.approx(join_seconds(m, m.join_bytes or 0, m.join_patches))
+    assert join_seconds(dataclasses.replace(m, down_bytes_per_second=None), 10**6, 3) is None
 
 
 def test_reachability_from_addresses() -> None:

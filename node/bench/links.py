@@ -34,6 +34,7 @@ from node.bench.report import BenchResult, table
 from node.events import read_events
 from node.events.models import CheckpointLoaded, Final, Joined, Late, Missed, Submitted
 from node.net.keyfile import write_key_file
+from node.roles import doctor
 from node.swarm import frozenrun, netns
 from node.swarm.demo import Swarm
 from node.swarm.links import LinkLab, links_manifest, round_figures, run_rounds
@@ -44,6 +45,7 @@ JOIN_MBIT, HOLDER_MBIT = 100.0, 30.0
 SLOW_MBIT, FAST_MBIT, BUSY_MBIT = 20.0, 100.0, 50.0
 NEWCOMER = netns.Link(20, 100)
 DOCTOR_SECONDS = 240.0
+NEWCOMER_ROUNDS = 4  # rounds after the newcomer's join in which its uploads are timed against the forecast
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -173,7 +175,8 @@ def busy_and_doctor(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     net = netns.ShapedNetwork(args.prefix, args.subnet, hosts)
     with net:
-        done = run_rounds(out, net, manifest, miners, args.rounds + 2, during=doctor_then_newcomer)
+        rounds = args.rounds + 2 + NEWCOMER_ROUNDS
+        done = run_rounds(out, net, manifest, miners, rounds, during=doctor_then_newcomer)
     log = done.log
     busy = [e.busy_fraction for name in miners for e in log.events(Final, name) if e.busy_fraction is not None]
     observed = _newcomer(log)
@@ -209,6 +212,7 @@ def _newcomer(log: Any) -> dict[str, Any]:
     return {
         "join_seconds": joined[0].seconds if joined else None,
         "join_bytes": joined[0].bytes if joined else None,
+        "join_patches": joined[0].patches if joined else None,
         "uploads": [(s.bytes, s.upload_seconds, s.fraction) for s in sent],
         "missed_rounds": len(log.events(Missed, "newcomer")) + len(log.events(Late, "newcomer")),
         "submitted_rounds": len(sent),
@@ -221,6 +225,12 @@ def _forecast_errors(f: dict[str, Any], observed: dict[str, Any]) -> dict[str, f
     m = f.get("measured", {})
     if f.get("join_seconds") and observed["join_seconds"]:
         errors["join_seconds"] = abs(f["join_seconds"] - observed["join_seconds"]) / observed["join_seconds"]
+        # the run moves on between the forecast and the join (more patches, a newer checkpoint): the
+        # doctor's rates applied to the join that then happened say how well it measured this machine
+        measured = doctor.Measured(**m) if m else None
+        same = measured and doctor.join_seconds(measured, observed["join_bytes"], observed["join_patches"] or 0)
+        if same:
+            errors["join_seconds_same_plan"] = abs(same - observed["join_seconds"]) / observed["join_seconds"]
     up = m.get("up_bytes_per_second")
     uploads = observed["uploads"]
     if up and uploads:

@@ -69,6 +69,8 @@ class Measured:
     compress_seconds: float
     hash_bytes_per_second: float
     patch_apply_seconds: float  # one patch of the run's latest size applied here and its state hash checked
+    lookup_seconds: float  # finding where the run is and pricing the join plan, as a join does first
+    read_seconds: float  # one round result read from the DHT, as a join does before each patch
     current_round: int
     target_seconds: float  # the open round's (the deadline where the validator names none)
     round_seconds: float | None  # from the open heartbeats of recent rounds
@@ -115,6 +117,7 @@ async def measure(
     loop = asyncio.get_running_loop()
     step_seconds, payload, compress = await loop.run_in_executor(None, _train_probe, setup, task, steps)
     hash_rate = await loop.run_in_executor(None, _hash_rate)
+    looking = time.monotonic()
     current, announcement, head = await peer.position()  # the run head: one read at any round
     if head is not None:
         peer.validator_peer = head.validator_peer
@@ -124,10 +127,15 @@ async def measure(
         problems.append(f"no open heartbeat of the validator for round {current}: is the run live?")
     target = beat.target_seconds if beat is not None and beat.target_seconds else m.round.deadline_seconds
     metrics = await peer.from_validator(RoundMetrics, current - 1)
+    reading = time.monotonic()
     result = await peer.round_result(current - 1)
+    read = time.monotonic() - reading
     patch_bytes = result.patch_size if result is not None else None
     apply = await loop.run_in_executor(None, _patch_probe, task, patch_bytes)
+    planning = time.monotonic()
     plan = await plan_join(peer, current, announcement)
+    # a join starts with the same reads: where the run is, then the plan (the probes between are not)
+    lookup = (reading - looking) + (time.monotonic() - planning)
     down, up, probed = await _probe(peer, current, probe_bytes, problems)
     params = sum(t.numel() for t in task.initial_master().values())
     return Measured(
@@ -138,6 +146,8 @@ async def measure(
         compress_seconds=compress,
         hash_bytes_per_second=hash_rate,
         patch_apply_seconds=apply,
+        lookup_seconds=lookup,
+        read_seconds=read,
         current_round=current,
         target_seconds=target,
         round_seconds=period,
@@ -267,11 +277,7 @@ def forecast(m: Measured, manifest: Manifest) -> Forecast:
     if upload is not None and not makes:
         fraction = max(MIN_FRACTION, min(1.0, (m.target_seconds - m.compress_seconds) * SAFETY / upload))
     fits = train <= m.round_seconds if m.round_seconds else None
-    join = None
-    if m.join_bytes is not None and m.down_bytes_per_second:
-        # bytes at the downlink; then the checkpoint's checks and load, and each patch applied in turn
-        join = m.join_bytes / m.down_bytes_per_second + LOAD_PASSES * m.state_bytes / m.hash_bytes_per_second
-        join += m.join_patches * m.patch_apply_seconds
+    join = join_seconds(m, m.join_bytes, m.join_patches) if m.join_bytes is not None else None
     disk = 2 * m.state_bytes + (m.join_patches + 2) * int(down_bytes)
     memory = TRAIN_BYTES_PER_PARAM * m.params
     f = Forecast(
@@ -292,6 +298,20 @@ def forecast(m: Measured, manifest: Manifest) -> Forecast:
     )
     f.advice = advise(f, manifest)
     return f
+
+
+def join_seconds(m: Measured, join_bytes: int, patches: int) -> float | None:
+    """A join of `join_bytes` with `patches` after its checkpoint, at the rates measured here: the
+    lookups, the bytes at the downlink, the checkpoint's load, and each patch read and applied in turn."""
+    if not m.down_bytes_per_second:
+        return None
+    load = LOAD_PASSES * m.state_bytes / m.hash_bytes_per_second
+    return (
+        m.lookup_seconds
+        + join_bytes / m.down_bytes_per_second
+        + load
+        + patches * (m.patch_apply_seconds + m.read_seconds)
+    )
 
 
 def advise(f: Forecast, manifest: Manifest) -> list[str]:
