@@ -17,6 +17,7 @@ from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import SeenCache, open_signed, sign
 from tests.fakeswarm import RUN_ID, make_swarm
 from tests.tracked import Tracked
+from validator.config import GauntletConfig
 from validator.gauntlet import Decision, RoundPipeline
 from validator.intake import RoundContext, Submission, reason_text, screen
 from validator.ratings import Ratings
@@ -166,6 +167,23 @@ def test_copy_owner_is_the_member_on_record() -> None:
     victim = CopyCandidate(0, "p", sk, -0.2, -1, 0.4, prior=0.5)
     copier = CopyCandidate(1, "p", sk, 0.3, 1, 0.2, prior=0.1)
     assert copy_owners([victim, copier], 0.5, 0.9) == {1: 0}
+
+
+def test_one_lucky_round_does_not_hand_a_copier_its_victims_update() -> None:
+    """Round 0: the author's indicator came out -1 and its near copy's +1 (noise on a fresh batch);
+    in round 1 the copier is ahead on record by one round's worth, which is not a lead."""
+    sk = Sketch.of({"a": torch.ones(4)}, 1, 0)
+    decay = GauntletConfig().indicator_decay
+    one = 1 - decay  # what one round's indicator moves an average by
+    author = CopyCandidate(0, "p", sk, 0.01, 1, prior=-one)
+    copier = CopyCandidate(1, "q", sk, 0.02, 1, prior=one)
+    lead = GauntletConfig().copy_owner_lead
+    assert copy_owners([author, copier], 0.5, 0.9, lead) == {0: 1, 1: 0}  # both refused
+    assert copy_owners([author, copier], 0.5, 0.9, 0.0) == {0: 1}  # without a lead the copier took it
+    # two rounds in which the author beat its copier: the author leads and owns the update
+    ahead = decay * one + one
+    author, copier = (CopyCandidate(0, "p", sk, 0.01, 1, prior=ahead), CopyCandidate(1, "q", sk, 0.02, 1, prior=-ahead))
+    assert copy_owners([author, copier], 0.5, 0.9, lead) == {1: 0}
 
 
 def test_round_secret_is_private_but_stable() -> None:

@@ -109,6 +109,10 @@ class GauntletConfig(UpdateRules, SelectionRules):
     """Near copy: at least this fraction of the smaller update's sampled nonzero positions are shared..."""
     copy_cosine: float = Field(default=0.9, ge=-1, le=1)
     """...and the sampled values have at least this cosine similarity (dense updates overlap everywhere)."""
+    copy_owner_lead: float = Field(default=0.15, ge=0)
+    """A copy group's owner must lead every other member's indicator average (before the round) by this
+    much; else every member is a copy. At decay 0.95 one round moves the gap between two records by at most
+    0.1, so 0.15 takes two rounds in which the owner's indicator beat the other's: one lucky round cannot."""
 
     # -- scoring -----------------------------------------------------------------------------
     eval_step_fraction: float = Field(default=0.2, gt=0)

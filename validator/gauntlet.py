@@ -349,7 +349,7 @@ class RoundPipeline:
             for a in evaluated
             if a.sketch is not None and a.gains is not None
         ]
-        owners = copy_owners(items, self.cfg.copy_overlap, self.cfg.copy_cosine)
+        owners = copy_owners(items, self.cfg.copy_overlap, self.cfg.copy_cosine, self.cfg.copy_owner_lead)
         sender = {a.index: a.sender for a in evaluated}
         for a in evaluated:
             if a.index in owners:

@@ -253,30 +253,32 @@ def copy_groups(items: Sequence[tuple[str, Sketch]], overlap: float, cosine: flo
     return [members for members in groups.values() if len(members) > 1]
 
 
-def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float) -> dict[int, int]:
+def copy_owners(items: Sequence[CopyCandidate], overlap: float, cosine: float, lead: float = 0.0) -> dict[int, int]:
     """index -> index of the submission it copies, for every copy among `items`.
 
     Submissions in one `copy_groups` group: its owner is the member whose own data the update
-    helps, on the record. Only a record counts: among the members with a positive indicator average
-    before this round, the one with the highest average with this round in it, then the +1, then the
-    largest margin. With no member on record, no member owns the group and all of them are copies.
-    One round's own-data margin cannot tell the author of an update from its copier: a miner trains
-    once on each of its fresh batches, so the advantage on a sample of them is small against the
-    noise, and a copier that got +1 by chance would take the update. Refusing the whole group costs
-    its author that round's update (its indicator still counts, so its record grows and it owns the
-    group from then on) and gives a copier nothing, ever. Templar penalizes the later uploader; the
-    record is used instead because a thief that trains on its victim's assignment and uploads first
-    would turn its victim into the copy.
+    helps, on the record. Only a record counts: the member with the highest indicator average before
+    this round owns the group if that average is positive and leads every other member's by at least
+    `lead`; else no member owns it and all of them are copies. One round's own-data margin cannot
+    tell the author of an update from its copier: a miner trains once on each of its fresh batches,
+    so the advantage on a sample of them is small against the noise, and a copier that got +1 by
+    chance would take the update. The lead is what keeps one lucky round from deciding it: with a
+    decay of 0.95 one round moves a record by 0.05, so a lead of 0.15 needs at least two rounds in
+    which the owner's indicator beat the other's. Refusing the whole group costs its author that
+    round's update (its indicator still counts, so its record grows and it owns the group once it
+    leads) and gives a copier nothing until it has out-scored its victim round after round on data it
+    did not train on. Templar penalizes the later uploader; the record is used instead because a
+    thief that trains on its victim's assignment and uploads first would turn its victim into the copy.
     """
     owners: dict[int, int] = {}
     for members in copy_groups([(c.payload_sha256, c.sketch) for c in items], overlap, cosine):
-        evidence = [i for i in members if items[i].prior > 0]
-        if evidence:
-            owner = max(evidence, key=lambda i: (items[i].average, items[i].indicator, items[i].margin, -i))
+        best = max(members, key=lambda i: (items[i].prior, items[i].average, items[i].indicator, items[i].margin, -i))
+        runner_up = max(items[i].prior for i in members if i != best)
+        if items[best].prior > 0 and items[best].prior - runner_up >= lead:
             for i in members:
-                if i != owner:
-                    owners[items[i].index] = items[owner].index
+                if i != best:
+                    owners[items[i].index] = items[best].index
             continue
-        for k, i in enumerate(members):  # nobody on record: each is named a copy of another member
+        for k, i in enumerate(members):  # nobody leads on record: each is named a copy of another member
             owners[items[i].index] = items[members[k - 1]].index
     return owners
