@@ -45,7 +45,9 @@ JOIN_MBIT, HOLDER_MBIT = 100.0, 30.0
 SLOW_MBIT, FAST_MBIT, BUSY_MBIT = 20.0, 100.0, 50.0
 NEWCOMER = netns.Link(20, 100)
 DOCTOR_SECONDS = 240.0
-NEWCOMER_ROUNDS = 4  # rounds after the newcomer's join in which its uploads are timed against the forecast
+# rounds after round 1 for the doctor (tens of seconds: its own training and link probes, while the
+# busy miners' rounds take a few seconds each), then the newcomer's join and uploads to time
+NEWCOMER_ROUNDS = 24
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

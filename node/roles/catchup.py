@@ -30,7 +30,8 @@ from node.events import Events, mb, progress
 from node.events.models import CheckpointLoaded, Joined, PatchApplied, Quiet, Scored
 from node.events.progress import transfer
 from node.net.peer import Peer
-from node.net.pieces import FetchProgress, Piece
+from node.net.pieces import STREAMS_PER_HOLDER, FetchProgress, Piece
+from node.net.streams import DEFAULT_LIMITS
 from node.roles.chainstate import apply_patch, load_checkpoint, load_pieces
 from node.roles.joinplan import JoinPlan, plan_join
 from protocol.errors import ProtocolError, TransferError
@@ -43,7 +44,9 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = "safetensors"
 PROGRESS_SECONDS = 0.25  # how often a download's progress bar is updated
 LOG_SECONDS = 5.0  # how often a join logs its progress
-PREFETCH_STREAMS = 4  # patches fetched at once while the checkpoint arrives
+# patches fetched at once while the checkpoint arrives: beside the checkpoint's own streams to a
+# holder, no more than a holder grants one peer (more were refused as busy, and the join waited)
+PREFETCH_STREAMS = max(1, DEFAULT_LIMITS.max_streams_per_peer - STREAMS_PER_HOLDER)
 QUIET_SECONDS = 30.0  # a node that finds nothing of its run for this long says so (then after 2x, 4x, ...)
 
 
