@@ -19,7 +19,8 @@ so the same bytes can also travel outside the DHT.
 
 A read (`PulseDHT.get`) looks at the run's validators' records first, then at most as many
 others as a peer keeps. If hivemind's DHT process dies, `restart()` starts another on the same
-options (the libp2p identity file, if any, keeps the peer id).
+options (the libp2p identity file, if any, keeps the peer id), after releasing the locks a killed
+DHT process may have left held (`_free_shared_locks`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from hivemind.dht.node import DHTNode
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import P2P, PeerID
-from hivemind.utils.mpfuture import MPFuture
+from hivemind.utils.mpfuture import MPFuture, SharedBytes
 from hivemind.utils.timed_storage import get_dht_time
 
 from node.net import dhtprocess
@@ -273,9 +274,37 @@ def sign_for(identity: Identity, message: WireModel, ttl: float) -> SignedMessag
     return sign(identity, message, expires_ms=int((get_dht_time() + ttl) * 1000))
 
 
+# How long a lock of hivemind's futures may stay held before its holder counts as dead: a live
+# holder keeps it for one pipe write of a reply (DHT values are capped: milliseconds at most).
+SHARED_LOCK_WAIT = 5.0
+
+
+def _free_shared_locks(wait: float) -> list[str]:
+    """Release the locks of hivemind's futures that a dead process holds; the names of those released.
+
+    Every DHT process writes its replies into one pipe to this process, and hivemind guards that
+    pipe (and the futures' shared memory) with `multiprocessing` locks that the DHT processes
+    inherit when they are forked. A DHT process killed inside one (SIGKILL or the OOM killer in the
+    middle of a reply) leaves it held for good: every DHT process of this node then hangs at its
+    next reply, and one forked later at its first, so a restart would time out and the node would
+    never get its DHT back. A lock nobody releases within `wait` seconds is released here (these
+    locks may be released by any process), which frees the waiting ones as well.
+    """
+    released = []
+    for owner, name in ((MPFuture, "_update_lock"), (MPFuture, "_initialization_lock"), (SharedBytes, "_lock")):
+        lock = getattr(owner, name)
+        if not lock.acquire(timeout=wait):
+            released.append(f"{owner.__name__}.{name}")
+        lock.release()
+    if released:
+        logger.warning("a dead DHT process held %s: released, so DHT processes do not hang", ", ".join(released))
+    return released
+
+
 def _launch(config: NetConfig, rules: RecordRules) -> hivemind.DHT:
     """A running DHT process with pulse's record validator, bounded storage and waiting pipe."""
     prepare_identity(config)
+    _free_shared_locks(SHARED_LOCK_WAIT)
     validator = PulseRecordValidator(rules)
     dht = hivemind.DHT(start=False, record_validators=[validator], cache_size=CACHE_KEYS, **config.dht_kwargs())
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import json
 import os
 import signal
 import stat
@@ -366,6 +367,45 @@ def test_a_dead_dht_process_is_restarted_with_its_identity(swarm: Swarm, tmp_pat
         assert [v.message for v in poll(lambda: swarm.honest[2].get(SubmissionHeader, 320))] == [message]
     finally:
         peer.shutdown()
+
+
+DIES_HOLDING_THE_LOCK = """
+import json, multiprocessing as mp, os, sys, time
+from hivemind.utils.mpfuture import MPFuture
+from node.net import dht
+from node.net.netconfig import NetConfig
+from protocol.identity import Identity
+from protocol.messages import SubmissionHeader
+from tests.swarm.test_dht_swarm import LOOPBACK, RULES
+
+dht.SHARED_LOCK_WAIT = 1.0
+first = dht.PulseDHT.start(NetConfig(host_maddrs=LOOPBACK), RULES, Identity.generate())
+# a process forked from this one dies inside the lock that guards every DHT process's replies,
+# as a DHT process killed in the middle of one does
+child = mp.get_context("fork").Process(target=lambda: (MPFuture._update_lock.acquire(), os._exit(0)))
+child.start(); child.join()
+started = time.monotonic()
+second = dht.PulseDHT.start(NetConfig(host_maddrs=LOOPBACK, startup_timeout=10), RULES, Identity.generate())
+print(json.dumps({"start_seconds": time.monotonic() - started, "first_answers": first.get(SubmissionHeader, 1) == []}))
+second.shutdown(); first.shutdown()
+"""
+
+
+def test_a_dht_process_that_died_holding_a_shared_lock_hangs_no_other() -> None:
+    """hivemind's DHT processes share the locks of the pipe they answer through. One killed inside
+    such a lock used to leave every later DHT start of that node timing out ("could not start the
+    DHT: ") and the running ones silent: a restart after an OOM kill never came back."""
+    done = subprocess.run(
+        [sys.executable, "-c", DIES_HOLDING_THE_LOCK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["first_answers"] and found["start_seconds"] < 10
+    assert "a dead DHT process held MPFuture._update_lock: released" in done.stderr
 
 
 def _expiration(peer: PulseDHT, round_: int) -> float:
