@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import torch
@@ -18,10 +20,10 @@ from protocol.signing import SeenCache, open_signed, sign
 from tests.fakeswarm import RUN_ID, make_swarm
 from tests.tracked import Tracked
 from validator.config import GauntletConfig
-from validator.gauntlet import Decision, RoundPipeline
-from validator.intake import RoundContext, Submission, reason_text, screen
+from validator.gauntlet import Assessment, Decision, RoundPipeline, select
+from validator.intake import Candidate, RoundContext, Submission, reason_text, screen
 from validator.ratings import Ratings
-from validator.scoring import CopyCandidate, RoundSecret, Sketch, copy_owners
+from validator.scoring import CopyCandidate, Gains, RoundSecret, Sketch, copy_owners
 
 OTHER_RUN = hashlib.sha256(b"another run").hexdigest()
 STATE = hashlib.sha256(b"state r").hexdigest()
@@ -211,6 +213,27 @@ def test_ratings_rank_invalid_and_missing_last_and_survive_absence() -> None:
     assert ratings.ordinal("newcomer") == pytest.approx(0.0)
     with pytest.raises(ValueError):
         ratings.rate(7, [("a", 0.1)], ["a"])
+
+
+def _assessed(index: int, sender: str, score: float) -> Assessment:
+    candidate = cast(Candidate, SimpleNamespace(index=index, sender=sender))
+    return Assessment(candidate, norm=1.0, gains=Gains(score, score, 0.0, 0.0), indicator=1)
+
+
+def test_the_loser_of_a_match_still_ranks_by_its_rating() -> None:
+    """Two miners whose updates both help: the match's loser has an ordinal below 0. Its final score
+    must stay positive (the rating as a strength), so both are aggregated, the winner first; a run
+    of two miners used to aggregate one of them at most, and none when the winner's indicator was -1."""
+    ratings = Ratings(7.0, 0.1, 2, {}).rate(0, [("a", 0.3), ("b", 0.1)], [])
+    assert ratings.ordinal("b") < 0 < ratings.ordinal("a")
+    assert 0 < ratings.strength("b") < ratings.strength("newcomer") == 1.0 < ratings.strength("a")
+    evaluated = [_assessed(0, "b", 0.1), _assessed(1, "a", 0.3)]
+    cfg = GauntletConfig(min_indicator_average=0.0)
+    selected, finals, reasons = select(cfg, evaluated, ratings.strength, {"a": 0.05, "b": 0.05})
+    assert [a.sender for a in selected] == ["a", "b"] and not reasons
+    assert finals[1] > finals[0] > 0
+    selected, _, reasons = select(cfg, evaluated, ratings.strength, {"a": -0.05, "b": 0.05})
+    assert [a.sender for a in selected] == ["b"] and reasons[1].startswith("indicator average -0.050")
 
 
 # --- whole rounds -----------------------------------------------------------------------------

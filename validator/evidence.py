@@ -74,7 +74,7 @@ class Assessed(BaseModel):
     """(gain on its assigned batch, on the random batches, the reference update's on each): `scoring.Gains`."""
     indicator: Literal[-1, 0, 1]
     final: Finite | None
-    """Rating ordinal x max(indicator average, 0), the score selection ranked by."""
+    """Rating strength (exp(ordinal / beta)) x max(indicator average, 0), the score selection ranked by."""
 
 
 class RoundEvidence(BaseModel):

@@ -11,7 +11,7 @@
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
                            by score, everyone else last; the rounds each miner gained in
-    select                 final = ordinal x max(indicator average, 0); the top G of the eligible
+    select                 final = rating strength x max(indicator average, 0); the top G of the eligible
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
     aggregate              read back the selected one at a time, clip to their median norm, mean
@@ -100,7 +100,7 @@ class Outcome:
     sender: str | None = None
     payload_sha256: str | None = None
     score: float | None = None  # relative gain on random data
-    final: float | None = None  # ordinal x max(indicator average, 0)
+    final: float | None = None  # rating strength (ratings.py) x max(indicator average, 0)
     indicator: int = 0
     gains: Gains | None = None
     norm: float | None = None  # global L2 norm of the decoded update, if it decoded
@@ -172,7 +172,7 @@ class RoundPipeline:
         evaluated = self.evaluate(inspection, secret, run_id, round_)
         self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
-        selected, finals, reasons = select(self.cfg, evaluated, after.ratings.ordinal, after.indicators)
+        selected, finals, reasons = select(self.cfg, evaluated, after.ratings.strength, after.indicators)
         outcomes, scored, rejections = outcomes_and_result(
             screened, inspection.assessments, selected, finals, reasons, screened.total
         )
@@ -365,7 +365,7 @@ class RoundPipeline:
 def select(
     cfg: GauntletConfig,
     evaluated: Sequence[Assessment],
-    ordinal: Callable[[str], float],
+    strength: Callable[[str], float],
     averages: Mapping[str, float],
 ) -> tuple[list[Assessment], dict[int, float], dict[int, str]]:
     """(selected, final score by index, reason by index for the evaluated ones not selected)."""
@@ -379,7 +379,7 @@ def select(
         # a lone update (no other admissible one this round) has no reference to measure its own-data
         # gain against and nobody to be ranked with: its score alone decides. A run starts with one
         # miner; it used to get indicator -1 every round and never trained.
-        final = finals[a.index] = a.gains.random if a.alone else ordinal(a.sender) * max(average, 0.0)
+        final = finals[a.index] = a.gains.random if a.alone else strength(a.sender) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:
             reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
         elif not a.alone and average < cfg.min_indicator_average:

@@ -12,6 +12,7 @@ Ratings are plain numbers, so they serialize to JSON exactly (floats round-trip)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,14 @@ class Ratings:
         if record is None:
             return self._model().rating().ordinal()
         return record.mu - 3 * record.sigma
+
+    def strength(self, miner: str) -> float:
+        """exp(ordinal / beta): the conservative rating as a Plackett-Luce strength, positive and in the
+        ordinal's order (1 for a newcomer). Selection multiplies it into the final score: the ordinal
+        itself turns negative for whoever loses its first matches, which flipped that score's sign,
+        so in a run of two miners the one ranked second was never aggregated, however good its update.
+        """
+        return math.exp(max(self.ordinal(miner), -1e6) / self.beta)
 
     def rate(self, round_: int, ranked: Sequence[tuple[str, float]], last: Sequence[str]) -> Ratings:
         """The ratings after this round's match.
