@@ -220,8 +220,9 @@ def _result(
     attacked = [r for r, _ in under_attack]
     everything = [*reports, *extra_cleans, *one_attack, *([faults] if faults is not None else [])]
     per_run = {r.name: _against(r, clean) for r, clean in [(c, c) for c in cleans.values()] + under_attack}
+    played = [*reports, *one_attack]  # every run with hostile keys, each once (`attacked` repeats reports[1:])
     merged: dict[str, dict[str, Any]] = {}
-    for report in [*reports, *attacked]:
+    for report in played:
         for attack, row in report.ledger.per_attack().items():
             into = merged.setdefault(attack, {k: 0 for k in row if k != "reason"} | {"reason": row["reason"]})
             for k, v in row.items():
@@ -240,8 +241,8 @@ def _result(
         "honest_aggregated_ratio": min(ratios, default=None),
         "validator_peak_mb_max": max((r.validator_peak_mb or 0.0 for r in everything), default=None),
         "validator_disk_mb_max": max((r.validator_disk_mb for r in everything if r is not faults), default=None),
-        "hostile_aggregated": sum(r.ledger.aggregated() for r in [*reports, *attacked]),
-        "hostile_aggregated_detectable": sum(r.ledger.aggregated(detectable_only=True) for r in [*reports, *attacked]),
+        "hostile_aggregated": sum(r.ledger.aggregated() for r in played),
+        "hostile_aggregated_detectable": sum(r.ledger.aggregated(detectable_only=True) for r in played),
         "crashes": sum(len(r.crashes) for r in everything),
         "unaccounted_submissions": sum(r.ledger.unaccounted for r in everything),
         "final_loss_clean": clean,
