@@ -220,20 +220,29 @@ def _assessed(index: int, sender: str, score: float) -> Assessment:
     return Assessment(candidate, norm=1.0, gains=Gains(score, score, 0.0, 0.0), indicator=1)
 
 
-def test_the_loser_of_a_match_still_ranks_by_its_rating() -> None:
+def test_a_losing_record_fills_only_the_seats_a_small_run_leaves_empty() -> None:
     """Two miners whose updates both help: the match's loser has an ordinal below 0. Its final score
-    must stay positive (the rating as a strength), so both are aggregated, the winner first; a run
-    of two miners used to aggregate one of them at most, and none when the winner's indicator was -1."""
+    stays positive (the rating as a strength) and it fills a seat up to `min_aggregated`, so a run of
+    two aggregates both (it used to aggregate one, and none when the winner's indicator was -1).
+    Beside enough miners with a winning record, a losing one is left out: ALIE and lucky thieves."""
     ratings = Ratings(7.0, 0.1, 2, {}).rate(0, [("a", 0.3), ("b", 0.1)], [])
     assert ratings.ordinal("b") < 0 < ratings.ordinal("a")
     assert 0 < ratings.strength("b") < ratings.strength("newcomer") == 1.0 < ratings.strength("a")
-    evaluated = [_assessed(0, "b", 0.1), _assessed(1, "a", 0.3)]
-    cfg = GauntletConfig(min_indicator_average=0.0)
-    selected, finals, reasons = select(cfg, evaluated, ratings.strength, {"a": 0.05, "b": 0.05})
+    cfg = GauntletConfig(min_indicator_average=0.0, min_aggregated=2)
+    pair = [_assessed(0, "b", 0.1), _assessed(1, "a", 0.3)]
+    selected, finals, reasons = select(cfg, pair, ratings, {"a": 0.05, "b": 0.05})
     assert [a.sender for a in selected] == ["a", "b"] and not reasons
     assert finals[1] > finals[0] > 0
-    selected, _, reasons = select(cfg, evaluated, ratings.strength, {"a": -0.05, "b": 0.05})
+    selected, _, reasons = select(cfg, pair, ratings, {"a": -0.05, "b": 0.05})  # the winner is not eligible
     assert [a.sender for a in selected] == ["b"] and reasons[1].startswith("indicator average -0.050")
+
+    field = [("a", 0.5), ("c", 0.4), ("d", 0.3), ("b", 0.1)]
+    ratings = Ratings(7.0, 0.1, 2, {}).rate(0, field, []).rate(1, field, [])
+    assert [m for m, _ in field if ratings.ordinal(m) > 0] == ["a", "c", "d"]
+    evaluated = [_assessed(i, m, score) for i, (m, score) in enumerate(field)]
+    selected, _, reasons = select(cfg, evaluated, ratings, dict.fromkeys("abcd", 0.05))
+    assert [a.sender for a in selected] == ["a", "c", "d"] and list(reasons) == [3]
+    assert reasons[3].startswith("rating ordinal") and reason_class(reasons[3]) == "rating"
 
 
 # --- whole rounds -----------------------------------------------------------------------------
@@ -325,7 +334,7 @@ def test_each_attack_is_stopped_for_its_own_reason(arena_run: tuple[Arena, list[
         "replay": ("replay of message", "stale round"),
         "behind": ("behind: trained from", "unknown base state"),
         "copycat": ("copy of", "indicator average"),
-        "thief": ("copy of", "indicator average", "final score"),
+        "thief": ("copy of", "indicator average", "final score", "rating ordinal"),
     }
     for rec in arena.records:
         for o in rec.report.outcomes:

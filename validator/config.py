@@ -63,6 +63,10 @@ class SelectionRules(BaseModel):
     fewer) the validator measures the own-data gain on."""
     top_g: int = Field(default=8, ge=1, le=MAX_SELECTED)
     """At most this many submissions are aggregated per round, the best by final score."""
+    min_aggregated: int = Field(default=2, ge=1, le=MAX_SELECTED)
+    """Seats filled from eligible miners whose rating ordinal is not positive (more lost than won),
+    when fewer miners with a positive one are eligible: the rating orders a small run's updates, it
+    does not empty its rounds. Above this, only miners with a positive ordinal are aggregated."""
     random_batches: int = Field(default=2, ge=1, le=64)
     """Random training batches R the validator draws each round and scores every submission on."""
     min_indicator_average: float = Field(default=0.1, ge=0, le=1)

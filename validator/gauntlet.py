@@ -12,6 +12,7 @@
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
                            by score, everyone else last; the rounds each miner gained in
     select                 final = rating strength x max(indicator average, 0); the top G of the eligible
+                           with a positive rating ordinal, filled up to `min_aggregated` from the rest
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
     aggregate              read back the selected one at a time, clip to their median norm, mean
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -172,7 +173,7 @@ class RoundPipeline:
         evaluated = self.evaluate(inspection, secret, run_id, round_)
         self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
-        selected, finals, reasons = select(self.cfg, evaluated, after.ratings.strength, after.indicators)
+        selected, finals, reasons = select(self.cfg, evaluated, after.ratings, after.indicators)
         outcomes, scored, rejections = outcomes_and_result(
             screened, inspection.assessments, selected, finals, reasons, screened.total
         )
@@ -365,10 +366,20 @@ class RoundPipeline:
 def select(
     cfg: GauntletConfig,
     evaluated: Sequence[Assessment],
-    strength: Callable[[str], float],
+    ratings: Ratings,
     averages: Mapping[str, float],
 ) -> tuple[list[Assessment], dict[int, float], dict[int, str]]:
-    """(selected, final score by index, reason by index for the evaluated ones not selected)."""
+    """(selected in aggregation order, final score by index, reason by index for the evaluated ones not selected).
+
+    Eligible: a positive score, an indicator average of at least `min_indicator_average`, and so a
+    positive final score, `ratings.strength` x the average (the strength is exp(ordinal / beta):
+    positive, in the ordinal's order). The top G of the eligible miners whose ordinal is positive are
+    aggregated; a miner that has lost more than it has won (ordinal at most 0) only fills the seats
+    up to `min_aggregated` that those leave empty. That keeps out what helps a little but ranks low
+    round after round (ALIE, a thief whose own-data indicator came out +1 by chance) while a run of
+    two miners still aggregates both: the ordinal alone as the factor turned the final score of
+    whoever lost its first matches negative, and a run of two aggregated one miner or none.
+    """
     finals: dict[int, float] = {}
     reasons: dict[int, str] = {}
     eligible: list[Assessment] = []
@@ -379,7 +390,7 @@ def select(
         # a lone update (no other admissible one this round) has no reference to measure its own-data
         # gain against and nobody to be ranked with: its score alone decides. A run starts with one
         # miner; it used to get indicator -1 every round and never trained.
-        final = finals[a.index] = a.gains.random if a.alone else strength(a.sender) * max(average, 0.0)
+        final = finals[a.index] = a.gains.random if a.alone else ratings.strength(a.sender) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:
             reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
         elif not a.alone and average < cfg.min_indicator_average:
@@ -391,9 +402,18 @@ def select(
         else:
             eligible.append(a)
     eligible.sort(key=lambda a: (-finals[a.index], a.index))
-    for rank, a in enumerate(eligible[cfg.top_g :], start=cfg.top_g + 1):
+    rated = [a for a in eligible if ratings.ordinal(a.sender) > 0]
+    unrated = [a for a in eligible if not ratings.ordinal(a.sender) > 0]
+    chosen = rated[: cfg.top_g]
+    filled = unrated[: max(0, min(cfg.min_aggregated, cfg.top_g) - len(chosen))]
+    for rank, a in enumerate(rated[cfg.top_g :], start=cfg.top_g + 1):
         reasons[a.index] = f"final score {finals[a.index]:.4g} ranks {rank}, top {cfg.top_g} aggregated"
-    return eligible[: cfg.top_g], finals, reasons
+    for a in unrated[len(filled) :]:
+        reasons[a.index] = (
+            f"rating ordinal {ratings.ordinal(a.sender):.3g} is not positive and {len(chosen)} miners with a "
+            f"positive one were aggregated (final score {finals[a.index]:.3g})"
+        )
+    return sorted(chosen + filled, key=lambda a: (-finals[a.index], a.index)), finals, reasons
 
 
 def outcomes_and_result(

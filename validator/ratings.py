@@ -52,9 +52,8 @@ class Ratings:
 
     def strength(self, miner: str) -> float:
         """exp(ordinal / beta): the conservative rating as a Plackett-Luce strength, positive and in the
-        ordinal's order (1 for a newcomer). Selection multiplies it into the final score: the ordinal
-        itself turns negative for whoever loses its first matches, which flipped that score's sign,
-        so in a run of two miners the one ranked second was never aggregated, however good its update.
+        ordinal's order (1 for a newcomer). Selection multiplies it into the final score; the ordinal
+        itself turns negative for whoever loses its first matches and would flip that score's sign.
         """
         return math.exp(max(self.ordinal(miner), -1e6) / self.beta)
 

@@ -62,6 +62,7 @@ _REASONS: tuple[tuple[str, str], ...] = (
     ("no_gain", r"score \S+: no gain"),
     ("indicator", r"indicator average "),
     ("not_positive", r"final score \S+ is not positive"),
+    ("rating", r"rating ordinal \S+ is not positive"),
     ("rank", r"final score \S+ ranks \d+"),
 )
 _REASON_RE = [(name, re.compile(pattern)) for name, pattern in _REASONS]

@@ -32,7 +32,7 @@ from node.events.campaign import AttackSent, NetAttack
 from node.events.models import Dropped, PoolPublished, Received, RoundClosed
 from node.swarm.campaign.attacks import ATTACKS
 
-OUTSCORED = ("score ", "final score", "indicator average")
+OUTSCORED = ("score ", "final score", "indicator average", "rating ordinal")
 
 
 @dataclass
