@@ -8,6 +8,7 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `parallel.py`    per-tensor codec work on all cores, results in input order
 - `statehash.py`   the state hash (v2): SHA-256 over per-chunk SHA-256 digests, on all cores, checkable piecewise
 - `identity.py`    Ed25519 identities (PyNaCl), signature checks, the key-file text format
+- `parsing.py`     strict parsing of JSON models (size cap, schema, canonical bytes); a `ValidationError` as one line
 - `messages.py`    pydantic wire models, their canonical bytes and size caps; `PROTOCOL_VERSION`
 - `wire.py`        bounded reader/writer for binary formats (truncation, trailing bytes, caps)
 - `signing.py`     signed envelopes over a domain-separated preimage, message ids, `SeenCache` for replays

@@ -23,9 +23,9 @@ import hashlib
 import json
 from typing import Annotated, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from protocol.errors import MalformedPayload, SizeLimitExceeded
+from protocol.parsing import parse_canonical
 
 PROTOCOL_VERSION = 2
 """The one protocol version: bump it on any change to a wire schema or the signing preimage.
@@ -72,18 +72,9 @@ class WireModel(BaseModel):
     @classmethod
     def from_canonical(cls, data: bytes) -> Self:
         """Parse a body; any schema violation or non-canonical encoding is `MalformedPayload`."""
-        if len(data) > MAX_BODY_BYTES:
-            raise SizeLimitExceeded(f"{cls.KIND} body is {len(data)} bytes, cap is {MAX_BODY_BYTES}")
-        try:
-            message = cls.model_validate_json(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "body"
-            where = ascii(where)[1:-1][:80]  # a key the peer chose: escaped, so it cannot forge a log line
-            raise MalformedPayload(f"{cls.KIND}: {where}: {first['msg']}") from exc
-        if message.canonical_bytes() != data:
-            raise MalformedPayload(f"{cls.KIND}: body is not in canonical form")
-        return message
+        return parse_canonical(
+            cls, data, what=f"{cls.KIND} body", max_bytes=MAX_BODY_BYTES, encode=lambda m: m.canonical_bytes()
+        )
 
 
 class SubmissionHeader(WireModel):

@@ -31,6 +31,7 @@ import torch
 from node.events import EventLog, Events, read_events
 from node.events.models import Dropped, RoundClosed
 from node.net.memory import MemoryNetwork, MemoryPeer
+from node.roles.intake import RoundIntake
 from node.roles.miner import Miner, RoundInputs
 from node.roles.records import run_records
 from node.roles.tasks import validator_for
@@ -132,9 +133,10 @@ async def play(root: Path) -> Observed:
     task = task_for(setup)
     network = MemoryNetwork(run_records(manifest))
     me = key("validator")
-    vpeer = network.join(me, root / "validator", role="validator")
     events = Events("validator", root / "events" / "validator.jsonl")
-    service: ValidatorService = validator_for(setup, task, me, root / "validator", vpeer, events, poll=POLL)
+    intake = RoundIntake(setup, events, root / "validator" / "inbox")
+    vpeer = network.join(me, root / "validator", role="validator", intake=intake)
+    service: ValidatorService = validator_for(setup, task, me, root / "validator", vpeer, events, intake, poll=POLL)
     opened = {1: asyncio.Event(), 2: asyncio.Event()}
     miners = []
     for i in range(2):
@@ -172,11 +174,9 @@ async def play(root: Path) -> Observed:
         await round_open(2)
         # the two probe keys of round 1 do not come back: round 2 need not wait for them until its deadline
         service.previous_senders -= {twice.public_hex, key("patch-bytes").public_hex}
-        service.rules = AdmissionRules(capacity=128, newcomer_seats=16, byte_budget=BUDGET)
+        intake.rules = AdmissionRules(capacity=128, newcomer_seats=16, byte_budget=BUDGET)
         # round 2's seats were made when it opened: make them again under the small budget
-        service.admission = type(service.admission)(
-            service.rules, service.admission.established, service.admission.secret
-        )
+        intake.admission = type(intake.admission)(intake.rules, intake.admission.established, intake.admission.secret)
         base = service.validator.state_hash
         served = set(vpeer.held)
         gates = [asyncio.Semaphore(3) for _ in pusher.peers]  # under the 4 streams a peer may hold

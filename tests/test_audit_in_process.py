@@ -23,6 +23,7 @@ from node.events.audit import Audited, AuditMismatch
 from node.events.models import PatchApplied, RoundClosed
 from node.net.memory import MemoryNetwork
 from node.roles import validator_service
+from node.roles.intake import RoundIntake
 from node.roles.receipt import Found, receipt_for
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_for
@@ -63,12 +64,11 @@ async def play(root: Path) -> EventLog:
         peer = network.join(key(name), root / name, role=role)  # type: ignore[arg-type]
         return peer, Events(role, root / "events" / f"{name}.jsonl")
 
-    peer, events = join("liar", "validator")
-    running.append(
-        asyncio.ensure_future(
-            validator_for(setup, task, key("liar"), root / "liar", peer, events, poll=POLL).run(ROUNDS)
-        )
-    )
+    events = Events("validator", root / "events" / "liar.jsonl")
+    intake = RoundIntake(setup, events, root / "liar" / "inbox")
+    peer = network.join(key("liar"), root / "liar", role="validator", intake=intake)
+    liar = validator_for(setup, task, key("liar"), root / "liar", peer, events, intake, poll=POLL)
+    running.append(asyncio.ensure_future(liar.run(ROUNDS)))
     for name in ("miner0", "miner1"):
         peer, events = join(name, "miner")
         running.append(asyncio.ensure_future(miner_for(setup, task, key(name), peer, events, poll=POLL).run(ROUNDS)))

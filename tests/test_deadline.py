@@ -13,6 +13,7 @@ from node.events import EventLog
 from node.events.models import RoundClosed, RoundOpened, Submitted
 from node.roles.catchup import Held
 from node.roles.deadline import MIN_MARGIN, RoundClock
+from node.roles.intake import RoundIntake
 from node.roles.tasks import miner_for, validator_for
 from node.roles.uplink import MIN_FRACTION, Uplink
 from node.run.manifest import Manifest, RoundSection
@@ -139,10 +140,10 @@ class Rounds(Harness):
 
     def start_validator(self) -> None:
         me = key("validator")
-        peer = self.network.join(me, self.root / "validator", role="validator")
-        service = validator_for(
-            self.setup, self.task, me, self.root / "validator", peer, self.events("validator", "validator"), poll=POLL
-        )
+        events, folder = self.events("validator", "validator"), self.root / "validator"
+        intake = RoundIntake(self.setup, events, folder / "inbox")
+        peer = self.network.join(me, folder, role="validator", intake=intake)
+        service = validator_for(self.setup, self.task, me, folder, peer, events, intake, poll=POLL)
         self.running.append(asyncio.ensure_future(service.run(self.rounds)))
 
     def start_miner(self, name: str, uplink: float | None = None) -> asyncio.Future[Held]:

@@ -32,6 +32,7 @@ from node.net.peer import RunRecords
 from node.roles.catchup import CHECKPOINT_FORMAT
 from node.roles.chainstate import checkpoint_bytes
 from node.roles.follower import Follower
+from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_for
 from node.run.manifest import Manifest
@@ -198,10 +199,10 @@ async def play(root: Path) -> tuple[bool, float]:
     def events(name: str, role: str) -> Events:
         return Events(role, root / "events" / f"{name}.jsonl")
 
-    peer = net.join(VALIDATOR, root / "validator", role="validator")
-    service = validator_for(
-        setup, task, VALIDATOR, root / "validator", peer, events("validator", "validator"), poll=0.05
-    )
+    vevents = events("validator", "validator")
+    intake = RoundIntake(setup, vevents, root / "validator" / "inbox")
+    peer = net.join(VALIDATOR, root / "validator", role="validator", intake=intake)
+    service = validator_for(setup, task, VALIDATOR, root / "validator", peer, vevents, intake, poll=0.05)
     validating = asyncio.ensure_future(service.run(ROUNDS))
     miner = miner_for(
         setup, task, key("miner"), net.join(key("miner"), root / "m", role="miner"), events("miner", "miner"), poll=0.05

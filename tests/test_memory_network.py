@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from node.net.blobstore import BlobStore
 from node.net.dht import sign_for
 from node.net.memory import MemoryNetwork, MemoryPeer
 from node.net.peer import RunRecords
+from node.net.transfer import Handlers
 from protocol.errors import TransferError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
@@ -85,23 +87,31 @@ def test_blobs_come_from_a_holder_and_are_hash_checked(tmp_path: Path) -> None:
 def test_only_a_peer_that_takes_submissions_accepts_a_push(tmp_path: Path) -> None:
     net = network()
     miner = net.join(Identity.generate(), tmp_path / "miner", role="miner")
-    validator = net.join(VALIDATOR, tmp_path / "validator", role="validator")
+    silent = net.join(VALIDATOR, tmp_path / "silent", role="validator")  # built without an intake
+    got: list[Verified[SubmissionHeader]] = []
+    inbox = BlobStore(tmp_path / "validator" / "inbox")
+
+    def take(verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        got.append(verified)
+        return None
+
+    intake = Handlers(inbox, accept=lambda header: None, on_submission=take)
+    validator = net.join(VALIDATOR, tmp_path / "validator", role="validator", intake=intake)
     payload = b"payload" * 10
     path = miner.store.path(miner.store.put(payload))
     header = SubmissionHeader.for_payload(
         run_id=RUN, round_=0, base_hash="0" * 64, payload=payload, codec="dense", data_digest="0" * 64,
         sender=miner.identity.public_hex,
     )  # fmt: skip
-    got: list[Verified[SubmissionHeader]] = []
 
     async def main() -> None:
-        await validator.heartbeat(0, None)
+        await silent.heartbeat(0, None)
         assert await miner.validator_heartbeat(0) is not None
         with pytest.raises(TransferError, match="takes no submissions"):
-            await miner.submit(sign(miner.identity, header), path)
-        validator.take_submissions(lambda h: None, lambda v, path: got.append(v), validator.store)
-        await miner.submit(sign(miner.identity, header), path)
+            await miner.submit(sign(miner.identity, header), path, to=silent.peer_id)
+        await miner.submit(sign(miner.identity, header), path, to=validator.peer_id)
 
     asyncio.run(main())
     assert [v.message for v in got] == [header]
-    assert validator.store.read(header.payload_sha256) == payload
+    assert inbox.read(header.payload_sha256) == payload  # in the intake's inbox, apart from the served blobs
+    assert not validator.store.has(header.payload_sha256)

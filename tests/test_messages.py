@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -46,6 +48,8 @@ from protocol.messages import (
     SubmissionHeader,
 )
 from protocol.signing import MAX_ENVELOPE_BYTES, SeenCache, SignedMessage, open_any, open_signed, sign
+from validator.evidence import RoundEvidence
+from validator.state import Book
 
 RUN = hashlib.sha256(b"run-a").hexdigest()
 OTHER_RUN = hashlib.sha256(b"run-b").hexdigest()
@@ -402,3 +406,35 @@ def test_a_pool_lists_each_batch_once_and_is_never_empty() -> None:
         RolloutPool(run_id=RUN, round=2, entries=(entry, entry), rejections=())
     with pytest.raises(ValueError):
         RolloutPool(run_id=RUN, round=2, entries=(), rejections=())
+
+
+def _valid_evidence() -> bytes:
+    book = Book(round=0, outer_steps=0, ratings={}, indicators={}, seen=[], states=[h("s")])
+    evidence = RoundEvidence(
+        run_id=h("run"), round=0, secret="ab" * 64, median_norm=0.0, clip_to=0.0,
+        aggregated=(), headers=(), assessed=(), book=book,
+    )  # fmt: skip
+    return evidence.to_bytes()
+
+
+def _valid_heartbeat() -> bytes:
+    beat = Heartbeat(run_id=h("run"), round=0, role="miner", peer_id="Qm" + "a" * 44, state_hash=None, blobs=(), sent_at=1)
+    return beat.canonical_bytes()
+
+
+@pytest.mark.parametrize(
+    ("parse", "valid"),
+    [(Heartbeat.from_canonical, _valid_heartbeat), (RoundEvidence.from_bytes, _valid_evidence)],
+    ids=["wire body", "evidence"],
+)
+def test_a_key_a_peer_chose_cannot_forge_a_log_line(
+    parse: Callable[[bytes], object], valid: Callable[[], bytes]
+) -> None:
+    """Wire bodies and round evidence share one parser: an unknown key is named escaped, on one line."""
+    body = json.loads(valid())
+    parse(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())  # the valid one parses
+    body["x\n2026-01-01 INFO round 9 closed: 9 aggregated"] = 1
+    with pytest.raises(MalformedPayload) as caught:
+        parse(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    text = str(caught.value)
+    assert "\n" not in text and "\\n2026-01-01" in text

@@ -35,6 +35,7 @@ from node.events.models import (
 from node.net.memory import MemoryNetwork
 from node.roles.catchup import Held
 from node.roles.follower import Follower
+from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_for
 from node.run.manifest import Manifest
@@ -113,9 +114,10 @@ class Harness:
 
     def start_validator(self) -> None:
         me = key("validator")
-        peer = self.network.join(me, self.root / "validator", role="validator")
-        events = self.events("validator", "validator")
-        service = validator_for(self.setup, self.task, me, self.root / "validator", peer, events, poll=POLL)
+        events, folder = self.events("validator", "validator"), self.root / "validator"
+        intake = RoundIntake(self.setup, events, folder / "inbox")
+        peer = self.network.join(me, folder, role="validator", intake=intake)
+        service = validator_for(self.setup, self.task, me, folder, peer, events, intake, poll=POLL)
         self.running.append(asyncio.ensure_future(service.run(ROUNDS)))
 
     def start_miner(self, name: str) -> asyncio.Future[Held]:

@@ -21,6 +21,7 @@ from node.events import EventLog, Events
 from node.events.audit import Audited, AuditMismatch, Replicated, Standby, StoodDown, TookOver
 from node.events.models import Done, RoundClosed, RoundOpened, Submitted
 from node.net.memory import MemoryNetwork
+from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_role_for
 from node.run.manifest import Manifest
@@ -67,12 +68,14 @@ class Run:
 
     def start(self, name: str, role: str) -> None:
         me = key(name.removesuffix("-again"))
-        peer = self.network.join(me, self.root / name.removesuffix("-again"), role=role)  # type: ignore[arg-type]
-        self.peers[name] = peer
         events = self.events(name, role)
         folder = self.root / name.removesuffix("-again")
-        if role == "validator":
-            work = validator_role_for(self.setup, self.task, me, folder, peer, events, poll=POLL).run(self.rounds)
+        intake = RoundIntake(self.setup, events, folder / "inbox") if role == "validator" else None
+        peer = self.network.join(me, folder, role=role, intake=intake)  # type: ignore[arg-type]
+        self.peers[name] = peer
+        if intake is not None:
+            role_ = validator_role_for(self.setup, self.task, me, folder, peer, events, intake, poll=POLL)
+            work = role_.run(self.rounds)
         elif role == "miner":
             work = miner_for(self.setup, self.task, me, peer, events, poll=POLL).run(self.rounds)
         else:

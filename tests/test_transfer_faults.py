@@ -18,7 +18,7 @@ import pytest
 
 from node.net.blobstore import BlobStore, BlobWriter
 from node.net.streams import Status, TransferLimits, receive_body
-from node.net.transfer import TransferService
+from node.net.transfer import Handlers, TransferService
 from protocol.errors import TransferTimeout
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
@@ -111,12 +111,12 @@ def _service(tmp_path: Path, got: list[Verified[SubmissionHeader]], late: str | 
             got.append(verified)
         return late
 
+    store = BlobStore(tmp_path / "store")
     return TransferService(
         p2p=Any,  # type: ignore[arg-type]  # the handler never touches the daemon
-        store=BlobStore(tmp_path / "store"),
+        store=store,
         run_id=RUN,
-        accept=lambda header: None,
-        on_submission=take,
+        intake=Handlers(store, accept=lambda header: None, on_submission=take),
     )
 
 
@@ -153,12 +153,12 @@ def test_two_bodies_from_one_sender_give_one_submission_and_one_refusal(tmp_path
             got.append(verified)
         return refused
 
+    store = BlobStore(tmp_path / "store")
     service = TransferService(
         p2p=Any,  # type: ignore[arg-type]
-        store=BlobStore(tmp_path / "store"),
+        store=store,
         run_id=RUN,
-        accept=accept,
-        on_submission=take,
+        intake=Handlers(store, accept=accept, on_submission=take),
     )
 
     async def main() -> list[RecordingWriter]:

@@ -8,51 +8,87 @@ from pathlib import Path
 from node.events import Events
 from node.net.memory import MemoryNetwork
 from node.roles.hooks import HeldOut
+from node.roles.intake import RoundIntake, terms_of
 from node.roles.records import run_records
+from node.roles.summary import Figures, round_metrics
 from node.roles.tasks import validator_for
+from node.roles.validator_service import ValidatorService
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
+from protocol.assignment import Assignment
 from protocol.codec import default_max_bytes
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 
 
-def _header(setup: RunSetup, size: int, sender: str) -> SubmissionHeader:
-    h = hashlib.sha256(b"x").hexdigest()
-    return SubmissionHeader(
-        run_id=setup.run_id,
-        round=0,
-        base_state_hash=h,
-        payload_sha256=h,
-        payload_size=size,
-        codec="sparseloco",
-        data_digest=h,
-        sender=sender,
-    )
+def _header(setup: RunSetup, service: ValidatorService, size: int, sender: str, **claims: str) -> SubmissionHeader:
+    """A header for the open round that passes every check but its size (and the `claims` it overrides)."""
+    batches = setup.manifest.selection.assignment_batches
+    fields = {
+        "run_id": setup.run_id,
+        "round": service.round,
+        "base_state_hash": service.validator.state_hash,
+        "payload_sha256": hashlib.sha256(b"x").hexdigest(),
+        "payload_size": size,
+        "codec": setup.manifest.train.codec,
+        "data_digest": Assignment(setup.run_id, service.round, sender, batches).digest,
+        "sender": sender,
+    }
+    return SubmissionHeader.model_validate(fields | claims)
+
+
+def _service(tmp_path: Path) -> tuple[RunSetup, ValidatorService]:
+    me = Identity.generate()
+    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "validators": [me.public_hex]}))
+    events = Events("validator")
+    intake = RoundIntake(setup, events, tmp_path / "inbox")
+    peer = MemoryNetwork(run_records(setup.manifest)).join(me, tmp_path, role="validator", intake=intake)
+    return setup, validator_for(setup, task_for(setup), me, tmp_path, peer, events, intake)
+
+
+def _open(service: ValidatorService) -> None:
+    v = service.validator
+    service.intake.open(terms_of(service.setup, service.identity, v.book, v.state_hash, v.weights))
 
 
 def test_an_oversize_payload_is_refused_from_its_header(tmp_path: Path) -> None:
-    me = Identity.generate()
-    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "validators": [me.public_hex]}))
-    peer = MemoryNetwork(run_records(setup.manifest)).join(me, tmp_path, role="validator")
-    service = validator_for(setup, task_for(setup), me, tmp_path, peer, Events("validator"))
-    service.closed = False
+    setup, service = _service(tmp_path)
+    _open(service)
     cap = default_max_bytes(service.validator.weights)
     miner = Identity.generate().public_hex
-    assert service._accept(_header(setup, cap, miner)) is None
-    reason = service._accept(_header(setup, cap + 1, miner))
+    assert service.intake.accept(_header(setup, service, cap, miner)) is None
+    reason = service.intake.accept(_header(setup, service, cap + 1, miner))
     assert reason is not None and reason.startswith("oversize")
+
+
+def test_base_state_codec_and_data_digest_are_refused_from_the_header(tmp_path: Path) -> None:
+    """Checked before any body byte is read, with the Gauntlet's own reasons (`check_header`)."""
+    setup, service = _service(tmp_path)
+    _open(service)
+    miner, other = Identity.generate().public_hex, Identity.generate().public_hex
+    wrong = {
+        "base_state_hash": ("0" * 64, "unknown base state"),
+        "codec": ("dense", "codec dense"),
+        "data_digest": (Assignment(setup.run_id, 0, other, 1).digest, "data digest does not match"),
+    }
+    for field_name, (value, reason) in wrong.items():
+        refusal = service.intake.accept(_header(setup, service, 100, miner, **{field_name: value}))
+        assert refusal is not None and refusal.startswith(reason), (field_name, refusal)
+    assert service.intake.admission.offered == 0  # refused before admission: no seat, no bytes reserved
 
 
 def test_round_metrics_carry_the_loss_bytes_and_standings_within_bounds(tmp_path: Path) -> None:
     me = Identity.generate()
     setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "validators": [me.public_hex]}))
-    peer = MemoryNetwork(run_records(setup.manifest)).join(me, tmp_path, role="validator")
-    service = validator_for(setup, task_for(setup), me, tmp_path, peer, Events("validator"))
+    events = Events("validator")
+    intake = RoundIntake(setup, events, tmp_path / "inbox")
+    peer = MemoryNetwork(run_records(setup.manifest)).join(me, tmp_path, role="validator", intake=intake)
+    service = validator_for(setup, task_for(setup), me, tmp_path, peer, events, intake)
     report = service.validator.run_round([])
-    metrics = service._metrics(report, 0, 0, HeldOut(loss=3.5))
+    metrics = round_metrics(setup, service.validator, report, Figures(0, 0, setup.dense_bytes(), HeldOut(loss=3.5)))
     assert (metrics.round, metrics.held_out_loss, metrics.submissions, metrics.standings) == (0, 3.5, 0, ())
     assert metrics.run_id == setup.run_id and metrics.received_bytes == metrics.dense_bytes == 0
-    diverged = service._metrics(report, 0, 0, HeldOut(loss=float("nan"), reward=float("inf")))
+    diverged_loss = HeldOut(loss=float("nan"), reward=float("inf"))
+    diverged = round_metrics(setup, service.validator, report, Figures(0, 0, setup.dense_bytes(), diverged_loss))
     assert diverged.held_out_loss is None and diverged.held_out_reward is None  # left out

@@ -136,18 +136,7 @@ class Validator:
         self.last_result, self.last_patch, self.last_evidence = result, patch, evidence
 
     def context(self, pipeline: RoundPipeline) -> RoundContext:
-        recent = self.book.states[:-1]
-        earlier = {h: self.round - len(recent) + i for i, h in enumerate(recent) if h != self.state_hash}
-        return RoundContext(
-            run_id=self.run_id,
-            round=self.round,
-            state_hash=self.state_hash,
-            earlier_states=earlier,
-            codec=self.cfg.codec,
-            assignment_batches=self.cfg.assignment_batches,
-            max_payload_bytes=pipeline.cap,
-            max_submissions=self.cfg.max_submissions,
-        )
+        return round_context(self.cfg, self.run_id, self.book, self.state_hash, pipeline.cap)
 
     def run_round(self, submissions: Sequence[Submission]) -> RoundReport:
         """Screen, decide, aggregate and step, encode and sign, commit; then move to the next round."""
@@ -203,7 +192,7 @@ class Validator:
 
     def established(self) -> frozenset[str]:
         """Miners with a history of useful updates (`gauntlet.established`): seated first, the norm reference."""
-        return established(self.cfg, self.standing(), self.round)
+        return established_in(self.cfg, self.book)
 
     def _step(self, update: StateDict | None) -> tuple[StateDict, str]:
         """Apply the outer step (none without an update); the new BF16 weights and their hash."""
@@ -272,6 +261,31 @@ class Step:
 
     fp32_hash: str
     steps: int
+
+
+def established_in(cfg: GauntletConfig, book: Book) -> frozenset[str]:
+    """The established miners of the round after `book` (`gauntlet.established`), from the book alone:
+    the validator and a standby's replica (which has no ratings object) seat the same keys first."""
+    ratings = Ratings(cfg.openskill_beta, cfg.openskill_tau, cfg.missing_rounds, book.ratings)
+    standing = Standing(ratings, book.indicators, {m: tuple(r) for m, r in book.gained.items()})
+    return established(cfg, standing, book.round)
+
+
+def round_context(cfg: GauntletConfig, run_id: str, book: Book, state_hash: str, cap: int) -> RoundContext:
+    """What the round after `book` checks submissions against (W_r: `state_hash`; `cap`: payload bytes);
+    the same for the validator that closes the round and for every intake that takes its headers."""
+    recent = book.states[:-1]
+    earlier = {h: book.round - len(recent) + i for i, h in enumerate(recent) if h != state_hash}
+    return RoundContext(
+        run_id=run_id,
+        round=book.round,
+        state_hash=state_hash,
+        earlier_states=earlier,
+        codec=cfg.codec,
+        assignment_batches=cfg.assignment_batches,
+        max_payload_bytes=cap,
+        max_submissions=cfg.max_submissions,
+    )
 
 
 def initial_snapshot(cfg: GauntletConfig, master: State) -> Snapshot:

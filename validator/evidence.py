@@ -30,10 +30,10 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from protocol.errors import MalformedPayload, SizeLimitExceeded
 from protocol.messages import MAX_REJECTIONS, MAX_SELECTED, BlobRef, ByteSize, PublicKeyHex, Sha256Hex
+from protocol.parsing import parse_canonical
 from protocol.signing import MAX_ENVELOPE_BYTES
 from validator.aggregate import Aggregate
 from validator.gauntlet import Decision, Outcome
@@ -97,17 +97,7 @@ class RoundEvidence(BaseModel):
     @classmethod
     def from_bytes(cls, data: bytes) -> Self:
         """Parse an evidence blob; `MalformedPayload` for anything but the canonical encoding of one."""
-        if len(data) > MAX_EVIDENCE_BYTES:
-            raise SizeLimitExceeded(f"evidence is {len(data)} bytes, cap is {MAX_EVIDENCE_BYTES}")
-        try:
-            evidence = cls.model_validate_json(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "evidence"
-            raise MalformedPayload(f"evidence: {where}: {first['msg']}") from exc
-        if evidence.to_bytes() != data:
-            raise MalformedPayload("evidence is not in canonical form")
-        return evidence
+        return parse_canonical(cls, data, what="evidence", max_bytes=MAX_EVIDENCE_BYTES, encode=lambda m: m.to_bytes())
 
     def ref(self) -> BlobRef:
         data = self.to_bytes()

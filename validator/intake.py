@@ -173,6 +173,20 @@ def _screen_one(
 
 def _check_claims(header: SubmissionHeader, payload: Payload, ctx: RoundContext) -> str | None:
     """The reason a signed, current submission cannot be evaluated, or None."""
+    problem = check_header(header, ctx)
+    if problem:
+        return problem
+    size = payload_size(payload)
+    if size != header.payload_size:
+        return f"payload is {size} bytes, header says {header.payload_size}"
+    if payload_sha256(payload) != header.payload_sha256:
+        return "payload SHA-256 differs from the header's"
+    return None
+
+
+def check_header(header: SubmissionHeader, ctx: RoundContext) -> str | None:
+    """The claims of a current header that fail before its body is read (codec, base state, size, data
+    digest), or None. The validator's intake refuses on them before the body; `screen` again after."""
     if header.codec != ctx.codec:
         return reason_text(f"codec {header.codec}, this run uses {ctx.codec}")
     if header.base_state_hash != ctx.state_hash:
@@ -182,11 +196,6 @@ def _check_claims(header: SubmissionHeader, payload: Payload, ctx: RoundContext)
         return f"unknown base state {header.base_state_hash[:12]}"
     if header.payload_size > ctx.max_payload_bytes:
         return f"oversize: {header.payload_size} bytes announced, cap is {ctx.max_payload_bytes}"
-    size = payload_size(payload)
-    if size != header.payload_size:
-        return f"payload is {size} bytes, header says {header.payload_size}"
-    if payload_sha256(payload) != header.payload_sha256:
-        return "payload SHA-256 differs from the header's"
     expected = Assignment(ctx.run_id, ctx.round, header.sender, ctx.assignment_batches).digest
     if header.data_digest != expected:
         return "data digest does not match the miner's assignment"

@@ -31,6 +31,7 @@ from node.net.p2ppeer import P2PPeer
 from node.net.peer import Role
 from node.roles.auditor import Auditor
 from node.roles.follower import Follower
+from node.roles.intake import RoundIntake
 from node.roles.metrics import NodeMetrics
 from node.roles.miner import Miner
 from node.roles.records import run_records
@@ -201,17 +202,20 @@ async def _main(
     args: argparse.Namespace | None = None,
 ) -> int:
     task = task_for(setup)
-    peer = await P2PPeer.create(config, run_records(setup.manifest), identity, folder, role=PEER_ROLES[role])
+    # a validator's pushed submissions end in its round intake (`node/roles/intake.py`)
+    intake = RoundIntake(setup, events, folder / "inbox") if role == "validator" else None
+    records = run_records(setup.manifest)
+    peer = await P2PPeer.create(config, records, identity, folder, role=PEER_ROLES[role], intake=intake)
     if metrics is not None:
         metrics.watch(peer)
     try:
         service: ValidatorService | ValidatorRole | Miner | Follower | Auditor
-        if role == "validator" and len(setup.manifest.validators) > 1:  # active or standby
-            service = validator_role_for(setup, task, identity, folder, peer, events, device=device)
-        elif role == "validator":  # opening or creating its state takes a while: off the event loop
-            loop = asyncio.get_running_loop()
+        if intake is not None and len(setup.manifest.validators) > 1:  # active or standby
+            service = validator_role_for(setup, task, identity, folder, peer, events, intake, device=device)
+        elif intake is not None:  # opening or creating its state takes a while: off the event loop
+            loop, taker = asyncio.get_running_loop(), intake
             service = await loop.run_in_executor(
-                None, lambda: validator_for(setup, task, identity, folder, peer, events, device=device)
+                None, lambda: validator_for(setup, task, identity, folder, peer, events, taker, device=device)
             )
         elif role == "miner":
             service = miner_for(setup, task, identity, peer, events, device=device)

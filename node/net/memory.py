@@ -2,6 +2,7 @@
 
     network = MemoryNetwork(run)                         # run: a `RunRecords`
     peer = network.join(identity, folder, role="miner")  # a `Peer`, its blobs in folder/blobs
+    peer = network.join(identity, folder, role="validator", intake=intake)  # takes pushed submissions
     ...
     await network.shutdown()
 
@@ -38,9 +39,7 @@ from node.net.transfer import (
     FETCH,
     REPLICATE,
     SUBMIT,
-    Accept,
-    Favoured,
-    OnSubmission,
+    Intake,
     TransferCounts,
     TransferService,
     fetch_over,
@@ -147,11 +146,12 @@ class MemoryNetwork:
         self._joined = 0
         self._served: set[asyncio.Task[None]] = set()
 
-    def join(self, identity: Identity, folder: Path, *, role: Role) -> MemoryPeer:
+    def join(self, identity: Identity, folder: Path, *, role: Role, intake: Intake | None = None) -> MemoryPeer:
+        """A peer with its blobs in folder/blobs; `intake`: where pushed submissions go (the validator's)."""
         store = BlobStore(folder / "blobs")
         store.clear_partials()
         self._joined += 1
-        peer = MemoryPeer(self, memory_peer_id(identity, self._joined), store, identity, role)
+        peer = MemoryPeer(self, memory_peer_id(identity, self._joined), store, identity, role, intake)
         self.peers[peer.peer_id] = peer
         return peer
 
@@ -234,10 +234,18 @@ class MemoryNetwork:
 
 
 class MemoryPeer(Peer):
-    def __init__(self, network: MemoryNetwork, peer_id: str, store: BlobStore, identity: Identity, role: Role) -> None:
+    def __init__(
+        self,
+        network: MemoryNetwork,
+        peer_id: str,
+        store: BlobStore,
+        identity: Identity,
+        role: Role,
+        intake: Intake | None = None,
+    ) -> None:
         super().__init__(network.run, identity, store, role, network.limits)
         self.network, self._peer_id = network, peer_id
-        self.service = TransferService(None, store, run_id=network.run.run_id, limits=network.limits)
+        self.service = TransferService(None, store, run_id=network.run.run_id, limits=network.limits, intake=intake)
 
     @property
     def peer_id(self) -> str:
@@ -267,12 +275,6 @@ class MemoryPeer(Peer):
     async def _replicate_to(self, validator: str, envelope: bytes, wait: float) -> None:
         async with self.network.open(self.peer_id, validator, REPLICATE) as stream:
             await replicate_over(stream, validator, envelope, wait=wait, limits=self.limits)
-
-    def take_submissions(
-        self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None
-    ) -> None:
-        service = self.service
-        service.accept, service.on_submission, service.inbox, service.favoured = accept, on_submission, inbox, favoured
 
     def known_peers(self) -> int:
         return max(len(self.network.peers) - 1, 0)  # every other peer that joined and has not left

@@ -16,6 +16,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from protocol.errors import ConfigError
+from protocol.parsing import one_line
 
 
 class NetConfig(BaseModel):
@@ -144,5 +145,4 @@ def net_config_from_args(args: argparse.Namespace) -> NetConfig:
     try:
         return NetConfig(**fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc
+        raise ConfigError(one_line(exc, "net options")) from exc

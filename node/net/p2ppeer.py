@@ -1,13 +1,14 @@
 """`Peer` on the real network: hivemind's DHT for records, libp2p streams for blobs and submissions.
 
     peer = await P2PPeer.create(net_config, run, identity, folder, role="miner")   # run: a `RunRecords`
+    peer = await P2PPeer.create(net_config, run, identity, folder, role="validator", intake=intake)
     ...
     await peer.shutdown()                      # stops the libp2p daemon and the DHT process
 
 hivemind's DHT API blocks (a pipe to its process), so every DHT call runs in a thread with the
 DHT's own timeout; blob transfers are bounded by `TransferLimits`. A node takes pushed
-submissions only once its role asks to (`take_submissions`, the validator); until then every push
-is refused from its header.
+submissions only when it is created with an `Intake` (the validator's, `node/roles/intake.py`);
+without one every push is refused from its header.
 
 If hivemind's DHT process dies (it takes its libp2p daemon with it), the next call notices: a new
 DHT process starts on the same options, the blob service is registered on its daemon again, and
@@ -34,9 +35,7 @@ from node.net.peer import Peer, Role, RunRecords, RunView
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, open_stream
 from node.net.transfer import (
     FETCH,
-    Accept,
-    Favoured,
-    OnSubmission,
+    Intake,
     TransferCounts,
     TransferService,
     call_fetch,
@@ -91,15 +90,23 @@ class P2PPeer(Peer):
 
     @classmethod
     async def create(
-        cls, config: NetConfig, run: RunRecords, identity: Identity, folder: Path, *, role: Role
+        cls,
+        config: NetConfig,
+        run: RunRecords,
+        identity: Identity,
+        folder: Path,
+        *,
+        role: Role,
+        intake: Intake | None = None,
     ) -> P2PPeer:
+        """`intake`: where pushed submissions go (the validator's); None refuses every push."""
         loop = asyncio.get_running_loop()
         dht = await loop.run_in_executor(None, lambda: PulseDHT.start(config, run.rules(), identity))
         try:
             p2p = await asyncio.wait_for(dht.replicate_p2p(), config.startup_timeout)
             store = BlobStore(folder / "blobs")
             store.clear_partials()
-            service = await TransferService.create(p2p, store, run_id=run.run_id)
+            service = await TransferService.create(p2p, store, run_id=run.run_id, intake=intake)
         except BaseException:
             dht.shutdown()
             raise
@@ -156,12 +163,6 @@ class P2PPeer(Peer):
 
     async def _replicate_to(self, validator: str, envelope: bytes, wait: float) -> None:
         await call_replicate(self.p2p, PeerID.from_base58(validator), envelope, wait=wait, limits=self.limits)
-
-    def take_submissions(
-        self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None
-    ) -> None:
-        service = self.service
-        service.accept, service.on_submission, service.inbox, service.favoured = accept, on_submission, inbox, favoured
 
     def known_peers(self) -> int:
         return self.dht.known_peers()

@@ -7,7 +7,6 @@
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
     peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
-    peer.take_submissions(accept, on_submission, inbox, favoured)   # the validator: take pushed submissions
     await peer.replicate(envelope, to=peer_id, wait=s)   # the active validator: a standby holds the round's blobs
     peer.take_replicas(on_replica)             # a standby validator: take them (`roles/replicas.py`)
     path = await peer.fetch_from(holder, sha256, size, r)   # from that one holder only
@@ -55,10 +54,7 @@ from node.net.records import RecordRules
 from node.net.retention import BlobKind, Keeper, Retention
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits
 from node.net.transfer import (
-    Accept,
-    Favoured,
     OnReplica,
-    OnSubmission,
     TransferCounts,
     TransferService,
     fetch_deadline,
@@ -239,15 +235,6 @@ class Peer(RunView):
     @abstractmethod
     async def _submit_to(self, validator: str, signed: SignedMessage, payload: Path) -> None:
         """One push of a submission to `validator`: `PeerBusy` if it has no slot, `TransferError` if refused."""
-
-    @abstractmethod
-    def take_submissions(
-        self, accept: Accept, on_submission: OnSubmission, inbox: BlobStore, favoured: Favoured | None = None
-    ) -> None:
-        """Take pushed submissions (the validator): `accept` decides on each header, `on_submission`
-        gets each stored one, its payload in `inbox` (apart from the blobs this node serves);
-        `favoured` senders may use the reserved slots. Until a role calls this, a peer refuses every
-        push."""
 
     @abstractmethod
     async def _replicate_to(self, validator: str, envelope: bytes, wait: float) -> None:

@@ -25,8 +25,9 @@ pending at once (a silent stream costs a short, cheap slot); then a fetch takes 
 `max_fetch_streams` and an accepted submission one of `max_submit_streams`, apart, so a flood of
 one kind never blocks the other; `reserved_submit_streams` of those only favoured senders take
 (the validator favours miners with a rating history); one signer has one body in flight; bodies
-move at `min_bytes_per_second` or faster, both ways. A node takes no submission until a role
-opts in (`accept`); until then every push is refused before its header is even parsed.
+move at `min_bytes_per_second` or faster, both ways. A node takes submissions only when its
+transfer service is built with an `Intake`; without one every push is refused before its header
+is even parsed.
 """
 
 from __future__ import annotations
@@ -226,14 +227,37 @@ async def replicate_over(stream: Stream, peer: object, envelope: bytes, *, wait:
 
 # -- server --------------------------------------------------------------------------------------
 
-Accept = Callable[[SubmissionHeader], str | None]
-"""Decides on a verified header before its body is read: a rejection reason, or None to accept."""
-OnSubmission = Callable[[Verified[SubmissionHeader], Path], str | None]
-"""Takes a received submission, its payload verified and stored at the path (in the inbox); returns a
-rejection reason if it is refused now that its body is here. The taker owns the inbox: it removes
-what it refuses or no longer needs (two senders may push the same bytes, so only it knows)."""
-Favoured = Callable[[SubmissionHeader], bool]
-"""Whether a sender may take a reserved submission slot (e.g. it has a rating history)."""
+
+class Intake(Protocol):
+    """Where pushed submissions go (the validator's round intake, `node/roles/intake.py`), given to
+    the transfer service at construction: `rpc_submit` ends in these three calls and nowhere else."""
+
+    @property
+    def inbox(self) -> BlobStore:
+        """Where pushed payloads land, apart from the blobs this node serves (the intake owns it)."""
+
+    def accept(self, header: SubmissionHeader) -> str | None:
+        """Decides on a verified header before its body is read: a rejection reason, or None to accept."""
+
+    def on_submission(self, verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        """Takes a received submission, its payload verified and stored at `path` (in the inbox); returns a
+        rejection reason if it is refused now that its body is here. The intake removes what it refuses
+        or no longer needs (two senders may push the same bytes, so only it knows)."""
+
+    def favoured(self, header: SubmissionHeader) -> bool:
+        """Whether a sender may take a reserved submission slot (e.g. it has a rating history)."""
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """An `Intake` made of three functions and a folder (tools and tests)."""
+
+    inbox: BlobStore
+    accept: Callable[[SubmissionHeader], str | None]
+    on_submission: Callable[[Verified[SubmissionHeader], Path], str | None]
+    favoured: Callable[[SubmissionHeader], bool] = lambda header: False
+
+
 NO_SUBMISSIONS = "this node takes no submissions"
 OnReplica = Callable[[str, bytes], Awaitable[str | None]]
 """Takes a pushed replica (the caller's peer id in base58, the request: a signed round result's
@@ -290,19 +314,16 @@ class TransferService:
         *,
         run_id: str,
         limits: TransferLimits = DEFAULT_LIMITS,
-        accept: Accept | None = None,
-        on_submission: OnSubmission | None = None,
+        intake: Intake | None = None,
         seen: SeenCache | None = None,
-        favoured: Favoured | None = None,
-        inbox: BlobStore | None = None,
     ) -> None:
+        """`intake`: where pushed submissions go (None: every push is refused from its header). Its
+        inbox is apart from the blobs this node serves: a payload whose bytes equal a served blob (a
+        patch is public) must never replace or remove it."""
         self.p2p, self.store, self.run_id, self.limits = p2p, store, run_id, limits
         self.on_replica: OnReplica | None = None  # a standby validator's (`take_replicas`)
         self.replicas = Slots(MAX_REPLICAS_AT_ONCE)
-        self.accept, self.on_submission, self.favoured = accept, on_submission, favoured
-        # pushed payloads land here, apart from the blobs this node serves: a payload whose bytes
-        # equal a served blob (a patch is public) must never replace or remove it
-        self.inbox = inbox if inbox is not None else store
+        self.intake = intake
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
         self.active = 0  # streams being served, from the first byte to the hang-up
         self._per_peer: dict[object, int] = {}  # open streams by peer: one peer cannot take every slot
@@ -321,22 +342,11 @@ class TransferService:
         *,
         run_id: str,
         limits: TransferLimits = DEFAULT_LIMITS,
-        accept: Accept | None = None,
-        on_submission: OnSubmission | None = None,
+        intake: Intake | None = None,
         seen: SeenCache | None = None,
-        favoured: Favoured | None = None,
     ) -> TransferService:
         """Register the handlers on `p2p` (for a DHT node: `await pulse_dht.replicate_p2p()`)."""
-        service = cls(
-            p2p,
-            store,
-            run_id=run_id,
-            limits=limits,
-            accept=accept,
-            on_submission=on_submission,
-            seen=seen,
-            favoured=favoured,
-        )
+        service = cls(p2p, store, run_id=run_id, limits=limits, intake=intake, seen=seen)
         await service.serve_on(p2p)
         return service
 
@@ -455,7 +465,8 @@ class TransferService:
         await reply(writer, Status.OK, limits=self.limits)
 
     async def _submit(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.accept is None:  # not a validator: refused before the header is even parsed
+        intake = self.intake
+        if intake is None:  # not a validator: refused before the header is even parsed
             self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=NO_SUBMISSIONS, limits=self.limits)
             return
@@ -465,8 +476,8 @@ class TransferService:
             self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=str(exc), limits=self.limits)
             raise
-        status, reason = self._admit(verified)
-        if status is Status.OK and not self.submits.take(self._is_favoured(verified.message)):
+        status, reason = self._admit(verified, intake)
+        if status is Status.OK and not self.submits.take(intake.favoured(verified.message)):
             status, reason = Status.BUSY, f"receiving {self.submits.used} submissions; try again shortly"
         if status is not Status.OK:
             self.counts.refuse(status)
@@ -475,19 +486,23 @@ class TransferService:
             await reply(writer, status, reason=reason, limits=self.limits)
             return
         try:
-            await self._receive(verified, reader, writer)
+            await self._receive(verified, intake, reader, writer)
         finally:
             self.submits.give()
 
     async def _receive(
-        self, verified: Verified[SubmissionHeader], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        verified: Verified[SubmissionHeader],
+        intake: Intake,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
         header = verified.message
         self._receiving.add(verified.message_id)
         self._senders.add(header.sender)
         try:
             await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
-            with self.inbox.writer(header.payload_sha256, header.payload_size) as blob:
+            with intake.inbox.writer(header.payload_sha256, header.payload_size) as blob:
                 await receive_body(reader, blob, self.limits)
                 path = await asyncio.get_running_loop().run_in_executor(None, blob.commit)
         except (ProtocolError, TransferError, TimeoutError) as exc:
@@ -505,7 +520,7 @@ class TransferService:
         # arrived, or another submission of the same sender may have finished first. Either way
         # this one gets its own logged refusal instead of being dropped (or replacing the first)
         # in silence, and the taker removes its payload.
-        late = self.on_submission(verified, path) if self.on_submission is not None else NO_SUBMISSIONS
+        late = intake.on_submission(verified, path)
         if late:
             sender, message = verified.sender_hex[:12], verified.message_id[:12]
             logger.info("submission %s... from %s...: REJECTED after its body: %s", message, sender, late)
@@ -515,10 +530,7 @@ class TransferService:
         self.seen.add(verified.message_id)
         await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
 
-    def _is_favoured(self, header: SubmissionHeader) -> bool:
-        return self.favoured is not None and self.favoured(header)
-
-    def _admit(self, verified: Verified[SubmissionHeader]) -> tuple[Status, str]:
+    def _admit(self, verified: Verified[SubmissionHeader], intake: Intake) -> tuple[Status, str]:
         """Decide on a verified header before reading its body."""
         if verified.message_id in self.seen:
             return Status.DUPLICATE, "replayed message: already received"
@@ -529,5 +541,5 @@ class TransferService:
         size = verified.message.payload_size
         if size > self.limits.max_blob_bytes:
             return Status.TOO_LARGE, f"payload of {size} bytes, cap is {self.limits.max_blob_bytes}"
-        reason = self.accept(verified.message) if self.accept is not None else NO_SUBMISSIONS
+        reason = intake.accept(verified.message)
         return (Status.REJECTED, reason) if reason else (Status.OK, "")

@@ -44,88 +44,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from node.events import Events, mb
+from node.events import Events
 from node.events.audit import Standby, StoodDown, TookOver
-from node.events.models import Done, Received, Started
-from node.net.blobstore import BlobStore
+from node.events.models import Done, Started
 from node.net.peer import Peer
 from node.roles.auditor import Auditor
 from node.roles.catchup import Held
 from node.roles.hooks import RoundHooks
+from node.roles.intake import RoundIntake, terms_of
 from node.roles.replicas import ReplicaTaker
 from node.roles.validator_service import ValidatorService
 from node.run.setup import RunSetup
 from node.run.task import Task
-from protocol.codec import default_max_bytes
 from protocol.errors import ConfigError, Superseded
 from protocol.identity import Identity
-from protocol.messages import Heartbeat, RoundResult, SubmissionHeader
-from protocol.signing import Verified
-from protocol.state import State
-from validator.intake import Submission
+from protocol.messages import Heartbeat, RoundResult
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 SERVE_HEARTBEAT_SECONDS = 10.0  # a standby done with its rounds announces itself this often while it serves
 T = TypeVar("T")
-
-
-class StandbyIntake:
-    """What miners push to a standby for the round it holds: one submission per miner, this round only,
-    announced sizes capped, at most `max_submissions` miners (the active validator's own rules)."""
-
-    def __init__(
-        self, peer: Peer, events: Events, inbox: BlobStore, max_submissions: int, max_payload: int | None = None
-    ) -> None:
-        """`inbox`: where pushed payloads stay on disk (this intake owns it); `max_payload`: None for the
-        codec's own cap, set from the weights at the first `open`."""
-        self.peer, self.events, self.inbox = peer, events, inbox
-        self.max_submissions, self.cap = max_submissions, max_payload
-        self.max_payload = max_payload or 0
-        self.round = -1
-        self.received: dict[str, Submission] = {}
-
-    def open(self, round_: int, weights: State) -> None:
-        """Take submissions for `round_` (from `weights`, W_round); the previous round's payloads go
-        (the auditor keeps its own copies of the aggregated ones)."""
-        self.max_payload = self.cap or default_max_bytes(weights)
-        self.round, self.received = round_, {}
-        self.empty()
-
-    def empty(self) -> None:
-        for sha in list(self.inbox):
-            self.inbox.remove(sha)
-
-    def take(self) -> dict[str, Submission]:
-        """The round's submissions, handed to the validator that closes it; the intake closes."""
-        taken, self.received, self.round = self.received, {}, -1
-        return taken
-
-    def accept(self, header: SubmissionHeader) -> str | None:
-        if header.round != self.round:
-            return f"round {header.round} is not open at this standby (it holds round {self.round})"
-        if header.sender in self.received:
-            return "one submission per miner per round"
-        if len(self.received) >= self.max_submissions:
-            return f"round is full ({self.max_submissions} submissions)"
-        if header.payload_size > self.max_payload:
-            return f"oversize: {header.payload_size} bytes announced, the cap is {self.max_payload}"
-        return None
-
-    def on_submission(self, verified: Verified[SubmissionHeader], path: Path) -> str | None:
-        """Its body arrived (at `path` in the inbox): None keeps it for the round."""
-        header = verified.message
-        refusal = self.accept(header)  # the round may have moved on while the body arrived
-        if refusal is not None:
-            if all(not isinstance(s.payload, Path) or s.payload != path for s in self.received.values()):
-                self.inbox.remove(header.payload_sha256)
-            return refusal
-        self.received[header.sender] = Submission(verified.signed.to_bytes(), path)
-        self.events.emit(
-            Received(round=header.round, sender=header.sender, bytes=header.payload_size),
-            f"round {header.round}: received {mb(header.payload_size)} from miner {header.sender[:12]} (standby)",
-        )
-        return None
 
 
 class ValidatorRole:
@@ -138,12 +76,15 @@ class ValidatorRole:
         folder: Path,
         peer: Peer,
         events: Events,
+        intake: RoundIntake,
         *,
         poll: float = POLL_SECONDS,
         can_take_over: bool = True,
         device: str = "cpu",
     ) -> None:
-        """`can_take_over`: whether a standby may close a round another validator opened (the task's say)."""
+        """`intake`: this process's, the one the peer's transfer service was built with: the standby
+        opens it on each round it reaches, the active service on each round it opens;
+        `can_take_over`: whether a standby may close a round another validator opened (the task's say)."""
         manifest = setup.manifest
         if identity.public_hex not in manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
@@ -152,10 +93,7 @@ class ValidatorRole:
         self.can_take_over, self.device = can_take_over, device
         self.order, self.me = tuple(manifest.validators), identity.public_hex
         self.auditor = Auditor(setup, peer, events, folder, task.initial_master, poll=2 * poll)
-        cfg = manifest.gauntlet()
-        inbox = BlobStore(folder / "standby-inbox")
-        inbox.clear_partials()
-        self.intake = StandbyIntake(peer, events, inbox, cfg.max_submissions, cfg.max_payload_bytes)
+        self.intake = intake
         self.service: ValidatorService | None = None
         self.reached: dict[int, float] = {}  # round -> when this standby first held its state
         self.replicas = ReplicaTaker(setup, peer, self.me, lambda: self.auditor.replica, self._active)
@@ -203,7 +141,16 @@ class ValidatorRole:
         """The active service on this validator's committed state (it takes the pushed submissions)."""
         s, me = self.setup, self.identity
         return ValidatorService(
-            s, self.task, self.hooks, me, self.folder, self.peer, self.events, poll=self.poll, device=self.device
+            s,
+            self.task,
+            self.hooks,
+            me,
+            self.folder,
+            self.peer,
+            self.events,
+            self.intake,
+            poll=self.poll,
+            device=self.device,
         )
 
     def _stand_down(self, exc: Superseded) -> None:
@@ -218,8 +165,8 @@ class ValidatorRole:
 
     async def _stand_by(self, rounds: int | None) -> bool:
         """Audit and collect until taking a round over (True) or holding W_rounds (False)."""
+        self.intake.close()
         self.intake.empty()  # payloads of a round cut off by a restart or a stand-down are void
-        self.peer.take_submissions(self.intake.accept, self.intake.on_submission, self.intake.inbox)
         self.peer.take_replicas(self.replicas.on_replica)  # the active validator's round blobs, before it publishes
         key, peer_id = self.me, self.peer.peer_id
         self.events.emit(
@@ -241,7 +188,9 @@ class ValidatorRole:
     async def _open_intake(self, r: int, held: Held) -> None:
         self.reached[r] = time.time()
         self.reached = {k: v for k, v in self.reached.items() if k >= r - 1}
-        self.intake.open(r, held.weights)
+        replica = self.auditor.replica
+        assert replica is not None and replica.round == r  # `held` is what the replica holds
+        self.intake.open(terms_of(self.setup, self.identity, replica.book, held.state_hash, held.weights))
         await self.peer.heartbeat(r, held.state_hash)  # miners push to every validator announcing the round
         active = self._active()
         self.events.emit(
@@ -270,18 +219,19 @@ class ValidatorRole:
 
     async def _take_over(self, r: int) -> None:
         previous = self._active()
-        collected = self.intake.take()
+        collected = len(self.intake.received)
+        self.intake.close()  # the new service scores what it holds, and opens it on the next round
         self.auditor.release()
         self.peer.take_replicas(None)
         self.service = await _cpu(self._new_service)
         waited = time.time() - self.reached.get(r, time.time())
         self.events.emit(
-            TookOver(round=r, previous=previous, submissions=len(collected), waited=waited),
+            TookOver(round=r, previous=previous, submissions=collected, waited=waited),
             f"round {r}: validator {previous[:12]} published no result in time; closing the round "
-            f"with the {len(collected)} submissions collected here",
+            f"with the {collected} submissions collected here",
         )
         try:
-            await self.service.take_over(collected)
+            await self.service.take_over()
         except Superseded as exc:
             self._stand_down(exc)
 

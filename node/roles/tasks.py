@@ -1,7 +1,8 @@
 """The roles of a run, built from its task: the one place that maps a `Task` to what each role runs.
 
-    service = validator_for(setup, task, identity, folder, peer, events)   # + RoundHooks of the task
-    role = validator_role_for(setup, task, identity, folder, peer, events) # active or standby (`standby.py`)
+    intake = RoundIntake(setup, events, folder / "inbox")         # before the peer: its `rpc_submit` ends there
+    service = validator_for(setup, task, identity, folder, peer, events, intake)   # + RoundHooks of the task
+    role = validator_role_for(setup, task, identity, folder, peer, events, intake) # active or standby
     miner = miner_for(setup, task, identity, peer, events)                 # + the trainer's RoundInputs
     follower = follower_for(setup, task, identity, peer, events)           # + the task's RoundServices
 
@@ -26,6 +27,7 @@ from node.net.peer import Peer
 from node.roles.auditor import Auditor
 from node.roles.follower import Follower, RoundService
 from node.roles.hooks import HeldOutLoss, RoundHooks
+from node.roles.intake import RoundIntake
 from node.roles.miner import Miner, RoundInputs
 from node.roles.rl.miner import PoolInputs
 from node.roles.rl.validation import RLRoundHooks
@@ -49,6 +51,7 @@ def validator_for(
     folder: Path,
     peer: Peer,
     events: Events,
+    intake: RoundIntake,
     *,
     poll: float = POLL_SECONDS,
     device: str = "cpu",
@@ -56,7 +59,7 @@ def validator_for(
     """The validator service of the run (builds or reopens its state: run it in an executor); its
     evaluation and held-out measures run on `device` where the task can use one."""
     hooks = round_hooks(task, peer, events, poll, device)
-    return ValidatorService(setup, task, hooks, identity, folder, peer, events, poll=poll, device=device)
+    return ValidatorService(setup, task, hooks, identity, folder, peer, events, intake, poll=poll, device=device)
 
 
 def validator_role_for(
@@ -66,6 +69,7 @@ def validator_role_for(
     folder: Path,
     peer: Peer,
     events: Events,
+    intake: RoundIntake,
     *,
     poll: float = POLL_SECONDS,
     device: str = "cpu",
@@ -73,7 +77,17 @@ def validator_role_for(
     """The validator of the run, active or standby (`standby.py`): what `pulse validator` runs."""
     hooks = round_hooks(task, peer, events, poll, device)
     return ValidatorRole(
-        setup, task, hooks, identity, folder, peer, events, poll=poll, can_take_over=takes_over(task), device=device
+        setup,
+        task,
+        hooks,
+        identity,
+        folder,
+        peer,
+        events,
+        intake,
+        poll=poll,
+        can_take_over=takes_over(task),
+        device=device,
     )
 
 

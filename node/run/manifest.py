@@ -31,6 +31,7 @@ from node.learn.train import InnerOptimConfig, MemoryConfig
 from protocol.codec import Codec
 from protocol.codec_options import build_codec
 from protocol.errors import ConfigError
+from protocol.parsing import one_line
 from validator.config import GauntletConfig, SelectionRules, UpdateRules
 
 PublicKeyHex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
@@ -267,9 +268,7 @@ def parse_manifest(data: dict[str, object], source: str = "manifest") -> Manifes
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "manifest"
-        raise ConfigError(f"{source}: {where}: {first['msg']}") from exc
+        raise ConfigError(f"{source}: {one_line(exc, 'manifest')}") from exc
 
 
 def load_manifest(path: Path) -> Manifest:

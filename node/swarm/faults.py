@@ -22,6 +22,7 @@ from node.net.keyfile import load_key_file
 from node.net.netconfig import add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
 from node.roles import validator_service
+from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import validator_for
 from node.run.manifest import load_manifest
@@ -52,11 +53,13 @@ async def _run(args: argparse.Namespace) -> None:
     setup = RunSetup.from_manifest(load_manifest(args.config))
     identity, events = load_key_file(args.key), Events("validator", args.events)
     records = run_records(setup.manifest)
-    peer = await P2PPeer.create(net_config_from_args(args), records, identity, args.state_dir, role="validator")
+    intake = RoundIntake(setup, events, args.state_dir / "inbox")
+    config = net_config_from_args(args)
+    peer = await P2PPeer.create(config, records, identity, args.state_dir, role="validator", intake=intake)
     try:
         loop = asyncio.get_running_loop()
         service = await loop.run_in_executor(
-            None, lambda: validator_for(setup, task_for(setup), identity, args.state_dir, peer, events)
+            None, lambda: validator_for(setup, task_for(setup), identity, args.state_dir, peer, events, intake)
         )
         task = asyncio.ensure_future(service.run(args.rounds))
         for sig in (signal.SIGINT, signal.SIGTERM):

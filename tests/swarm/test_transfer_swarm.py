@@ -30,7 +30,16 @@ from node.net.fetching import HolderBook
 from node.net.netconfig import NetConfig
 from node.net.records import RecordRules
 from node.net.streams import DEFAULT_LIMITS, Status, TransferLimits, open_stream, read_reply, send_request
-from node.net.transfer import FETCH, SUBMIT, TransferService, call_fetch, call_submit, fetch_from_any
+from node.net.transfer import (
+    FETCH,
+    NO_SUBMISSIONS,
+    SUBMIT,
+    Handlers,
+    TransferService,
+    call_fetch,
+    call_submit,
+    fetch_from_any,
+)
 from protocol.errors import (
     BlobHashMismatch,
     BlobNotFound,
@@ -303,6 +312,19 @@ def _header(miner: Identity, payload: bytes, round_: int = 5, run_id: str = RUN)
     return sign(miner, header)
 
 
+def _taker(received: list[Verified[SubmissionHeader]]) -> Callable[[Verified[SubmissionHeader], Path], str | None]:
+    def take(verified: Verified[SubmissionHeader], path: Path) -> str | None:
+        received.append(verified)
+        return None
+
+    return take
+
+
+def _accept_all(store: BlobStore) -> Handlers:
+    """Every header seated; every body refused once here (these tests stop at the header or the stream)."""
+    return Handlers(store, accept=lambda header: None, on_submission=lambda verified, path: NO_SUBMISSIONS)
+
+
 def test_submit_push_replay_and_rejections(tmp_path: Path) -> None:
     validator_store = BlobStore(tmp_path / "validator")
     payload = os.urandom(3 << 20)
@@ -323,8 +345,7 @@ def test_submit_push_replay_and_rejections(tmp_path: Path) -> None:
             validator_store,
             run_id=RUN,
             limits=limits,
-            accept=accept,
-            on_submission=lambda verified, path: received.append(verified),
+            intake=Handlers(validator_store, accept=accept, on_submission=_taker(received)),
         )
         try:
             signed = _header(miner, payload)
@@ -357,7 +378,7 @@ def test_submit_with_a_lying_body_stores_nothing(tmp_path: Path) -> None:
     async def scenario() -> tuple[Status, str]:
         validator = await p2p_pair()
         miner = await p2p_pair(await _maddrs(validator))
-        await TransferService.create(validator, store, run_id=RUN, accept=lambda header: None)
+        await TransferService.create(validator, store, run_id=RUN, intake=_accept_all(store))
         try:
             async with open_stream(miner, validator.peer_id, SUBMIT, DEFAULT_LIMITS) as (reader, writer):
                 await send_request(writer, signed.to_bytes(), DEFAULT_LIMITS)
@@ -388,7 +409,7 @@ def test_stream_budgets_and_recovery(tmp_path: Path) -> None:
     async def scenario() -> None:
         server = await p2p_pair()
         client = await p2p_pair(await _maddrs(server))
-        service = await TransferService.create(server, store, run_id=RUN, limits=limits, accept=lambda header: None)
+        service = await TransferService.create(server, store, run_id=RUN, limits=limits, intake=_accept_all(store))
         try:
             async with open_stream(client, server.peer_id, SUBMIT, DEFAULT_LIMITS) as (reader, writer):
                 await send_request(writer, _header(Identity.generate(), payload).to_bytes(), DEFAULT_LIMITS)
@@ -421,7 +442,7 @@ def test_garbage_requests_do_not_hurt_the_server(tmp_path: Path, garbage: bytes)
         server = await p2p_pair()
         client = await p2p_pair(await _maddrs(server))
         limits = TransferLimits(request_timeout=0.5)
-        service = await TransferService.create(server, store, run_id=RUN, limits=limits, accept=lambda header: None)
+        service = await TransferService.create(server, store, run_id=RUN, limits=limits, intake=_accept_all(store))
         try:
             for name in (FETCH, SUBMIT):
                 async with open_stream(client, server.peer_id, name, DEFAULT_LIMITS) as (reader, writer):

@@ -1,0 +1,140 @@
+"""A standby validator's intake is the active validator's: the same admission and header checks.
+
+A run with two validators; validator B stands by for round 1 (its auditor's replica holds W_1, and
+its book says miner M gained on random data in round 0: M is established). Pushed to B, over the
+in-memory network's real submit conversation:
+
+- headers that claim another base state or another codec are refused before any body byte is read
+  (nothing lands in the inbox, no seat is taken);
+- a payload larger than the round's byte budget is refused from its header;
+- a flood of fresh keys fills the newcomer seats (the rest are "not drawn") without holding more
+  than the byte budget on disk;
+- then M, established, is seated all the same (a newcomer is unseated and reported), and the
+  service B would start on takeover is handed the same intake with what it collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+from node.events import Events, read_events
+from node.events.models import Dropped
+from node.net.memory import MemoryNetwork, MemoryPeer
+from node.roles.intake import RoundIntake
+from node.roles.records import run_records
+from node.roles.tasks import validator_role_for
+from node.run.manifest import Manifest
+from node.run.setup import RunSetup
+from node.run.task import task_for
+from protocol.assignment import Assignment
+from protocol.errors import TransferError
+from protocol.identity import Identity
+from protocol.messages import SubmissionHeader
+from protocol.signing import sign
+from validator.admission import AdmissionRules
+from validator.audit import Replica
+from validator.core import initial_snapshot
+
+FLOOD = 24  # fresh keys, three times the round's seats
+SEATS = 8
+NEWCOMER_SEATS = 4
+BODY = 1000  # bytes of each payload
+BUDGET = SEATS * BODY
+EARLIER = "e" * 64  # the state of round 0, as B's book names it
+
+
+def key(label: str) -> Identity:
+    return Identity.from_seed(hashlib.sha256(f"pulse-test-standby-intake/{label}".encode()).digest())
+
+
+def manifest() -> Manifest:
+    return Manifest.model_validate(
+        {
+            "name": "standby-intake",
+            "validators": [key("a").public_hex, key("b").public_hex],
+            "model": {"gpt": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}},
+            "data": {"batch_size": 2, "seq_len": 16},
+            "selection": {"assignment_batches": 1},
+        }
+    )
+
+
+class Pushers:
+    def __init__(self, setup: RunSetup, peer: MemoryPeer, to: str) -> None:
+        self.setup, self.peer, self.to = setup, peer, to
+
+    async def push(self, me: Identity, base: str, *, size: int = BODY, codec: str | None = None) -> str | None:
+        """One submission for round 1 from `me`; None if B took it, else its answer."""
+        payload = hashlib.sha256(me.public_hex.encode()).digest() * (size // 32) + b"x" * (size % 32)
+        header = SubmissionHeader.for_payload(
+            run_id=self.setup.run_id, round_=1, base_hash=base, payload=payload,
+            codec=codec or self.setup.manifest.train.codec, sender=me.public_hex,
+            data_digest=Assignment(self.setup.run_id, 1, me.public_hex, 1).digest,
+        )  # fmt: skip
+        path = self.peer.store.path(self.peer.store.put(payload))
+        try:
+            await self.peer.submit(sign(me, header), path, to=self.to)
+        except TransferError as exc:
+            return str(exc)
+        return None
+
+
+def inbox_bytes(intake: RoundIntake) -> int:
+    return sum(intake.inbox.path(sha).stat().st_size for sha in intake.inbox)
+
+
+def test_a_standby_floods_like_the_active_validator_and_seats_an_established_miner(tmp_path: Path) -> None:
+    setup = RunSetup.from_manifest(manifest())
+    task = task_for(setup)
+    network = MemoryNetwork(run_records(setup.manifest))
+    b, m = key("b"), key("established")
+    events = Events("validator", tmp_path / "events" / "b.jsonl")
+    intake = RoundIntake(setup, events, tmp_path / "b" / "inbox")
+    # the run's defaults (128 seats, 16 newcomer seats, 8 payloads at the cap) at a small scale
+    intake.rules = AdmissionRules(capacity=SEATS, newcomer_seats=NEWCOMER_SEATS, byte_budget=BUDGET)
+    peer = network.join(b, tmp_path / "b", role="validator", intake=intake)
+    role = validator_role_for(setup, task, b, tmp_path / "b", peer, events, intake)
+    cfg = setup.manifest.gauntlet()
+    replica = Replica.from_snapshot(initial_snapshot(cfg, task.initial_master()), cfg)
+    replica.book = replica.book.model_copy(
+        update={"round": 1, "states": [EARLIER, replica.state_hash], "gained": {m.public_hex: [0]}}
+    )
+    role.auditor.replica = replica
+    pushers = Pushers(setup, network.join(key("pushers"), tmp_path / "pushers", role="miner"), peer.peer_id)
+    base = replica.state_hash
+
+    async def main() -> dict[str, str | None]:
+        await role._open_intake(1, role.auditor.held())  # the standby's own step: B reached round 1
+        answers: dict[str, str | None] = {
+            "behind": await pushers.push(key("behind"), EARLIER),
+            "codec": await pushers.push(key("codec"), base, codec="dense"),
+            "over-budget": await pushers.push(key("big"), base, size=BUDGET + 1),
+        }
+        for i in range(FLOOD):
+            answers[f"flood{i}"] = await pushers.push(key(f"flood{i}"), base)
+        answers["established"] = await pushers.push(m, base)
+        return answers
+
+    answers = asyncio.run(main())
+
+    # checked from the header, before any body: the Gauntlet's own reasons, no seat, no file
+    assert "behind: trained from the state of round 0" in str(answers["behind"])
+    assert "codec dense" in str(answers["codec"])
+    assert "exceeds the round's budget" in str(answers["over-budget"])
+    flood = [answers[f"flood{i}"] for i in range(FLOOD)]
+    assert all(a is None or "not drawn" in a for a in flood), flood
+    assert intake.admission.offered == FLOOD + 2  # behind and codec never reached admission
+    # the established miner is seated behind the flood; a newcomer made room
+    assert answers["established"] is None
+    assert m.public_hex in intake.received and len(intake.received) <= SEATS
+    dropped = read_events(tmp_path / "events").events(Dropped)
+    assert [e.reason for e in dropped].count("unseated by an established miner") == 1
+    reasons = {"unseated by an established miner", "unseated by a newcomer with a lower ticket"}
+    assert {e.reason for e in dropped} <= reasons
+    assert inbox_bytes(intake) <= BUDGET and intake.admission.held_bytes <= BUDGET
+    assert {key(f"flood{i}").public_hex for i in range(FLOOD)} & set(intake.received)  # newcomers still drawn
+    # on takeover, the service B starts holds this very intake, with what it collected
+    service = role._new_service()
+    assert service.intake is intake and m.public_hex in service.intake.received
