@@ -45,7 +45,11 @@ from protocol.messages import SubmissionHeader
 from protocol.signing import sign
 from protocol.warmup import warm_up
 from tests.helpers import apoll
-from tests.test_rounds_in_process import POLL, key, lm_manifest
+from tests.rounds import (
+    POLL,
+    key,
+    lm_manifest,
+)
 from validator.admission import AdmissionRules
 
 ROUNDS = 3

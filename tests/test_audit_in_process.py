@@ -32,7 +32,10 @@ from node.run.setup import RunSetup
 from node.run.task import task_for
 from node.swarm.lying import lying_validator
 from tests.helpers import apoll
-from tests.test_rounds_in_process import SELECTION, key
+from tests.rounds import (
+    SELECTION,
+    key,
+)
 
 POLL = 0.05
 ROUNDS = 3

@@ -15,7 +15,7 @@ from node.bench import memory as memory_bench
 from node.bench import scale
 from node.bench.phases import PhaseRecorder, reset_peak, timed_methods
 from node.bench.projection import Measured, Shape, project
-from tests.test_seeded_model import TINY_QWEN
+from tests.models import TINY_QWEN
 
 pytest.importorskip("transformers")
 

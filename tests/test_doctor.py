@@ -15,14 +15,17 @@ from node.events.models import RoundClosed
 from node.roles.doctor import Forecast, forecast, join_seconds, measure, reachability
 from node.run.task import task_for
 from protocol.identity import Identity
-from tests.test_deadline import Rounds, adaptive_manifest
+from tests.rounds import (
+    Harness,
+    adaptive_manifest,
+)
 
 VALIDATOR_UP = 3e6  # bytes/s
 DOCTOR_UP = 0.5e6
 
 
 async def diagnose(root: Path) -> Forecast:
-    h = Rounds(root, adaptive_manifest())
+    h = Harness(root, adaptive_manifest())
     h.rounds = 10_000  # the run stays live however long the measurements take (it is stopped after)
     try:
         h.start_validator()

@@ -45,7 +45,9 @@ from protocol.messages import HEAD_ROUND, CheckpointAnnouncement, RoundResult, R
 from protocol.state import StateDict
 from protocol.statehash import state_hash
 from tests.helpers import commitments
-from tests.test_rounds_in_process import SELECTION
+from tests.rounds import (
+    SELECTION,
+)
 
 TIMEOUT = 60.0
 

@@ -56,7 +56,7 @@ def test_bf16_moments_refuse_betas_whose_updates_round_away() -> None:
 def test_the_chunked_loss_equals_the_plain_loss_and_its_gradients() -> None:
     pytest.importorskip("transformers")
     from node.learn.hfmodel import build_hf_from_config
-    from tests.test_seeded_model import TINY_QWEN
+    from tests.models import TINY_QWEN
 
     model = build_hf_from_config(TINY_QWEN, seed=0)
     model.loss_chunk = 7  # 3 x 16 tokens: chunks that do not divide the batch

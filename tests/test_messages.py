@@ -418,7 +418,8 @@ def _valid_evidence() -> bytes:
 
 
 def _valid_heartbeat() -> bytes:
-    beat = Heartbeat(run_id=h("run"), round=0, role="miner", peer_id="Qm" + "a" * 44, state_hash=None, blobs=(), sent_at=1)
+    peer = "Qm" + "a" * 44
+    beat = Heartbeat(run_id=h("run"), round=0, role="miner", peer_id=peer, state_hash=None, blobs=(), sent_at=1)
     return beat.canonical_bytes()
 
 

@@ -20,8 +20,10 @@ from node.run.task import task_for
 from protocol.codec import default_max_bytes
 from protocol.errors import TransferError
 from protocol.identity import Identity
-from tests.test_rounds_in_process import key
-from tests.test_takeover_in_process import manifest
+from tests.rounds import (
+    key,
+    two_validators_manifest,
+)
 from validator.audit import Replica
 from validator.core import RoundReport, Validator, initial_snapshot
 
@@ -32,7 +34,7 @@ class Standby:
     """Validator b standing by at W_0, validator a active; a third key, mallory, is no validator."""
 
     def __init__(self, root: Path) -> None:
-        self.setup = RunSetup.from_manifest(manifest())
+        self.setup = RunSetup.from_manifest(two_validators_manifest())
         task = task_for(self.setup)
         cfg, run_id = self.setup.manifest.gauntlet(), self.setup.run_id
         self.a, self.b, self.mallory = key("validator-a"), key("validator-b"), key("mallory")

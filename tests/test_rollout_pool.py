@@ -13,16 +13,13 @@ from node.events import Events
 from node.learn.rl.checks import announce, check_batch
 from node.learn.rl.config import RLConfig
 from node.learn.rl.task import answer, problems_for, reward
-from node.net.memory import MemoryNetwork, MemoryPeer
-from node.net.peer import RunRecords
 from node.roles.rl.pool import PENALTY_ROUNDS, PoolKeeper
 from protocol import rollouts
 from protocol.identity import Identity
 from protocol.messages import RolloutAnnouncement
 from protocol.rollouts import RolloutBatch, RolloutGroup
+from tests.rollouts import RUN, Workers
 
-RUN = hashlib.sha256(b"rl-run").hexdigest()
-VALIDATOR = Identity.from_seed(hashlib.sha256(b"pulse-test-pool-validator").digest())
 CFG = RLConfig(group_size=4, prompts_per_batch=3, max_staleness=1, pool_wait_seconds=0.2)
 STATES = {2: hashlib.sha256(b"w2").hexdigest(), 3: hashlib.sha256(b"w3").hexdigest()}
 
@@ -82,28 +79,6 @@ def test_a_batch_from_a_state_the_validator_never_had_is_refused() -> None:
     assert "keeps no state" in (check_batch(batch, a, worker.public_hex, RUN, {3: STATES[3]}, CFG) or "")
     wrong = {2: STATES[3]}  # the validator's round-2 state is another one
     assert "state other than" in (check_batch(batch, a, worker.public_hex, RUN, wrong, CFG) or "")
-
-
-class Workers:
-    """The validator's peer and the workers' peers on one in-memory network (records signature-checked)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.network = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
-        self.validator = self.network.join(VALIDATOR, root / "validator", role="validator")
-        self.peers: dict[str, MemoryPeer] = {}
-
-    async def publish(self, worker: Identity, batch: RolloutBatch, data: bytes | None = None) -> None:
-        """What a worker does: hold the bytes, list them in a heartbeat, announce them (signed)."""
-        peer = self.peers.get(worker.public_hex)
-        if peer is None:
-            peer = self.peers[worker.public_hex] = self.network.join(
-                worker, self.root / worker.public_hex[:8], role="follower"
-            )
-        data = rollouts.encode(batch) if data is None else data
-        peer.hold(peer.store.put(data), batch.round, "other")
-        await peer.heartbeat(batch.round, batch.state_hash)
-        await peer.publish(announce(batch, data))
 
 
 def test_the_pool_takes_honest_batches_and_penalizes_liars(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from protocol.identity import Identity
 from protocol.rollouts import RolloutBatch, RolloutGroup
 from protocol.state import State
 from protocol.statehash import state_hash
-from tests.test_rollout_pool import RUN, Workers
+from tests.rollouts import RUN, Workers
 
 CFG = RLConfig(
     warm_start_steps=300, prompts_per_batch=4, group_size=4, max_staleness=1, pool_wait_seconds=0.2, pool_batches=4

@@ -12,16 +12,11 @@ libp2p; the swarm tier proves the libp2p wiring itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from node.events import EventLog, Events, read_events
+from node.events import EventLog
 from node.events.models import (
     Baseline,
     CheckpointAnnounced,
@@ -32,127 +27,20 @@ from node.events.models import (
     RoundClosed,
     Submitted,
 )
-from node.net.memory import MemoryNetwork
 from node.roles.catchup import Held
 from node.roles.follower import Follower
-from node.roles.intake import RoundIntake
-from node.roles.records import run_records
-from node.roles.tasks import follower_for, miner_for, validator_for
-from node.run.manifest import Manifest
-from node.run.setup import RunSetup
-from node.run.task import task_for
-from protocol.identity import Identity
 from protocol.messages import Heartbeat, RoundResult
-from tests.helpers import apoll
+from tests.rounds import (
+    POLL,
+    TIMEOUT,
+    Harness,
+    MakeHarness,
+    key,
+    lm_manifest,
+    rl_manifest,
+)
 
 ROUNDS = 3
-POLL = 0.05
-TIMEOUT = 120.0
-SELECTION = {
-    "top_g": 4,
-    "assignment_batches": 1,
-    "random_batches": 1,
-    "eval_batch_size": 2,
-    "min_indicator_average": 0.0,
-}
-
-
-def key(label: str) -> Identity:
-    return Identity.from_seed(hashlib.sha256(f"pulse-test-in-process/{label}".encode()).digest())
-
-
-def lm_manifest() -> Manifest:
-    return Manifest.model_validate(
-        {
-            "name": "in-process",
-            "validators": [key("validator").public_hex],
-            "model": {"gpt": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}},
-            "data": {"batch_size": 4, "seq_len": 32},
-            "train": {"inner_steps": 2, "inner": {"lr": 3e-3}},
-            "round": {"deadline_seconds": 20.0, "checkpoint_every": 2},
-            "selection": {**SELECTION, "held_out_batches": 1},
-        }
-    )
-
-
-def rl_manifest() -> Manifest:
-    return Manifest.model_validate(
-        {
-            "name": "in-process-rl",
-            "validators": [key("validator").public_hex],
-            "task": "rl",
-            "model": {"gpt": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32}},
-            "data": {"batch_size": 4, "seq_len": 16},
-            "train": {"inner_steps": 2, "overlap": False, "codec": "pulseloco", "inner": {"lr": 1e-3}},
-            "round": {"deadline_seconds": 20.0, "checkpoint_every": 2},
-            "selection": {**SELECTION, "held_out_batches": 0},
-            "rl": {
-                "warm_start_steps": 3,
-                "held_out_prompts": 8,
-                "prompts_per_batch": 2,
-                "group_size": 2,
-                "groups_per_batch": 2,
-                "min_pool_batches": 2,
-                "pool_wait_seconds": 10.0,
-            },
-        }
-    )
-
-
-class Harness:
-    """One run on one in-memory network; each role gets a folder and an event file under `root`."""
-
-    def __init__(self, root: Path, manifest: Manifest) -> None:
-        self.root = root
-        self.setup = RunSetup.from_manifest(manifest)
-        self.task = task_for(self.setup)
-        self.network = MemoryNetwork(run_records(manifest))
-        self.running: list[asyncio.Future[Any]] = []
-
-    def events(self, name: str, role: str) -> Events:
-        return Events(role, self.root / "events" / f"{name}.jsonl")
-
-    def start_validator(self) -> None:
-        me = key("validator")
-        events, folder = self.events("validator", "validator"), self.root / "validator"
-        intake = RoundIntake(self.setup, events, folder / "inbox")
-        peer = self.network.join(me, folder, role="validator", intake=intake)
-        service = validator_for(self.setup, self.task, me, folder, peer, events, intake, poll=POLL)
-        self.running.append(asyncio.ensure_future(service.run(ROUNDS)))
-
-    def start_miner(self, name: str) -> asyncio.Future[Held]:
-        me = key(name)
-        peer = self.network.join(me, self.root / name, role="miner")
-        miner = miner_for(self.setup, self.task, me, peer, self.events(name, "miner"), poll=POLL)
-        return self._start(miner.run(ROUNDS))
-
-    def start_follower(self, name: str) -> asyncio.Future[Held]:
-        me = key(name)
-        peer = self.network.join(me, self.root / name, role="follower")
-        follower = follower_for(self.setup, self.task, me, peer, self.events(name, "follow"), poll=POLL)
-        return self._start(follower.run(ROUNDS))
-
-    def _start(self, work: Any) -> asyncio.Future[Held]:
-        future = asyncio.ensure_future(work)
-        self.running.append(future)
-        return future
-
-    def log(self) -> EventLog:
-        return read_events(self.root / "events")
-
-    async def until(self, what: str, found: Callable[[EventLog], bool]) -> None:
-        assert await apoll(lambda: found(self.log()), TIMEOUT, POLL), f"timed out waiting for {what}"
-
-    async def stop(self) -> None:
-        """Cancel whatever still runs (the validator serves blobs forever) and leave the network."""
-        for future in self.running:
-            future.cancel()
-        for future in self.running:
-            with contextlib.suppress(asyncio.CancelledError):
-                await future
-        await self.network.shutdown()
-
-
 async def play_lm(h: Harness) -> None:
     try:
         h.start_validator()
@@ -191,20 +79,18 @@ async def play_rl(h: Harness) -> None:
 
 
 @pytest.fixture(scope="module")
-def lm_run(tmp_path_factory: pytest.TempPathFactory) -> EventLog:
-    torch.set_num_threads(1)
-    h = Harness(tmp_path_factory.mktemp("in-process"), lm_manifest())
+def lm_run(round_harness: MakeHarness) -> EventLog:
+    h = round_harness("in-process", lm_manifest())
     asyncio.run(play_lm(h))
     return h.log()
 
 
 @pytest.fixture(scope="module")
-def rl_run(tmp_path_factory: pytest.TempPathFactory) -> EventLog:
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("in-process-rl")
+def rl_run(round_harness: MakeHarness, tmp_path_factory: pytest.TempPathFactory) -> EventLog:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PULSE_CACHE_DIR", str(root / "cache"))  # the warm start is cached here, not in ~/.cache
-        h = Harness(root, rl_manifest())
+        # the warm start is cached here, not in ~/.cache
+        mp.setenv("PULSE_CACHE_DIR", str(tmp_path_factory.mktemp("rl-cache")))
+        h = round_harness("in-process-rl", rl_manifest())
         asyncio.run(play_rl(h))
     return h.log()
 

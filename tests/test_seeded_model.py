@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config, count_hf_parameters, hf_skeleton
+from node.learn.hfmodel import build_hf_from_config, count_hf_parameters, hf_skeleton
 from node.learn.train import bf16_state, unique_state
 from node.run.manifest import parse_manifest
 from node.run.setup import RunSetup
@@ -23,17 +23,7 @@ from protocol.statehash import state_hash
 
 pytest.importorskip("transformers")
 
-# Qwen2.5-0.5B's architecture at toy sizes: the same modules, tied embeddings, a 300-id vocabulary
-TINY_QWEN: dict[str, Any] = {
-    **QWEN2_5_0_5B,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 300,
-    "max_position_embeddings": 128,
-}
+from tests.models import TINY_QWEN
 
 
 def _config_dir(root: Path, config: dict[str, Any] = TINY_QWEN) -> Path:

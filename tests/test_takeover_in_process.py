@@ -24,14 +24,16 @@ from node.net.memory import MemoryNetwork
 from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_role_for
-from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from node.swarm.lying import lying_validator
 from protocol.messages import RoundResult
 from protocol.signing import open_signed
 from tests.helpers import apoll
-from tests.test_rounds_in_process import SELECTION, key
+from tests.rounds import (
+    key,
+    two_validators_manifest,
+)
 from validator.core import Validator
 from validator.state import StateStore
 
@@ -40,24 +42,10 @@ POLL = 0.05
 TIMEOUT = 300.0  # generous: the run is ~25 s on an idle 2-core machine, minutes under heavy load
 
 
-def manifest() -> Manifest:
-    return Manifest.model_validate(
-        {
-            "name": "two-validators",
-            "validators": [key("validator-a").public_hex, key("validator-b").public_hex],
-            "model": {"gpt": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}},
-            "data": {"batch_size": 4, "seq_len": 32},
-            "train": {"inner_steps": 2, "inner": {"lr": 3e-3}, "overlap": False},
-            "round": {"deadline_seconds": 8.0, "checkpoint_every": 2, "takeover_seconds": 8.0},
-            "selection": {**SELECTION, "held_out_batches": 1},
-        }
-    )
-
-
 class Run:
     def __init__(self, root: Path, rounds: int = ROUNDS) -> None:
         self.root, self.rounds = root, rounds
-        self.setup = RunSetup.from_manifest(manifest())
+        self.setup = RunSetup.from_manifest(two_validators_manifest())
         self.task = task_for(self.setup)
         self.network = MemoryNetwork(run_records(self.setup.manifest))
         self.running: dict[str, asyncio.Future[Any]] = {}
@@ -189,7 +177,7 @@ def test_the_returning_validator_catches_up_as_a_standby(played: tuple[Run, Even
 def test_two_results_for_one_round_the_first_validator_in_the_manifest_counts(tmp_path: Path) -> None:
     """Both validators close round 0 from W_0 with different states; whatever order the records
     arrive in, every node counts validator a's (first in the manifest) once it is published."""
-    setup = RunSetup.from_manifest(manifest())
+    setup = RunSetup.from_manifest(two_validators_manifest())
     task = task_for(setup)
     cfg, run_id = setup.manifest.gauntlet(), setup.run_id
     a, b = key("validator-a"), key("validator-b")

@@ -17,12 +17,14 @@ Files (in import order):
 - `pieces.py`     one large blob from every holder at once, piece by piece, each piece checked on
                   arrival (lying holders dropped, dead ones replaced, a partial file resumed)
 - `transfer.py`   `rpc_fetch`/`rpc_submit`/`rpc_replicate` handlers with their budgets, and `call_fetch`/`call_submit`
-                  clients (the conversations run on any stream: libp2p or in memory)
+                  clients (the conversations run on any stream: libp2p or in memory); `rpc_submit` ends
+                  in the `Intake` the service is built with (the validator's, `node/roles/intake.py`)
 - `peer.py`       what roles need of the network: `RunView` (read the run's records, find the latest
-                  result) and `Peer` (publish, heartbeats, hold and fetch blobs, push or take
-                  submissions), written once over a few transport primitives; `RunRecords`
+                  result) and `Peer` (publish, heartbeats, hold and fetch blobs, push submissions),
+                  written once over a few transport primitives; `RunRecords`
 - `p2ppeer.py`    `P2PPeer`: a `Peer` on hivemind's DHT and libp2p streams; `DHTView` (records only)
 - `memory.py`     `MemoryNetwork` / `MemoryPeer`: a `Peer` in process, same record and blob checks
+                  (both take the validator's `Intake` when they are made, and only then take pushes)
 
 `net` imports `protocol` and `validator.atomicfile`, never the manifest (`run`) or the roles.
 """

@@ -17,7 +17,12 @@ Files (in import order):
 - `deadline.py`   when a round closes: fixed, or adaptive (quorum + a target learned from arrivals)
 - `replicas.py`   a round's result, patch, evidence and payloads on a standby before they are
                   published (`rpc_replicate`): the active validator's push, the standby's checks
-- `validator_service.py` the validator's rounds: open, collect pushed submissions, close, publish
+- `intake.py`     `RoundIntake`: the open round's pushed submissions, one object per validator process
+                  (header checks and seats before the body, the inbox); active and standby alike
+- `publisher.py`  `ChainPublisher`: checkpoints, the run's head, results (kept fresh), the round's blobs
+- `summary.py`    a closed round's figures: the `RoundClosed` event and the `RoundMetrics` record
+- `validator_service.py` `ValidatorService`: the loop of rounds over a `Phase` enum; it owns the
+                  `Validator` and is handed the intake; the publisher and the deadline clock do the rest
 - `auditor.py`    `Auditor`: an FP32 replica that recomputes every counted round (`pulse audit`,
                   `pulse follow --audit`); a result that does not recompute is reported, not applied
 - `standby.py`    `ValidatorRole`: a validator of a manifest listing several, active or standby
@@ -32,4 +37,23 @@ Files (in import order):
 - `doctor.py`     `pulse doctor`'s measurements (compute, link probes, the run's records) and forecast
 
 Roles run on any `Peer`: `pulse` gives them the libp2p one, the fast tests the in-memory one.
+
+One round, file by file (r: the open round; W_r: the BF16 weights everyone holds):
+
+1. `validator_service.py` OPENING: `publisher.py` announces a checkpoint and the head; `hooks.py`
+   prepares the round (RL: `rl/pool.py`); the intake opens on W_r; a heartbeat names the target
+   (`deadline.py`).
+2. `miner.py` sees it (`Peer.get`, `node/net/peer.py`), trains (`node/run/trainer.py`), shrinks
+   its payload to its uplink (`uplink.py`), and pushes it (`Peer.submit` -> `node/net/transfer.py`
+   `call_submit`).
+3. `node/net/transfer.py` `rpc_submit` on the validator: signature, replay and stream budgets, then
+   `intake.py` `accept` (`validator/intake.py` header checks, `validator/admission.py` seats);
+   the body lands in the inbox, `on_submission` keeps it.
+4. `validator_service.py` COLLECTING ends (`deadline.py`); CLOSING: `validator/core.py`
+   `run_round` screens, scores, selects, aggregates and steps (`validator/gauntlet.py`), signs.
+5. `replicas.py` hands the result to the standbys (`standby.py`, whose intake took the same pushes);
+   `publisher.py` stores the patch, evidence and payloads and publishes the result; `summary.py`
+   reports the round.
+6. `follower.py` and `miner.py` (`catchup.py` `Chain`) fetch the patch, apply it (`chainstate.py`)
+   and hold W_{r+1}; `auditor.py` recomputes the round from the evidence.
 """

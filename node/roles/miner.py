@@ -2,10 +2,11 @@
 
 In every round r it holds W_r for while the round is open, a miner announces itself (heartbeat),
 gets what its trainer needs from the network (`RoundInputs`: nothing for language modelling, the
-round's rollout pool for RL), trains H steps from W_r on its assignment (DESIGN.md section 3,
-`node/run/trainer.py`), compresses Delta + error feedback with the run's codec, and pushes the
-signed header and payload to every validator that announced round r (the active one and the
-standbys, which keep it in case they must close the round: `standby.py`; `Peer.submit`). It holds
+round's rollout pool for RL), trains H steps from W_r on the data its key is assigned for the
+round (`protocol.assignment`, `node/run/trainer.py`), compresses Delta + error feedback with the
+run's codec, and pushes the signed header and payload to every validator that announced round r
+(the active one and the standbys, which keep it in case they must close the round: `standby.py`;
+`Peer.submit`). It holds
 its model, its optimizer, one error buffer, the BF16 global weights and the payload it is sending:
 nothing grows with the number of peers. Busy fraction = wall seconds in which it was training or
 compressing (either or both: with `overlap` they run at once) / wall seconds since it first
@@ -235,7 +236,9 @@ class Miner:
             f"{f', {fraction:.0%} of a full payload to fit the round' if fraction < 1 else ''}) in {upload:.1f}s, "
             f"train loss {loss:.4f}, busy {busy:.0%}",
         )
-        await peer.announce(signed)  # the header also goes into the DHT (DESIGN.md section 3)
+        # the signed header also goes into the DHT, beside the push: a public record of what this key
+        # sent for the round
+        await peer.announce(signed)
 
     async def _push(self, r: int, validators: list[tuple[str, float]]) -> bool:
         """Push this round's submission to each of `validators` (peer id, deadline); True if any took it."""

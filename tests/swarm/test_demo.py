@@ -67,7 +67,7 @@ def test_demo_of_a_seeded_model_from_its_config_alone(tmp_path: Path) -> None:
     architecture from a config.json alone, `--device` passed to every role."""
     from node.run.manifest import load_manifest, parse_manifest
     from node.run.presets import preset
-    from tests.test_seeded_model import TINY_QWEN
+    from tests.models import TINY_QWEN
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_QWEN))

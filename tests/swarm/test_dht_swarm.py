@@ -272,7 +272,7 @@ def test_replay_is_ignored(swarm: Swarm) -> None:
     assert [v.message_id for v in reader.get(SubmissionHeader, 7)] == [signed.message_id]
 
 
-# -- floods and pinning (issue 14: items 1, 2 and 11) ----------------------------------------------
+# -- floods and pinning: fresh keys flooding a round's records; an old record pinning out a newer one --
 
 
 async def _flood_inside(_dht: hivemind.DHT, node: Any, kind: str, round_: int, n: int) -> int:
