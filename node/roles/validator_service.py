@@ -80,6 +80,7 @@ from node.roles.catchup import CHECKPOINT_FORMAT
 from node.roles.chainstate import checkpoint_bytes
 from node.roles.deadline import RoundClock
 from node.roles.hooks import HeldOut, RoundHooks
+from node.roles.keyclash import KeyClashWatch
 from node.roles.replicas import replicate
 from node.run.setup import RunSetup
 from node.run.task import Task
@@ -138,6 +139,7 @@ class ValidatorService:
         self.received: dict[str, Submission] = {}  # by sender, this round; payloads are files in the inbox
         self.arrivals: dict[str, float] = {}  # by sender, this round: seconds after the open
         self.clock = RoundClock(setup.manifest.round)
+        self.key_watch = KeyClashWatch(identity.public_hex, peer.peer_id)  # a second process with this key
         self.previous_senders: set[str] = set()
         self.active = 0  # miners active in the open round, as `_collect` last counted them
         self.closed = True
@@ -391,6 +393,7 @@ class ValidatorService:
 
     async def _open(self, *, checkpoint: bool) -> None:
         r = self.round
+        await self.key_watch.check(self.peer, r, self.validator.state_hash)  # before it writes anything
         if checkpoint:
             await self._announce_checkpoint(r)
         await self.hooks.before_open(r, self.validator.state_hash, self._recent_states(), self.validator.weights)
