@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import signal
 import sys
 import time
@@ -28,7 +27,7 @@ from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG
 from node.events import EventLog, read_events
 from node.events.models import Baseline, RoundClosed
 from node.run.manifest import load_manifest
-from node.swarm.demo import Swarm, plot, prepare, summarize
+from node.swarm.demo import Swarm, fresh_output, plot, prepare, summarize
 from protocol.errors import ConfigError
 
 
@@ -66,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     followers = args.followers if args.followers is not None else (2 if args.task == "rl" else 1)
     out: Path = args.out
-    for stale in ("work", "events", "validator"):  # a new run: fresh keys, so no state of the last one is valid
-        shutil.rmtree(out / stale, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
+    fresh_output(out)  # a new run: fresh keys, so nothing of the last one (either task) stays
     manifest, validator_key, miner_keys = prepare(out, base, args.miners)
     swarm = Swarm(out, manifest, args.rounds, device=args.device)
     console = Console(stderr=args.json)
