@@ -196,3 +196,64 @@ def test_server_serves_the_page_the_json_and_nothing_else() -> None:
         assert missing.value.code == 404
     finally:
         server.stop()
+
+
+def test_time_left_follows_the_validators_target_and_the_pace_when_rounds_close_fast() -> None:
+    """Rounds that close in ~1.5 s at a 40 s deadline: the page showed "unknown" or 38 s."""
+    seen = Seen()
+    for r in range(6):
+        seen.add_result(result(r, base=h(f"w{r}")))
+    fast = beat("validator", 6, 1_000).model_copy(update={"target_seconds": 1.5})
+    seen.add_heartbeat(VALIDATOR.public_hex, fast, from_validator=True)
+    board = build_board(RUN, seen, now=1_001.0)
+    assert board.time_left == pytest.approx(0.5)  # the target, not the 40 s deadline
+    assert 'id="time-left">0.5 s<' in page(board)
+    missed = Seen()  # the page read no opening of the open round, only earlier ones, 3 rounds in 4 s
+    for r, t in ((0, 100), (1, 101), (2, 103), (3, 104)):
+        missed.add_heartbeat(VALIDATOR.public_hex, beat("validator", r, t), from_validator=True)
+        missed.add_result(result(r, base=h(f"w{r}")))
+    board = build_board(RUN, missed, now=110.0)
+    assert board.current_round == 4 and board.time_left is None and board.pace == pytest.approx(4 / 3)
+    assert 'id="time-left">rounds close every 1.3 s<' in page(board)
+
+
+def test_a_reason_the_signed_result_cut_ends_at_a_whole_word_with_a_pointer() -> None:
+    cut = "not selected: below the seats' cut (final scor..."
+    html = page(build_board(RUN, _one(result(0, reason=cut)), now=0.0))
+    assert "(final scor" not in html  # cut mid-word before
+    assert "below the seats&#x27; cut (final <abbr" in html and "pulse receipt --round 0" in html
+
+
+def _one(res: RoundResult) -> Seen:
+    seen = Seen()
+    seen.add_result(res)
+    return seen
+
+
+def test_the_page_and_its_json_stay_bounded_after_1000_rounds_of_120_miners() -> None:
+    """A window (issue: the page and JSON grew with every round and key): last rounds, top miners."""
+    from node.roles.dashboard.board import TOP_MINERS, WINDOW_ROUNDS
+    from node.roles.dashboard.server import board_json
+
+    keys = [hashlib.sha256(bytes([i])).hexdigest() for i in range(120)]
+
+    def crowded(r: int) -> RoundResult:
+        selected = tuple(
+            ScoredSubmission(sender=k, payload_sha256=h(f"{k}{r}"), score=float(i)) for i, k in enumerate(keys[:8])
+        )
+        rejected = tuple(Rejection(sender=k, payload_sha256=h(f"{k}{r}"), reason="not selected") for k in keys[8:])
+        return result(r).model_copy(
+            update={"selected": selected, "rejections": rejected, "base_state_hash": h(f"w{r}")}
+        )
+
+    def sizes(rounds: int) -> tuple[int, int]:
+        seen = Seen()
+        for r in range(rounds):
+            seen.add_result(crowded(r))
+        board = build_board(RUN, seen, now=0.0)
+        assert len(board.rounds) <= WINDOW_ROUNDS and len(board.leaderboard) <= TOP_MINERS
+        assert len(board.history(keys[0])) <= WINDOW_ROUNDS and board.chain_ok
+        return len(page(board, miner=keys[0])), len(json.dumps(board_json(board)))
+
+    short, long = sizes(WINDOW_ROUNDS), sizes(1_000)
+    assert long[0] <= short[0] * 1.05 and long[1] <= short[1] * 1.05  # the same size as a run of the window

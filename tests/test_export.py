@@ -240,3 +240,57 @@ def test_hf_run_exports_in_its_own_architecture(tmp_path: Path) -> None:
     assert AutoTokenizer.from_pretrained(tmp_path / "out")("ab")["input_ids"] == [97, 98]
     assert verify_export(tmp_path / "out").state_hash == state_hash(weights)
     assert unique_state(hf).keys() == {n.removeprefix("lm.") for n in weights}
+
+
+def test_export_a_checkpoint_of_the_run_by_round_or_latest(tmp_path: Path) -> None:
+    """`--checkpoint latest` or a round: the announcement names the state hash and the round, so
+    nobody copies a 64-hex hash from an events file, and the round is always printed."""
+    import asyncio
+
+    from node.events import Events
+    from node.net.memory import MemoryNetwork
+    from node.roles.export import from_run
+    from node.roles.records import run_records
+    from node.roles.tasks import validator_for
+    from node.run.setup import RunSetup
+    from node.run.task import task_for
+    from protocol.identity import Identity
+
+    me = identity_for("validator")
+    manifest = tiny_manifest()
+    setup = RunSetup.from_manifest(manifest)
+    net = MemoryNetwork(run_records(manifest))
+    peer = net.join(me, tmp_path / "v", role="validator")
+    service = validator_for(setup, task_for(setup), me, tmp_path / "v", peer, Events("v"))
+    reader = net.join(Identity.generate(), tmp_path / "reader", role="follower")
+
+    async def main_() -> None:
+        await service._announce_checkpoint(0)
+        first = service.validator.state_hash
+        for _ in range(2):
+            report = service.validator.run_round([])
+            service._store_blobs(report, [])
+        await service._announce_checkpoint(2)
+        await service._publish_head()
+        latest = await from_run(reader, None)
+        assert (latest.round, latest.state_hash) == (2, service.validator.state_hash)
+        zero = await from_run(reader, 0)
+        assert (zero.round, zero.state_hash) == (0, first)
+        with pytest.raises(ConfigError, match=r"no checkpoint of that round .* the newest is of round 2"):
+            await from_run(reader, 1)
+
+    asyncio.run(main_())
+    write_export(asyncio.run(from_run(reader, None)), manifest, tmp_path / "out")
+    assert verify_export(tmp_path / "out").state_hash == service.validator.state_hash
+
+
+def test_an_export_of_unknown_round_never_prints_round_none(
+    state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = from_state_dir(state_dir)
+    blob = tmp_path / "checkpoint.safetensors"
+    blob.write_bytes(checkpoint_bytes(source.weights))
+    flags = ["--state-hash", source.state_hash, "--config", str(_write_manifest(tmp_path))]
+    assert main(["export", "--checkpoint", str(blob), *flags, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "unknown round" in out

@@ -117,3 +117,18 @@ def test_a_model_from_its_architecture_alone_is_seeded() -> None:
     assert not torch.equal(a.state_dict()[name], c.state_dict()[name])
     x = torch.randint(0, 256, (2, 16))
     assert a(x).shape == (2, 16, 300)
+
+
+def test_a_config_that_lacks_the_fields_its_architecture_needs_is_refused(tmp_path: Path) -> None:
+    """Two fields used to build transformers' default model (about 5 GB); now the missing fields are named."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen2", "hidden_size": 64}')
+    with pytest.raises(
+        ConfigError, match="lacks num_hidden_layers, num_attention_heads, vocab_size, intermediate_size"
+    ):
+        RunSetup.from_manifest(_manifest(tmp_path / "model")).new_model()
+    from node.learn.hfmodel import check_shape_fields
+
+    check_shape_fields(
+        {"model_type": "gpt2", "n_embd": 8, "n_layer": 1, "n_head": 2, "vocab_size": 50}
+    )  # aliases count

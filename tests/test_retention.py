@@ -1,5 +1,5 @@
-"""Blobs age out on every node: the last rounds' patches and payloads, the newest checkpoints,
-and never more than the disk budget."""
+"""Blobs age out on every node: the last rounds' patches and payloads, the newest checkpoints
+(whole: every blob of each), and never more than the disk budget."""
 
 from __future__ import annotations
 
@@ -7,10 +7,18 @@ import asyncio
 import hashlib
 from pathlib import Path
 
+import torch
+
+from node.events import Events
 from node.net.blobstore import BlobStore
 from node.net.memory import MemoryNetwork
 from node.net.peer import RunRecords
 from node.net.retention import Keeper, Retention
+from node.roles.records import run_records
+from node.roles.tasks import validator_for
+from node.run.manifest import Manifest
+from node.run.setup import RunSetup
+from node.run.task import task_for
 from protocol.identity import Identity
 
 RUN = hashlib.sha256(b"pulse-test-retention").hexdigest()
@@ -18,7 +26,7 @@ RUN = hashlib.sha256(b"pulse-test-retention").hexdigest()
 
 def test_old_rounds_go_the_newest_checkpoints_stay(tmp_path: Path) -> None:
     store = BlobStore(tmp_path)
-    keeper = Keeper(store, Retention(keep_rounds=2, keep_checkpoints=2))
+    keeper = Keeper(store, Retention(keep_rounds=2, keep_checkpoints=1))
     patches = {r: store.put(f"patch {r}".encode()) for r in range(6)}
     checkpoints = {r: store.put(f"checkpoint {r}".encode()) for r in (0, 2, 4)}
     for r, sha in patches.items():
@@ -27,11 +35,11 @@ def test_old_rounds_go_the_newest_checkpoints_stay(tmp_path: Path) -> None:
         keeper.tag(sha, r, "checkpoint")
     payload = store.put(b"a payload nobody tagged")
     keeper.sweep(5)
-    assert set(store) == {patches[3], patches[4], patches[5], checkpoints[2], checkpoints[4], payload}
+    assert set(store) == {patches[3], patches[4], patches[5], checkpoints[4], payload}
     keeper.sweep(7)  # the untagged payload was first seen in round 5: it ages like the patch of round 5
-    assert set(store) == {patches[5], payload, checkpoints[2], checkpoints[4]}
+    assert set(store) == {patches[4], patches[5], payload, checkpoints[4]}  # patches since the checkpoint stay
     keeper.sweep(8)
-    assert set(store) == {checkpoints[2], checkpoints[4]}
+    assert set(store) == {patches[4], patches[5], checkpoints[4]}
 
 
 def test_the_disk_budget_removes_the_oldest_first_never_the_newest_checkpoint(tmp_path: Path) -> None:
@@ -70,3 +78,66 @@ def test_a_node_that_runs_for_many_rounds_keeps_a_bounded_store(tmp_path: Path) 
     assert peer.store.path(hashlib.sha256(b"patch 29").hexdigest()).exists()
     assert not peer.store.path(hashlib.sha256(b"patch 0").hexdigest()).exists()
     assert set(peer.held) <= kept
+
+
+def test_checkpoints_are_kept_whole_by_round_not_by_blob(tmp_path: Path) -> None:
+    """A checkpoint is three blobs (BF16 state, piece index, FP32 master): the newest K stay whole,
+    and the patches since the oldest of them (a joiner replays them from it)."""
+    store = BlobStore(tmp_path)
+    keeper = Keeper(store, Retention(keep_rounds=2, keep_checkpoints=2))
+    groups = {}
+    for c in (5, 10, 15, 20):
+        groups[c] = {store.put(f"{what} {c}".encode()) for what in ("bf16", "index", "fp32")}
+        for sha in groups[c]:
+            keeper.tag(sha, c, "checkpoint")
+    patches = {r: store.put(f"patch {r}".encode()) for r in range(8, 23)}
+    for r, sha in patches.items():
+        keeper.tag(sha, r, "patch")
+    keeper.sweep(23)
+    assert groups[15] | groups[20] <= set(store)  # the old code kept 2 blobs: fp32 and index of round 20 only
+    assert not (groups[5] | groups[10]) & set(store)
+    assert {patches[r] for r in range(15, 23)} <= set(store) and patches[14] not in set(store)
+
+
+def test_the_validator_holds_what_its_head_names_and_its_last_checkpoints_whole(tmp_path: Path) -> None:
+    """The real validator service, round after round: the FP32 master of round r (the state W_{r+1})
+    is kept with the BF16 checkpoint of round r+1, and whatever the head or a heartbeat names is held."""
+    me = Identity.generate()
+    manifest = Manifest.model_validate(
+        {"name": "t", "validators": [me.public_hex], "round": {"checkpoint_every": 1, "keep_checkpoints": 2}}
+    )
+    setup = RunSetup.from_manifest(manifest)
+    net = MemoryNetwork(run_records(setup.manifest))
+    peer = net.join(me, tmp_path, role="validator")
+    service = validator_for(setup, task_for(setup), me, tmp_path, peer, Events("validator"))
+    by_round: dict[int, set[str]] = {}
+    step = service.validator._step
+
+    def moving(update: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], str]:
+        """Every round moves the weights (an empty round would leave every checkpoint the same blob)."""
+        return step({k: torch.full_like(v, 0.05) for k, v in service.validator.outer.fp32_state().items()})
+
+    service.validator._step = moving  # type: ignore[method-assign]
+
+    async def main() -> None:
+        for r in range(6):
+            report = service.validator.run_round([])
+            service._store_blobs(report, [])
+            await service._announce_checkpoint(r + 1)
+            assert service.checkpoint is not None and report.result.master_checkpoint is not None
+            a = service.checkpoint
+            by_round[r + 1] = {a.blob_sha256, str(a.index_sha256), report.result.master_checkpoint.sha256}
+            await peer.heartbeat(r + 1, service.validator.state_hash)
+            await service._publish_head()
+            head = await peer.head()
+            assert head is not None and head.open_round == r + 1
+            assert peer.store.has(head.checkpoint.blob_sha256) and peer.store.has(str(head.checkpoint.index_sha256))
+            beat = await peer.validator_heartbeat(r + 1)
+            assert beat is not None and all(peer.store.has(sha) for sha in beat.blobs)
+            assert peer.store.has(a.blob_sha256)
+
+    asyncio.run(main())
+    held = set(peer.store)
+    assert len(set().union(*by_round.values())) == 3 * len(by_round)  # distinct states, distinct blobs
+    assert by_round[5] | by_round[6] <= held  # the old code kept two blobs: half of round 6's checkpoint
+    assert not (by_round[1] | by_round[2] | by_round[3] | by_round[4]) & held

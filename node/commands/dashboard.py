@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from node.commands.argtypes import at_least, port, positive_seconds
 from node.commands.roles import DEFAULT_CONFIG, start_run_reader, until_signal
 from node.net.netconfig import add_net_arguments
 from node.net.p2ppeer import DHTView
@@ -28,11 +29,11 @@ def register(subparsers: Any) -> None:
     text = "serve a live web page for the run: rounds, loss, leaderboard, bytes, nodes online"
     parser = subparsers.add_parser("dashboard", help=text, description=text)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-    parser.add_argument("--port", type=int, default=8470, help="HTTP port (%(default)s; 0: any free port)")
+    parser.add_argument("--port", type=port, default=8470, help="HTTP port (%(default)s; 0: any free port)")
     parser.add_argument("--bind", default="127.0.0.1", help="HTTP address to listen on (%(default)s)")
-    parser.add_argument("--poll", type=float, default=2.0, help="seconds between DHT reads (%(default)s)")
-    parser.add_argument("--refresh", type=float, default=3.0, help="seconds between page refreshes (%(default)s)")
-    parser.add_argument("--history", type=int, default=1000, help="rounds read back at start-up (%(default)s)")
+    parser.add_argument("--poll", type=positive_seconds, default=2.0, help="seconds between DHT reads (%(default)s)")
+    parser.add_argument("--refresh", type=positive_seconds, default=3.0, help="seconds between page reloads")
+    parser.add_argument("--history", type=at_least(1), default=1000, help="rounds read back at start-up (%(default)s)")
     add_net_arguments(parser)
     parser.set_defaults(func=run)
 

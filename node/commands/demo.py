@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import signal
 import sys
 import time
@@ -23,29 +22,30 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from node.commands.argtypes import at_least, port, positive_seconds
 from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG
 from node.events import EventLog, read_events
 from node.events.models import Baseline, RoundClosed
 from node.run.manifest import load_manifest
-from node.swarm.demo import Swarm, plot, prepare, summarize
+from node.swarm.demo import Swarm, fresh_output, plot, prepare, summarize
 from protocol.errors import ConfigError
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("demo", help="run a whole swarm on loopback and report on it")
     parser.add_argument("--task", choices=("lm", "rl"), default="lm", help="language modelling or RL (%(default)s)")
-    parser.add_argument("--miners", type=int, default=3, help="miner processes (%(default)s)")
-    parser.add_argument("--followers", type=int, default=None, help="follower processes (1; 2 workers for rl)")
-    parser.add_argument("--rounds", type=int, default=12, help="rounds to run (%(default)s)")
+    parser.add_argument("--miners", type=at_least(1), default=3, help="miner processes (%(default)s)")
+    parser.add_argument("--followers", type=at_least(0), default=None, help="follower processes (1; 2 workers for rl)")
+    parser.add_argument("--rounds", type=at_least(1), default=12, help="rounds to run (%(default)s)")
     parser.add_argument("--out", type=Path, default=Path("pulse-demo"), help="report folder (%(default)s)")
     parser.add_argument("--config", type=Path, default=None, help="base manifest (configs/tiny.toml; rl.toml for rl)")
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where miners train and the validator evaluates"
     )
-    parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    parser.add_argument("--timeout", type=positive_seconds, default=900.0, help="give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     parser.add_argument(
-        "--dashboard", type=int, metavar="PORT", help="also serve the live run page (`pulse dashboard`) on this port"
+        "--dashboard", type=port, metavar="PORT", help="also serve the live run page (`pulse dashboard`) on this port"
     )
     parser.set_defaults(func=run)
 
@@ -65,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     followers = args.followers if args.followers is not None else (2 if args.task == "rl" else 1)
     out: Path = args.out
-    for stale in ("work", "events", "validator"):  # a new run: fresh keys, so no state of the last one is valid
-        shutil.rmtree(out / stale, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
+    fresh_output(out)  # a new run: fresh keys, so nothing of the last one (either task) stays
     manifest, validator_key, miner_keys = prepare(out, base, args.miners)
     swarm = Swarm(out, manifest, args.rounds, device=args.device)
     console = Console(stderr=args.json)

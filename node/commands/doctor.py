@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from node.commands.argtypes import at_least
 from node.commands.roles import DEFAULT_CONFIG
 from node.net.netconfig import add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
@@ -36,10 +37,10 @@ def register(subparsers: Any) -> None:
         "doctor", help="measure this machine and its links to the run, and forecast whether it keeps up"
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-    parser.add_argument("--steps", type=int, default=3, help="inner steps to time (scaled to the run's H)")
+    parser.add_argument("--steps", type=at_least(1), default=3, help="inner steps to time (scaled to the run's H)")
     parser.add_argument("--probe-mib", type=float, default=8.0, help="MiB sent each way to measure the links")
     parser.add_argument("--state-dir", type=Path, default=None, help="where a node here would keep its state")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_net_arguments(parser)
     parser.set_defaults(func=run)

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from node.commands.argtypes import at_least, key_file
 from node.commands.keygen import DEFAULT_KEY_PATH
 from node.commands.roles import DEFAULT_CONFIG
 from node.net.keyfile import load_key_file
@@ -36,8 +37,8 @@ def register(subparsers: Any) -> None:
     text = "why a miner's submission of a round was selected or not, with its gains recomputed locally"
     parser = subparsers.add_parser("receipt", help=text, description=text)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-    parser.add_argument("--round", type=int, required=True, help="the round to explain")
-    parser.add_argument("--key", type=Path, default=DEFAULT_KEY_PATH, help="the miner's key file (%(default)s)")
+    parser.add_argument("--round", type=at_least(0), required=True, help="the round to explain")
+    parser.add_argument("--key", type=key_file, default=DEFAULT_KEY_PATH, help="the miner's key file (%(default)s)")
     parser.add_argument("--miner", help="a miner's public key (hex) instead of --key")
     parser.add_argument("--payload", type=Path, help="the payload file the miner sent (default: fetched by hash)")
     parser.add_argument("--state-dir", type=Path, help="a folder for blobs (a miner's own: its payload is found there)")

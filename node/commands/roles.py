@@ -22,10 +22,12 @@ from typing import Any
 
 import torch
 
+from node.commands.argtypes import at_least, key_file, port
 from node.commands.keygen import DEFAULT_KEY_PATH
 from node.events import Events
 from node.net.dht import PulseDHT
 from node.net.keyfile import load_key_file
+from node.net.lifetime import holder_of
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
 from node.net.peer import Role
@@ -63,9 +65,9 @@ def register(subparsers: Any) -> None:
         parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
         key_help = "Ed25519 key file from `pulse keygen`"
         if name in ("follow", "audit"):
-            parser.add_argument("--key", type=Path, help=key_help + " (default: a throwaway key)")
+            parser.add_argument("--key", type=key_file, help=key_help + " (default: a throwaway key)")
         else:
-            parser.add_argument("--key", type=Path, default=DEFAULT_KEY_PATH, help=key_help + " (%(default)s)")
+            parser.add_argument("--key", type=key_file, default=DEFAULT_KEY_PATH, help=key_help + " (%(default)s)")
         parser.add_argument(
             "--state-dir",
             type=Path,
@@ -78,8 +80,8 @@ def register(subparsers: Any) -> None:
             default="cpu",
             help="where miners train and the validator evaluates (%(default)s); cuda needs a CUDA torch",
         )
-        parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-        parser.add_argument("--rounds", type=int, help="stop after the run reaches this round (default: never)")
+        parser.add_argument("--threads", type=at_least(0), default=0, help="torch CPU threads (0: torch's default)")
+        parser.add_argument("--rounds", type=at_least(0), help="stop after the run reaches this round (default: never)")
         parser.add_argument("--events", type=Path, help="also append machine-readable JSON lines here")
         if name == "follow":
             parser.add_argument(
@@ -116,7 +118,7 @@ def start_run_reader(args: argparse.Namespace, command: str) -> tuple[Manifest, 
 def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         help="serve Prometheus metrics at http://BIND:PORT/metrics (0: any free port, printed; default: off)",
     )
     parser.add_argument(
@@ -126,17 +128,15 @@ def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError("a port is a number from 0 to 65535")
-    return int(text)
-
-
 def start_metrics(args: argparse.Namespace, command: str, role: str, run_id: str, key: str) -> NodeMetrics | None:
     """The metrics server `--metrics-port` asks for (None without it); `OSError` if the port is taken."""
     if args.metrics_port is None:
         return None
-    metrics = NodeMetrics.serve(args.metrics_port, args.metrics_bind, role=role, run_id=run_id, key=key)
+    try:
+        metrics = NodeMetrics.serve(args.metrics_port, args.metrics_bind, role=role, run_id=run_id, key=key)
+    except OSError as exc:  # name what holds the port: often the orphan of an older crash
+        holder = holder_of(args.metrics_port) if args.metrics_port else None
+        raise OSError(exc.errno, f"{exc.strerror}, by {holder}" if holder else exc.strerror) from exc
     print(f"pulse {command}: metrics at {metrics.url}", flush=True)
     return metrics
 

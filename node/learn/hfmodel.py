@@ -135,7 +135,32 @@ def read_config(path: str) -> dict[str, Any]:
         raise ConfigError(f"model.path: {root / 'config.json'} is not readable JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise ConfigError(f"model.path: {root / 'config.json'} is not a JSON object")
+    check_shape_fields(config, where=f"model.path: {root / 'config.json'}")
     return config
+
+
+# The fields that size a model: transformers fills a missing one with its default, so a config.json
+# of two fields built a multi-GB default model instead of failing. Names are the canonical ones; a
+# model type's own alias (gpt2's n_embd for hidden_size) counts (`attribute_map`).
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+MLP_FIELD_TYPES = _PLAIN_HEAD_TYPES - {"gpt2"}  # these also need intermediate_size
+
+
+def check_shape_fields(config: dict[str, Any], where: str = "model config") -> None:
+    """`ConfigError` naming every field that sizes the model and is missing from `config`."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"{where}: model_type {model_type!r} is not one transformers knows")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return  # not a causal LM at all: loading it says so (`load_hf_model`)
+    aliases = getattr(CONFIG_MAPPING[model_type], "attribute_map", {})
+    needed = SHAPE_FIELDS + (("intermediate_size",) if model_type in MLP_FIELD_TYPES else ())
+    missing = [name for name in needed if name not in config and aliases.get(name) not in config]
+    if missing:
+        raise ConfigError(f"{where}: lacks {', '.join(missing)}, which a {model_type} model needs (no defaults taken)")
 
 
 # Qwen2.5's published architectures (the config.json fields that shape the model). 0.5B is about
@@ -202,10 +227,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 def _auto_config(config: dict[str, Any]) -> Any:
     from transformers import AutoConfig
 
+    check_shape_fields(config)
     fields = dict(config)
-    model_type = fields.pop("model_type", None)
-    if not isinstance(model_type, str):
-        raise ConfigError("model config: no model_type")
+    model_type = str(fields.pop("model_type"))
     try:
         return AutoConfig.for_model(model_type, **fields)
     except (ValueError, KeyError) as exc:

@@ -39,6 +39,7 @@ from hivemind.utils.mpfuture import MPFuture, SharedBytes
 from hivemind.utils.timed_storage import get_dht_time
 
 from node.net import dhtprocess
+from node.net.lifetime import listen_conflicts
 from node.net.netconfig import NetConfig, prepare_identity
 from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules
 from node.net.streams import printable
@@ -154,6 +155,9 @@ class PulseDHT:
     @classmethod
     def start(cls, config: NetConfig, rules: RecordRules, identity: Identity) -> PulseDHT:
         """Start the DHT process and its libp2p daemon, and join the swarm via `initial_peers`."""
+        busy = listen_conflicts(config.host_maddrs)  # else p2pd would share the port with its holder
+        if busy:
+            raise NetworkError("; ".join(busy))
         return cls(_launch(config, rules), rules, identity, config)
 
     @property
@@ -306,7 +310,7 @@ def _launch(config: NetConfig, rules: RecordRules) -> hivemind.DHT:
     prepare_identity(config)
     _free_shared_locks(SHARED_LOCK_WAIT)
     validator = PulseRecordValidator(rules)
-    dht = hivemind.DHT(start=False, record_validators=[validator], cache_size=CACHE_KEYS, **config.dht_kwargs())
+    dht = dhtprocess.MortalDHT(start=False, record_validators=[validator], cache_size=CACHE_KEYS, **config.dht_kwargs())
     try:
         dht.run_in_background(await_ready=True, timeout=config.startup_timeout + 30)
         installed = dht.run_coroutine(functools.partial(dhtprocess.install, rules=rules), return_future=True)

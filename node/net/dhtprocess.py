@@ -1,6 +1,10 @@
 """What pulse installs inside hivemind's DHT process: bounded storage and a pipe reader that waits.
 
+    dht = MortalDHT(start=False, ...)  # hivemind's DHT process, tied to the node (and p2pd to it)
     await install(dht, node, rules)    # run once in the DHT process, by `PulseDHT.start`
+
+- `MortalDHT` is hivemind's DHT whose process ends when the node that started it ends, however it
+  ends, and whose libp2p daemon ends with it (`lifetime.py`).
 
 - `BoundedStorage` replaces the node's storage and cache: before a new (key, owner) record is kept,
   the peer's `StoreBudget` (`records.py`) decides; what it evicts is dropped from the storage.
@@ -18,15 +22,30 @@ import logging
 import os
 from typing import Any
 
+import hivemind
 import msgpack
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.utils.timed_storage import DHTExpiration
 
+from node.net.lifetime import children_die_with_me, watch_parent
 from node.net.records import RecordRules, StoreBudget
 from protocol.signing import MAX_ENVELOPE_BYTES
 
 logger = logging.getLogger(__name__)
+
+
+class MortalDHT(hivemind.DHT):
+    """hivemind's DHT process, which kill -9 of its node no longer orphans (nor its p2pd)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._creator = os.getpid()  # read in the child, after the fork
+
+    def run(self) -> None:
+        watch_parent(self._creator)
+        with children_die_with_me():
+            super().run()
 
 
 class BoundedStorage(DHTLocalStorage):

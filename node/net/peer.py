@@ -90,6 +90,7 @@ class RunRecords:
     record_ttl_seconds: float  # how long this node's DHT records live
     checkpoint_every: int  # how far back the newest checkpoint can be
     payload_rounds: int = 0  # rounds the aggregated payloads and evidence stay fetchable (for auditors)
+    keep_checkpoints: int = Retention().keep_checkpoints  # whole checkpoints (BF16, index, FP32 master) kept
 
     def rules(self) -> RecordRules:
         """The store-time rules every DHT peer of this run applies (`records.py`)."""
@@ -98,7 +99,7 @@ class RunRecords:
     def retention(self) -> Retention:
         """What a node keeps: enough rounds for a joiner to replay the patches since a checkpoint."""
         keep = max(Retention().keep_rounds, self.checkpoint_every + 2, self.payload_rounds + 1)
-        return Retention(keep_rounds=keep)
+        return Retention(keep_rounds=keep, keep_checkpoints=self.keep_checkpoints)
 
 
 class RunView(ABC):
@@ -326,7 +327,8 @@ class Peer(RunView):
     ) -> None:
         """Publish 'alive at round r, serving these blobs', after dropping the blobs retention no longer keeps."""
         removed = set(self.keeper.sweep(round_))
-        self.held = [sha for sha in self.held if sha not in removed]
+        # announce only what is on disk (a role may also remove blobs itself, e.g. old payloads)
+        self.held = [sha for sha in self.held if sha not in removed and self.store.has(sha)]
         beat = Heartbeat(
             run_id=self.run_id,
             round=round_,

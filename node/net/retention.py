@@ -7,10 +7,18 @@ and never more than a disk budget.
 
 A blob nobody tagged (a payload a miner made, a submission the validator received, a blob left
 from before a restart) is tagged with the round in which a sweep first saw it, so it ages out
-like the rest. A sweep removes, in this order: blobs of rounds older than `keep_rounds` (not
-checkpoints), checkpoints beyond the newest `keep_checkpoints`, then, while the store is over
-`max_bytes`, the oldest blobs left except the newest checkpoint. Tags live in memory: after a
-restart every blob is new to the sweep.
+like the rest.
+
+Checkpoints are kept by checkpoint, not by blob: a checkpoint of round c is every blob tagged
+"checkpoint" with round c (the BF16 state, its piece index, and the FP32 master of the state
+W_c, which the validator tags with c too), and the newest `keep_checkpoints` checkpoints stay
+whole, so an auditor, a standby or a joiner a few rounds behind finds all three. Patches of
+rounds since the oldest checkpoint kept stay too: they lead from it to the current state.
+
+A sweep removes, in this order: blobs of rounds older than `keep_rounds` (not checkpoints, nor
+patches a kept checkpoint needs), checkpoints beyond the newest `keep_checkpoints`, then, while
+the store is over `max_bytes`, the oldest blobs left except the newest checkpoint's. Tags live in
+memory: after a restart every blob is new to the sweep.
 """
 
 from __future__ import annotations
@@ -35,8 +43,8 @@ class Retention(BaseModel):
     keep_rounds: int = Field(default=8, ge=1)
     """Patches, payloads and other blobs of this many recent rounds stay (a late joiner replays
     the patches since the newest checkpoint: keep at least `checkpoint_every` + 2)."""
-    keep_checkpoints: int = Field(default=2, ge=1)
-    """The newest checkpoints kept, whatever their age."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """The newest checkpoints kept whole (every blob of each), whatever their age."""
     max_bytes: int = Field(default=32 << 30, ge=0)
     """Disk budget for all blobs; past it the oldest go first (never the newest checkpoint)."""
 
@@ -61,17 +69,26 @@ class Keeper:
         self.tags = {sha: tag for sha, tag in self.tags.items() if sha in on_disk}
         for sha in on_disk - set(self.tags):
             self.tags[sha] = (current_round, "other")
-        checkpoints = sorted((sha for sha, (_, k) in self.tags.items() if k == "checkpoint"), key=self._round)
-        newest = set(checkpoints[-self.policy.keep_checkpoints :])
+        kept = self.checkpoint_rounds()[-self.policy.keep_checkpoints :]
         oldest_kept = current_round - self.policy.keep_rounds
-        doomed = [sha for sha, (r, k) in self.tags.items() if k != "checkpoint" and r < oldest_kept]
-        doomed += [sha for sha in checkpoints if sha not in newest]
+        since = min(kept, default=current_round)  # patches from the oldest checkpoint kept onwards are needed
+        doomed = [
+            sha
+            for sha, (r, k) in self.tags.items()
+            if (k == "checkpoint" and r not in kept)
+            or (k != "checkpoint" and r < oldest_kept and not (k == "patch" and r >= since))
+        ]
         for sha in doomed:
             self._remove(sha)
-        return doomed + self._fit_budget(protected=set(checkpoints[-1:]))
+        newest = {sha for sha, (r, k) in self.tags.items() if k == "checkpoint" and r == max(kept, default=-1)}
+        return doomed + self._fit_budget(protected=newest)
+
+    def checkpoint_rounds(self) -> list[int]:
+        """The rounds of the checkpoints this store holds (any of their blobs), oldest first."""
+        return sorted({r for r, k in self.tags.values() if k == "checkpoint"})
 
     def _fit_budget(self, protected: set[str]) -> list[str]:
-        """Remove the oldest blobs (but `protected`) while the store is over `max_bytes`."""
+        """Remove the oldest blobs (but `protected`: the newest checkpoint's) while the store is over `max_bytes`."""
         removed: list[str] = []
         sizes = {sha: self._size(sha) for sha in self.tags}
         total = sum(sizes.values())

@@ -95,6 +95,7 @@ class Chain:
         self.held: Held | None = None
         self.behind = 0  # patches to apply after the last join
         self.joining: tuple[float, int, int] | None = None  # (started, round it reaches, bytes planned)
+        self.unusable: set[str] = set()  # checkpoints no holder delivered: not planned again (but the head's)
 
     async def sync(self) -> Held:
         """Join if holding nothing, then apply every published patch; a broken chain rejoins."""
@@ -131,7 +132,8 @@ class Chain:
             current, announcement, head = await self.peer.position()
             if head is not None:
                 self.peer.validator_peer = head.validator_peer  # it serves the checkpoint and the patches
-            plan = await plan_join(self.peer, current, announcement) if announcement is not None else None
+            skip = frozenset(self.unusable)
+            plan = await plan_join(self.peer, current, announcement, skip) if announcement is not None else None
             if plan is not None:
                 held = await self._load(plan, current)
                 if held is not None:
@@ -167,6 +169,7 @@ class Chain:
                 weights = await _cpu(load_pieces, path, index, a.state_hash)
         except (TransferError, ProtocolError) as exc:
             log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
+            self.unusable.add(a.blob_sha256)
             return None
         finally:  # patches in flight now are fetched again by `_apply_next`: a missing one must not hold a load up
             patches.cancel()

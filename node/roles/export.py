@@ -2,6 +2,7 @@
 
     source = from_state_dir(Path("vstate"))                       # a validator's state folder
     source = from_checkpoint(Path("blob"), state_hash, round_)    # a fetched checkpoint (no ledger)
+    source = await from_run(peer, 40)                             # the run's checkpoint of round 40 (None: latest)
     write_export(source, manifest, Path("model"))
     checked = verify_export(Path("model"))                        # raises on the first failure
 
@@ -36,12 +37,13 @@ from safetensors.torch import load_file, save_file
 
 from node.learn.hfexport import byte_tokenizer, from_gpt2, gpt2_config, to_gpt2
 from node.learn.hfmodel import load_hf_tokenizer, model_dir
+from node.net.peer import Peer
 from node.roles.chainstate import load_checkpoint
 from node.run.manifest import Manifest, load_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.errors import BrokenChain, ConfigError, CorruptState, WrongRun
-from protocol.messages import RoundResult
+from protocol.messages import CheckpointAnnouncement, RoundResult
 from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator import ledger
@@ -90,6 +92,23 @@ def from_checkpoint(path: Path, expect_hash: str, round_: int | None) -> Source:
     except OSError as exc:
         raise ConfigError(f"--checkpoint: {exc}") from exc
     return Source(load_checkpoint(data, expect_hash), expect_hash, round_, [])
+
+
+async def from_run(peer: Peer, round_: int | None) -> Source:
+    """The checkpoint the run's validator announced at `round_` (None: the newest its head names),
+    fetched and checked against its announced state hash; `ConfigError` if there is none."""
+    head = await peer.head()
+    if head is not None:
+        peer.validator_peer = head.validator_peer  # it serves every checkpoint it keeps
+    newest = head.checkpoint if head is not None else None
+    found = newest if round_ is None else await peer.from_validator(CheckpointAnnouncement, round_)
+    if found is None:
+        every = peer.run.checkpoint_every
+        hint = f"; the newest is of round {newest.round}" if newest is not None else "; none is announced yet"
+        which = "latest" if round_ is None else str(round_)
+        raise ConfigError(f"--checkpoint {which}: no checkpoint of that round (one every {every} rounds{hint})")
+    path = await peer.fetch(found.blob_sha256, found.blob_size, found.round)
+    return from_checkpoint(path, found.state_hash, found.round)
 
 
 def write_export(source: Source, manifest: Manifest, out: Path) -> list[RoundResult]:

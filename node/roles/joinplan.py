@@ -34,16 +34,21 @@ class JoinPlan:
         return len(self.patches)
 
 
-async def plan_join(peer: Peer, current: int, known: CheckpointAnnouncement | None = None) -> JoinPlan | None:
+async def plan_join(
+    peer: Peer, current: int, known: CheckpointAnnouncement | None = None, skip: frozenset[str] = frozenset()
+) -> JoinPlan | None:
     """The cheapest way to W_current by bytes still to fetch; None if no usable checkpoint is announced.
 
     `known` is a checkpoint already found (the run head's): priced even when its own record is gone.
+    Only checkpoints the validator still keeps are priced (its newest `keep_checkpoints`, of which
+    the head's is the newest), never one in `skip` (blobs no holder delivered) unless it is `known`.
     """
     lookback = 2 * peer.run.checkpoint_every + 1
     rounds = range(max(0, current - lookback), current + 1)
     found = await asyncio.gather(*(peer.from_validator(CheckpointAnnouncement, r) for r in rounds))
     unique = {a.round: a for a in [*found, known] if a is not None and a.round <= current}
-    checkpoints = list(unique.values())
+    newest = sorted(unique)[-peer.run.keep_checkpoints :]
+    checkpoints = [unique[r] for r in newest if unique[r] == known or unique[r].blob_sha256 not in skip]
     if not checkpoints:
         return None
     oldest = min(a.round for a in checkpoints)

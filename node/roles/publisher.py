@@ -131,7 +131,7 @@ class ChainPublisher:
         hold, store, r = self.peer.hold, self.peer.store, report.round
         hold(store.put(report.patch), r)
         if report.master_checkpoint is not None:
-            hold(store.put(report.master_checkpoint), r, "checkpoint")
+            hold(store.put(report.master_checkpoint), r + 1, "checkpoint")  # W_{r+1}, kept with its BF16 twin
         aggregated = {s.payload_sha256 for s in report.result.selected}
         for sub in submissions:
             sha = payload_sha256(sub.payload)
@@ -159,7 +159,7 @@ class ChainPublisher:
         if named is not None and not self.peer.store.has(named.sha256):
             data = await asyncio.get_running_loop().run_in_executor(None, v.fp32_checkpoint)
             if self.peer.store.put(data) == named.sha256:  # the committed master is the state after that round
-                self.peer.hold(named.sha256, last, "checkpoint")
+                self.peer.hold(named.sha256, v.round, "checkpoint")  # the state W_round: kept with its BF16
         await self.peer.publish_signed(v.last_result)
 
 

@@ -13,4 +13,5 @@ def run_records(manifest: Manifest) -> RunRecords:
         record_ttl_seconds=manifest.round.record_ttl_seconds,
         checkpoint_every=manifest.round.checkpoint_every,
         payload_rounds=manifest.round.payload_rounds,
+        keep_checkpoints=manifest.round.keep_checkpoints,
     )

@@ -58,6 +58,7 @@ from node.net.peer import Peer
 from node.roles.deadline import RoundClock
 from node.roles.hooks import HeldOut, RoundHooks
 from node.roles.intake import Clock, RoundIntake, terms_of
+from node.roles.keyclash import KeyClashWatch
 from node.roles.publisher import ChainPublisher
 from node.roles.replicas import replicate
 from node.roles.summary import Figures, round_closed, round_metrics
@@ -114,6 +115,7 @@ class ValidatorService:
         self.publisher = ChainPublisher(setup, peer, events, clock=self.clock)
         self.deadline = RoundClock(setup.manifest.round)
         self.phase = Phase.STARTING
+        self.key_watch = KeyClashWatch(identity.public_hex, peer.peer_id, int(self.clock()))  # a second process with this key
         self.previous_senders: set[str] = set()
         self.active = 0  # miners active in the open round, as `_collect` last counted them
         self.linger_seconds = max(setup.manifest.round.deadline_seconds, MIN_LINGER_SECONDS)
@@ -188,6 +190,7 @@ class ValidatorService:
     async def _open(self, *, checkpoint: bool) -> None:
         self.phase = Phase.OPENING
         r, v = self.round, self.validator
+        await self.key_watch.check(self.peer, r, v.state_hash)  # before it writes anything
         await self._check_counted()
         await self._await_standbys(r)
         if checkpoint:

@@ -146,6 +146,10 @@ class RoundSection(BaseModel):
     """Adaptive: how many recent rounds' arrival times the target is learned from."""
     checkpoint_every: int = Field(default=5, ge=1, le=10_000)
     """The validator announces a full BF16 checkpoint every this many rounds (and at start-up)."""
+    keep_checkpoints: int = Field(default=3, ge=1, le=1000)
+    """Every node keeps its newest this many checkpoints whole (the BF16 state, its piece index, the FP32
+    master) and the patches since the oldest: an auditor, a standby or a joiner that started from a
+    head up to (this - 1) x `checkpoint_every` rounds old still finds what it names."""
     record_ttl_seconds: float = Field(default=6 * 3600.0, gt=0, le=86_400)
     """How long round results, checkpoints and heartbeats live in the DHT."""
     takeover_seconds: float = Field(default=30.0, gt=0, le=86_400)

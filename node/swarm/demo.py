@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -226,6 +227,21 @@ def _group_alive(pgid: int, wait: float) -> bool:
         if time.monotonic() > deadline:
             return True
         time.sleep(0.1)
+
+
+# what a run leaves in the output folder: a new run (of either task) starts without any of it, so an RL
+# run does not sit beside the LM run's loss.png and exported model/ (nor its fresh keys beside old state)
+RUN_FOLDERS = ("work", "events", "validator", "logs", "model")
+RUN_FILES = ("summary.json", "loss.png", "reward.png", "bytes.png", "leaderboard.png")
+
+
+def fresh_output(out: Path) -> None:
+    """Empty `out` of a previous demo's artefacts (only those: other files stay), and create it."""
+    for folder in RUN_FOLDERS:
+        shutil.rmtree(out / folder, ignore_errors=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
 
 
 def prepare(out: Path, base: Manifest, miners: int) -> tuple[Manifest, Path, list[Path]]:

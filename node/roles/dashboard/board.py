@@ -6,7 +6,12 @@
     seen.add_heartbeat(sender, beat)   # anyone's heartbeat
     seen.add_header(header)            # a miner's announced submission
     board = build_board(run, seen, now)
-    board.history(key)                 # one miner's outcomes, round by round
+    board.history(key)                 # one miner's outcomes, round by round (the window's)
+
+The board is a window, whatever the run's length and however many keys submit: the last
+`WINDOW_ROUNDS` rounds (rows, outcomes, a miner's history), the top `TOP_MINERS` of the
+leaderboard; only the hash chain's check looks at every round seen. A page or its JSON after
+1,000 rounds of 120 miners is the size of one after `WINDOW_ROUNDS`.
 
 The caller verifies signatures and keeps only results and metrics signed by the run's
 validators; this module trusts what it is given and bounds what it keeps (anyone can make
@@ -29,6 +34,9 @@ MAX_ROUNDS = 100_000  # rounds of results and metrics kept (a few KiB each)
 MAX_NODES = 2_048  # heartbeat senders kept, newest first: fresh keys cannot grow the page without bound
 MAX_HEADERS = 512  # announced submissions kept for the open round
 RECENT_ROUNDS = 3  # rounds whose every submission the page lists
+WINDOW_ROUNDS = 60  # rounds the board shows (rows, charts, leaderboard counts, a miner's history)
+TOP_MINERS = 40  # leaderboard rows
+PACE_ROUNDS = 8  # recent round openings the pace (seconds a round) is measured over
 
 
 @dataclass(frozen=True)
@@ -143,15 +151,16 @@ class RunBoard:
     run: RunFacts
     now: float
     current_round: int  # the open round (one past the last result)
-    time_left: float | None  # seconds until the deadline of the open round, if its opening was seen
-    rounds: list[RoundRow]  # every round seen, oldest first
-    leaderboard: list[MinerRow]  # highest rating first
+    time_left: float | None  # seconds until the open round's target (or deadline), if its opening was seen
+    pace: float | None  # seconds a round lasted lately (between the validator's openings), if seen
+    rounds: list[RoundRow]  # the last WINDOW_ROUNDS rounds seen, oldest first
+    leaderboard: list[MinerRow]  # the TOP_MINERS highest rated
     recent: list[Outcome]  # every submission of the last RECENT_ROUNDS rounds, newest round first
     nodes: list[NodeRow]  # heartbeats of the open round or the one before
     announced: int  # submission headers in the DHT for the open round
     head: str | None  # the newest state hash: W_{current_round}
     chain_ok: bool  # every pair of consecutive rounds seen links up
-    outcomes: dict[str, list[Outcome]]  # by miner, oldest first
+    outcomes: dict[str, list[Outcome]]  # by miner, oldest first, within the window
 
     @property
     def completed(self) -> int:
@@ -173,24 +182,31 @@ def build_board(run: RunFacts, seen: Seen, now: float) -> RunBoard:
     if beat is not None and beat.round > current:
         current = beat.round
     opened = seen.opened.get(current)
-    rounds = _round_rows(seen)
+    window = sorted(seen.results)[-WINDOW_ROUNDS:]
+    rounds = _round_rows(seen, window)
     outcomes: dict[str, list[Outcome]] = {}
-    for r in sorted(seen.results):
+    for r in window:
         for outcome in outcomes_of(seen.results[r]):
             outcomes.setdefault(outcome.sender, []).append(outcome)
-    recent_rounds = sorted(seen.results)[-RECENT_ROUNDS:]
+    recent_rounds = window[-RECENT_ROUNDS:]
+    # the round closes at the validator's adaptive target when it names one (rounds that close in
+    # 1.5 s showed the 40 s deadline), never later than the deadline
+    target = run.deadline_seconds
+    if beat is not None and beat.target_seconds is not None:
+        target = min(target, beat.target_seconds)
     return RunBoard(
         run=run,
         now=now,
         current_round=current,
-        time_left=None if opened is None else opened + run.deadline_seconds - now,
+        time_left=None if opened is None else opened + target - now,
+        pace=_pace(seen),
         rounds=rounds,
-        leaderboard=_leaderboard(seen, outcomes),
+        leaderboard=_leaderboard(seen, outcomes)[:TOP_MINERS],
         recent=[o for r in reversed(recent_rounds) for o in outcomes_of(seen.results[r])],
         nodes=_nodes(seen, current, now),
         announced=len(seen.headers.get(current, {})),
         head=seen.results[current - 1].new_state_hash if current - 1 in seen.results else None,
-        chain_ok=all(row.linked is not False for row in rounds),
+        chain_ok=all(_linked(seen, r) is not False for r in seen.results),
         outcomes=outcomes,
     )
 
@@ -209,11 +225,25 @@ def outcomes_of(result: RoundResult) -> list[Outcome]:
     return out
 
 
-def _round_rows(seen: Seen) -> list[RoundRow]:
+def _linked(seen: Seen, r: int) -> bool | None:
+    """Round r starts from the state round r-1 produced (None: r-1 not seen)."""
+    before = seen.results.get(r - 1)
+    return None if before is None else before.new_state_hash == seen.results[r].base_state_hash
+
+
+def _pace(seen: Seen) -> float | None:
+    """Seconds a round lasted lately: the span of the last `PACE_ROUNDS` openings seen over the rounds between."""
+    opened = sorted(seen.opened.items())[-PACE_ROUNDS:]
+    if len(opened) < 2:
+        return None
+    (first, t0), (last, t1) = opened[0], opened[-1]
+    return max(t1 - t0, 0) / (last - first)
+
+
+def _round_rows(seen: Seen, window: list[int]) -> list[RoundRow]:
     rows = []
-    for r in sorted(seen.results):
+    for r in window:
         result, metrics = seen.results[r], seen.metrics.get(r)
-        before = seen.results.get(r - 1)
         rows.append(
             RoundRow(
                 round=r,
@@ -225,7 +255,7 @@ def _round_rows(seen: Seen) -> list[RoundRow]:
                 dense_bytes=metrics.dense_bytes if metrics else None,
                 patch_bytes=result.patch_size,
                 new_state_hash=result.new_state_hash,
-                linked=None if before is None else before.new_state_hash == result.base_state_hash,
+                linked=_linked(seen, r),
             )
         )
     return rows

@@ -19,6 +19,8 @@ from node.roles.dashboard.board import Outcome, RunBoard
 from node.roles.dashboard.svg import bar_chart, line_chart
 
 KEY = re.compile(r"^[0-9a-f]{64}$")
+BAR_ROUNDS = 24  # rounds in the bytes chart: three bars each stay readable
+CUT = "..."  # how the validator marks a reason cut to the signed result's 100 characters
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#1d2330;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px}
@@ -57,12 +59,7 @@ def page(board: RunBoard, miner: str | None = None, refresh_seconds: float = 3.0
 
 def _header(board: RunBoard) -> str:
     run = board.run
-    if board.time_left is None:
-        left = "unknown"
-    elif board.time_left > 0:
-        left = f"{board.time_left:.0f} s"
-    else:
-        left = "deadline passed, closing"
+    left = _time_left(board)
     chain = (
         '<span class="ok">linked</span>'
         if board.chain_ok
@@ -84,6 +81,17 @@ def _header(board: RunBoard) -> str:
     )
 
 
+def _time_left(board: RunBoard) -> str:
+    """Seconds to the open round's target; where its opening was not seen (rounds that close faster
+    than the page reads), the pace rounds close at instead of "unknown"."""
+    pace = f"rounds close every {board.pace:.1f} s" if board.pace is not None else None
+    if board.time_left is None:
+        return pace or "unknown"
+    if board.time_left > 0:
+        return f"{board.time_left:.1f} s" if board.time_left < 10 else f"{board.time_left:.0f} s"
+    return "closing"
+
+
 def _charts(board: RunBoard) -> str:
     if board.run.task == "rl":
         metric, points = "held-out reward", [(r.round, r.reward) for r in board.rounds if r.reward is not None]
@@ -98,14 +106,14 @@ def _charts(board: RunBoard) -> str:
                 "PULSESync patch": r.patch_bytes,
             },
         )
-        for r in board.rounds
+        for r in board.rounds[-BAR_ROUNDS:]  # readable bars: the last rounds only
     ]
     series = ["dense FP32", "sent (compressed)", "PULSESync patch"]
     return (
         '<div class="charts"><div>'
         f"<h2>{metric.capitalize()} after each round</h2>"
         f"{line_chart(points, element_id='loss-plot', y_label=metric)}"
-        "</div><div><h2>Bytes per round</h2>"
+        f"</div><div><h2>Bytes per round (the last {len(bars)})</h2>"
         f"{bar_chart(bars, series, element_id='bytes-plot')}"
         "</div></div>"
     )
@@ -178,7 +186,18 @@ def _footnote() -> str:
 def _fate(o: Outcome) -> str:
     if o.aggregated:
         return f'<span class="ok">aggregated</span>, {ordinal(o.place or 0)} of {o.of}'
-    return f'<span class="bad">not aggregated</span>: {escape(o.reason or "")}'
+    return f'<span class="bad">not aggregated</span>: {_reason(o)}'
+
+
+def _reason(o: Outcome) -> str:
+    """The reason, wrapped by the table; one the signed result cut short ends at a whole word, and
+    says where the rest is (`pulse receipt` recomputes that submission's figures)."""
+    reason = o.reason or ""
+    if not reason.endswith(CUT):
+        return escape(reason)
+    whole = reason[: -len(CUT)].rsplit(" ", 1)[0]
+    more = f"the signed result keeps 100 characters; pulse receipt --round {o.round} --key <miner key> explains in full"
+    return f'{escape(whole)} <abbr title="{escape(more)}">(more)</abbr>'
 
 
 def _score(o: Outcome) -> str:
