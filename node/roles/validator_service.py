@@ -115,7 +115,8 @@ class ValidatorService:
         self.publisher = ChainPublisher(setup, peer, events, clock=self.clock)
         self.deadline = RoundClock(setup.manifest.round)
         self.phase = Phase.STARTING
-        self.key_watch = KeyClashWatch(identity.public_hex, peer.peer_id, int(self.clock()))  # a second process with this key
+        # another process signing with this key stops this one before it writes anything
+        self.key_watch = KeyClashWatch(identity.public_hex, peer.peer_id, int(self.clock()))
         self.previous_senders: set[str] = set()
         self.active = 0  # miners active in the open round, as `_collect` last counted them
         self.linger_seconds = max(setup.manifest.round.deadline_seconds, MIN_LINGER_SECONDS)
