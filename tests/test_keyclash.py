@@ -11,6 +11,7 @@ import pytest
 
 from node.events import Events
 from node.net.memory import MemoryNetwork
+from node.roles.intake import RoundIntake
 from node.roles.keyclash import SameKeyElsewhere
 from node.roles.records import run_records
 from node.roles.tasks import validator_for
@@ -26,8 +27,17 @@ SETUP = RunSetup.from_manifest(Manifest.model_validate({"name": "keyclash", "val
 
 
 def _service(net: MemoryNetwork, folder: Path) -> ValidatorService:
-    peer = net.join(ME, folder, role="validator")
-    return validator_for(SETUP, task_for(SETUP), ME, folder, peer, Events("validator"))
+    events = Events("validator")
+    intake = RoundIntake(SETUP, events, folder / "inbox")
+    peer = net.join(ME, folder, role="validator", intake=intake)
+    return validator_for(SETUP, task_for(SETUP), ME, folder, peer, events, intake)
+
+
+async def _publish(service: ValidatorService) -> None:
+    """A checkpoint of the service's state and the run's head naming it."""
+    v = service.validator
+    await service.publisher.announce_checkpoint(service.round, v.weights, v.state_hash)
+    await service.publisher.publish_head(service.round, v.state_hash)
 
 
 def test_a_second_validator_with_the_same_key_stops_in_one_line(tmp_path: Path) -> None:
@@ -37,8 +47,7 @@ def test_a_second_validator_with_the_same_key_stops_in_one_line(tmp_path: Path) 
     async def main() -> None:
         for _ in range(3):
             first.validator.run_round([])
-        await first._announce_checkpoint(first.round)
-        await first._publish_head()  # the run is at round 3
+        await _publish(first)  # the run is at round 3
 
         restarted = _service(net, tmp_path / "first")  # kill -9 and the same command: its own head passes
         await restarted.key_watch.check(restarted.peer, restarted.round, restarted.validator.state_hash)
@@ -50,8 +59,7 @@ def test_a_second_validator_with_the_same_key_stops_in_one_line(tmp_path: Path) 
         assert await newcomer.peer.from_validator(CheckpointAnnouncement, 0) is None  # it wrote nothing
 
         # the other way round: a newcomer's head (another peer, since the first started) stops the first
-        await newcomer._announce_checkpoint(0)
-        await newcomer._publish_head()
+        await _publish(newcomer)
         first.key_watch.started -= 5
         with pytest.raises(SameKeyElsewhere, match="since this validator started"):
             await first.key_watch.check(first.peer, first.round, first.validator.state_hash)

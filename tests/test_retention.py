@@ -14,6 +14,7 @@ from node.net.blobstore import BlobStore
 from node.net.memory import MemoryNetwork
 from node.net.peer import RunRecords
 from node.net.retention import Keeper, Retention
+from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import validator_for
 from node.run.manifest import Manifest
@@ -108,8 +109,11 @@ def test_the_validator_holds_what_its_head_names_and_its_last_checkpoints_whole(
     )
     setup = RunSetup.from_manifest(manifest)
     net = MemoryNetwork(run_records(setup.manifest))
-    peer = net.join(me, tmp_path, role="validator")
-    service = validator_for(setup, task_for(setup), me, tmp_path, peer, Events("validator"))
+    events = Events("validator")
+    intake = RoundIntake(setup, events, tmp_path / "inbox")
+    peer = net.join(me, tmp_path, role="validator", intake=intake)
+    service = validator_for(setup, task_for(setup), me, tmp_path, peer, events, intake)
+    publisher, v = service.publisher, service.validator
     by_round: dict[int, set[str]] = {}
     step = service.validator._step
 
@@ -122,13 +126,13 @@ def test_the_validator_holds_what_its_head_names_and_its_last_checkpoints_whole(
     async def main() -> None:
         for r in range(6):
             report = service.validator.run_round([])
-            service._store_blobs(report, [])
-            await service._announce_checkpoint(r + 1)
-            assert service.checkpoint is not None and report.result.master_checkpoint is not None
-            a = service.checkpoint
+            publisher.store_round(report, [])
+            await publisher.announce_checkpoint(r + 1, v.weights, v.state_hash)
+            assert publisher.checkpoint is not None and report.result.master_checkpoint is not None
+            a = publisher.checkpoint
             by_round[r + 1] = {a.blob_sha256, str(a.index_sha256), report.result.master_checkpoint.sha256}
             await peer.heartbeat(r + 1, service.validator.state_hash)
-            await service._publish_head()
+            await publisher.publish_head(r + 1, v.state_hash)
             head = await peer.head()
             assert head is not None and head.open_round == r + 1
             assert peer.store.has(head.checkpoint.blob_sha256) and peer.store.has(str(head.checkpoint.index_sha256))
