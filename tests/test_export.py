@@ -260,18 +260,22 @@ def test_export_a_checkpoint_of_the_run_by_round_or_latest(tmp_path: Path) -> No
     manifest = tiny_manifest()
     setup = RunSetup.from_manifest(manifest)
     net = MemoryNetwork(run_records(manifest))
-    peer = net.join(me, tmp_path / "v", role="validator")
-    service = validator_for(setup, task_for(setup), me, tmp_path / "v", peer, Events("v"))
+    from node.roles.intake import RoundIntake
+
+    events = Events("v")
+    intake = RoundIntake(setup, events, tmp_path / "v" / "inbox")
+    peer = net.join(me, tmp_path / "v", role="validator", intake=intake)
+    service = validator_for(setup, task_for(setup), me, tmp_path / "v", peer, events, intake)
+    publisher, v = service.publisher, service.validator
     reader = net.join(Identity.generate(), tmp_path / "reader", role="follower")
 
     async def main_() -> None:
-        await service._announce_checkpoint(0)
-        first = service.validator.state_hash
+        await publisher.announce_checkpoint(0, v.weights, v.state_hash)
+        first = v.state_hash
         for _ in range(2):
-            report = service.validator.run_round([])
-            service._store_blobs(report, [])
-        await service._announce_checkpoint(2)
-        await service._publish_head()
+            publisher.store_round(v.run_round([]), [])
+        await publisher.announce_checkpoint(2, v.weights, v.state_hash)
+        await publisher.publish_head(2, v.state_hash)
         latest = await from_run(reader, None)
         assert (latest.round, latest.state_hash) == (2, service.validator.state_hash)
         zero = await from_run(reader, 0)
