@@ -27,7 +27,8 @@ def one_line(exc: ValidationError, root: str) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or root
     where = ascii(where)[1:-1][:80]  # a key a peer chose: escaped, so it cannot forge a log line
-    return f"{where}: {first['msg']}"
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+    return f"{where}: {message}"
 
 
 def parse_canonical(cls: type[M], data: bytes, *, what: str, max_bytes: int, encode: Callable[[M], bytes]) -> M:

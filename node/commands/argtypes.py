@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 MAX_PORT = 65535
 
@@ -51,9 +54,19 @@ def port(text: str) -> int:
     return int(text)
 
 
+def _not_a_folder(path: Path) -> Path:
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a key file (make one: `pulse keygen --out FILE`)")
+    return path
+
+
 def key_file(text: str) -> Path:
     """A key file path: refused if it names a folder (a missing file is the loader's to report)."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder, not a key file (make one: `pulse keygen --out FILE`)")
-    return path
+    try:
+        return _not_a_folder(Path(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+KeyFile = Annotated[Path, AfterValidator(_not_a_folder)]
+"""`key_file` for a typed options model (`node/commands/options.py`)."""

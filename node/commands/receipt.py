@@ -15,8 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from node.commands.argtypes import at_least, key_file
+from pydantic import BaseModel, Field
+
+from node.commands.argtypes import KeyFile
 from node.commands.keygen import DEFAULT_KEY_PATH
+from node.commands.options import OPTIONS, add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG
 from node.net.keyfile import load_key_file
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
@@ -28,42 +31,59 @@ from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.errors import ConfigError, KeyFileError, NetworkError, ProtocolError
 from protocol.identity import Identity
+from protocol.messages import PublicKeyHex
 from validator.receipt import GAIN_ABS_TOL, GAIN_REL_TOL
 
 DIFFERS_EXIT = 3
 
 
+class ReceiptOptions(BaseModel):
+    """`pulse receipt`'s own options (the network's are `add_net_arguments`')."""
+
+    model_config = OPTIONS
+
+    config: Path = DEFAULT_CONFIG
+    """run manifest TOML"""
+    round: int = Field(ge=0)
+    """the round to explain"""
+    key: KeyFile = DEFAULT_KEY_PATH
+    """the miner's key file"""
+    miner: PublicKeyHex | None = None
+    """a miner's public key (hex) instead of --key"""
+    payload: Path | None = None
+    """the payload file the miner sent (default: fetched by hash)"""
+    state_dir: Path | None = None
+    """a folder for blobs (a miner's own: its payload is found there)"""
+    print_json: bool = Field(default=False, alias="json")
+    """print one JSON object"""
+
+
 def register(subparsers: Any) -> None:
     text = "why a miner's submission of a round was selected or not, with its gains recomputed locally"
     parser = subparsers.add_parser("receipt", help=text, description=text)
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-    parser.add_argument("--round", type=at_least(0), required=True, help="the round to explain")
-    parser.add_argument("--key", type=key_file, default=DEFAULT_KEY_PATH, help="the miner's key file (%(default)s)")
-    parser.add_argument("--miner", help="a miner's public key (hex) instead of --key")
-    parser.add_argument("--payload", type=Path, help="the payload file the miner sent (default: fetched by hash)")
-    parser.add_argument("--state-dir", type=Path, help="a folder for blobs (a miner's own: its payload is found there)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_options(parser, ReceiptOptions)
     add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        setup = RunSetup.from_manifest(load_manifest(args.config))
-        miner = args.miner or load_key_file(args.key).public_hex
-        payload = args.payload.read_bytes() if args.payload is not None else None
+        options = options_from(ReceiptOptions, args)
+        setup = RunSetup.from_manifest(load_manifest(options.config))
+        miner = options.miner or load_key_file(options.key).public_hex
+        payload = options.payload.read_bytes() if options.payload is not None else None
         config = net_config_from_args(args)
     except (ConfigError, KeyFileError, OSError) as exc:
         print(f"pulse receipt: {exc}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="pulse-receipt-") as scratch:
-        folder = args.state_dir or Path(scratch)
+        folder = options.state_dir or Path(scratch)
         try:
-            found = asyncio.run(_main(setup, config, folder, miner, args.round, payload))
+            found = asyncio.run(_main(setup, config, folder, miner, options.round, payload))
         except (NetworkError, ProtocolError) as exc:
-            print(f"pulse receipt: round {args.round}: {exc}", file=sys.stderr)
+            print(f"pulse receipt: round {options.round}: {exc}", file=sys.stderr)
             return 1
-    print(json.dumps(as_json(found), sort_keys=True) if args.json else as_text(found))
+    print(json.dumps(as_json(found), sort_keys=True) if options.print_json else as_text(found))
     return DIFFERS_EXIT if found.recomputed is not None and not found.recomputed.ok else 0
 
 

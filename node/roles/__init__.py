@@ -4,6 +4,7 @@ Files (in import order):
 
 - `records.py`    the run as the network layer sees it (`RunRecords` from a manifest)
 - `joinplan.py`   which checkpoint a joiner starts from: every recent one priced by bytes still to fetch
+- `joinreport.py` what a node catching up shows: a join's progress, a fetch's bar, a run not found
 - `chainstate.py` the CPU side of the chain: a checkpoint made the live state, a patch applied
 - `catchup.py`    BF16 global weights kept in step: `Chain`, one loop over checkpoints and patches
                   (a join fetches the checkpoint piecewise from every holder, patches meanwhile)

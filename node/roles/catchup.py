@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Final
 
 from node.events import Events, mb, progress
-from node.events.models import CheckpointLoaded, Joined, PatchApplied, Quiet, Scored
-from node.events.progress import transfer
+from node.events.models import CheckpointLoaded, Joined, PatchApplied, Scored
 from node.net.peer import Peer
-from node.net.pieces import STREAMS_PER_HOLDER, FetchProgress, Piece
+from node.net.pieces import STREAMS_PER_HOLDER, Piece
 from node.net.streams import DEFAULT_LIMITS
 from node.roles.chainstate import apply_patch, load_checkpoint, load_pieces
 from node.roles.joinplan import JoinPlan, plan_join
+from node.roles.joinreport import JoinReport, QuietWatch, fetch_showing
 from protocol.errors import ProtocolError, TransferError
 from protocol.messages import RoundResult
 from protocol.pieces import PieceIndex
@@ -42,8 +42,6 @@ from protocol.state import State
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "safetensors"
-PROGRESS_SECONDS = 0.25  # how often a download's progress bar is updated
-LOG_SECONDS = 5.0  # how often a join logs its progress
 # patches fetched at once while the checkpoint arrives: beside the checkpoint's own streams to a
 # holder, no more than a holder grants one peer (more were refused as busy, and the join waited)
 PREFETCH_STREAMS = max(1, DEFAULT_LIMITS.max_streams_per_peer - STREAMS_PER_HOLDER)
@@ -262,83 +260,6 @@ class Chain:
 
 def _check_piece(piece: Piece, data: bytes) -> bool:
     return PieceIndex.check(piece.digest, data)
-
-
-class JoinReport:
-    """A join's progress: a bar on a terminal, a log line every `LOG_SECONDS` (bytes, rate, holders, time left)."""
-
-    def __init__(self, what: str, plan: JoinPlan) -> None:
-        self.what, self.plan = what, plan
-        self.most_holders, self.resumed, self.logged = 0, 0, time.monotonic()
-        self._stack = contextlib.ExitStack()
-        self._bar: Callable[[int, str], None] = lambda done, note: None
-
-    def __enter__(self) -> JoinReport:
-        self._bar = self._stack.enter_context(transfer(self.what, self.plan.checkpoint.blob_size))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
-
-    def update(self, p: FetchProgress) -> None:
-        self.most_holders, self.resumed = max(self.most_holders, p.holders), p.resumed
-        self._bar(p.done, f"from {p.holders} holders")
-        if time.monotonic() - self.logged >= LOG_SECONDS:
-            self.logged = time.monotonic()
-            left = f"{p.seconds_left:.0f}s left" if p.seconds_left is not None else "time left unknown"
-            log.info(
-                "joining: %s %s of %s, %s/s from %d holders, %s (%d patches to apply after it)",
-                self.what,
-                mb(p.done),
-                mb(p.total),
-                mb(int(p.rate)),
-                p.holders,
-                left,
-                self.plan.behind,
-            )
-
-
-async def fetch_showing(peer: Peer, sha256: str, size: int, round_: int, what: str) -> Path:
-    """`peer.fetch`, with a progress bar of the bytes received so far (on a terminal only)."""
-    with progress(what, size, unit="bytes") as step:
-        fetching = asyncio.ensure_future(peer.fetch(sha256, size, round_))
-        shown = 0
-        try:
-            while not fetching.done():
-                await asyncio.wait({fetching}, timeout=PROGRESS_SECONDS)
-                received = peer.store.received(sha256)
-                step(max(received - shown, 0))
-                shown = max(shown, received)
-        finally:
-            fetching.cancel()  # a no-op once done; stops the fetch if this task is cancelled
-        return fetching.result()
-
-
-class QuietWatch:
-    """Says, after `seconds` and then at doubling intervals, that nothing of the run has been found,
-    with the likely reasons: a manifest other than the validator's (another run id: nothing of the
-    run is ever visible), a manifest that names no validator, no `--initial-peers`."""
-
-    def __init__(self, events: Events, peer: Peer, seconds: float) -> None:
-        self.events, self.peer, self.seconds = events, peer, seconds
-        self.start, self.next = time.monotonic(), seconds
-
-    def check(self) -> None:
-        waited = time.monotonic() - self.start
-        if waited < self.next:
-            return
-        self.next *= 2
-        run = self.peer.run
-        if not run.validators:
-            hint = "the manifest names no validator, so no round result can count: use the run's own manifest"
-        else:
-            hint = "is your manifest the validator's? (run ids differ when one byte differs)"
-        if self.peer.alone:
-            hint += "; this node was started without --initial-peers, so it knows no other peer"
-        self.events.warn(
-            Quiet(seconds=round(waited, 1), run_id=run.run_id, hint=hint),
-            f"no validator of run {run.run_id[:8]}... seen for {waited:.0f} s: {hint}",
-        )
 
 
 def _report_placement(events: Events, result: RoundResult, me: str) -> None:

@@ -1,0 +1,77 @@
+"""A command's options declared once, as a pydantic model: its flags and help are generated from it.
+
+    class ReceiptOptions(BaseModel):
+        model_config = OPTIONS
+        round: int = Field(ge=0)
+        \"\"\"the round to explain\"\"\"
+
+    add_options(parser, ReceiptOptions)            # --round, with the docstring as its help
+    options = options_from(ReceiptOptions, args)   # validated; ConfigError: one line naming the flag
+
+Each field is one flag (`state_dir` -> `--state-dir`; an alias names it otherwise); its docstring is
+its help, its default is shown, a field without one is a required flag, `bool` is a switch, and
+`X | None` an optional value. argparse only splits the command line: the values are checked by the
+model (strict types, bounds), so a bad value fails the same way whether it came from a flag or a
+test, and the `argparse.Namespace` stays in `node/commands/`.
+
+Why a helper and not typer: `pulse` is one argparse tree whose commands are imported lazily (`cli.py`)
+and share network flags (`add_net_arguments`); this puts one command's options on a model without a
+second CLI framework beside it, and the model (not click's types) does the validating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
+
+from protocol.errors import ConfigError
+from protocol.parsing import one_line
+
+OPTIONS = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+"""The config of an options model: strict, closed, immutable, field docstrings as help."""
+
+M = TypeVar("M", bound=BaseModel)
+_SCALARS = (int, float, str, Path)
+
+
+def add_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One flag per field of `model` (see the module docstring)."""
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        flag = "--" + key.replace("_", "-")
+        help_text = field.description or ""
+        kind = _value_type(name, field)
+        if kind is bool:
+            parser.add_argument(flag, dest=key, action="store_true", default=argparse.SUPPRESS, help=help_text)
+            continue
+        required = field.is_required()
+        if not required and field.default is not None:
+            help_text += f" ({field.default})"
+        parser.add_argument(flag, dest=key, type=kind, required=required, default=argparse.SUPPRESS, help=help_text)
+
+
+def options_from(model: type[M], args: argparse.Namespace) -> M:
+    """The options the command line gave (the model's defaults for the others); `ConfigError` if invalid."""
+    keys = [field.alias or name for name, field in model.model_fields.items()]
+    try:
+        return model.model_validate({key: getattr(args, key) for key in keys if hasattr(args, key)})
+    except ValidationError as exc:
+        where, _, message = one_line(exc, "options").partition(": ")
+        raise ConfigError(f"--{where.replace('_', '-')}: {message}") from exc
+
+
+def _value_type(name: str, field: FieldInfo) -> Any:
+    """The type a flag's text is parsed to: the annotation, without `| None`."""
+    annotation = field.annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is Annotated:  # a constrained type: the text parses to its base type
+        annotation = get_args(annotation)[0]
+    if annotation is bool or (isinstance(annotation, type) and issubclass(annotation, _SCALARS)):
+        return annotation
+    raise TypeError(f"option {name}: no flag for {annotation!r} (int, float, str, Path, bool, or X | None)")

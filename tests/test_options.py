@@ -1,0 +1,51 @@
+"""Typed options: a command's flags and help come from its pydantic model (`node/commands/options.py`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from node.commands.options import options_from
+from node.commands.receipt import ReceiptOptions, register
+from protocol.errors import ConfigError
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pulse")
+    register(parser.add_subparsers())
+    return parser.parse_args(["receipt", *argv])
+
+
+def test_flags_and_help_come_from_the_model() -> None:
+    parser = argparse.ArgumentParser(prog="pulse")
+    register(parser.add_subparsers())
+    text = parser._subparsers._group_actions[0].choices["receipt"].format_help()  # type: ignore[union-attr]
+    for field in ReceiptOptions.model_fields.values():
+        assert field.description and field.description.split("(")[0].strip()[:30] in " ".join(text.split())
+    assert "--state-dir" in text and "--json" in text
+
+
+def test_the_command_line_becomes_a_validated_model() -> None:
+    options = options_from(ReceiptOptions, parse(["--round", "3", "--json", "--state-dir", "x"]))
+    assert (options.round, options.print_json, options.state_dir, options.miner) == (3, True, Path("x"), None)
+    assert options_from(ReceiptOptions, parse(["--round", "0"])).print_json is False  # the model's default
+
+
+def test_a_required_flag_is_required() -> None:
+    with pytest.raises(SystemExit):
+        parse([])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--round", "-1"], "--round: Input should be greater than or equal to 0"),
+        (["--round", "1", "--miner", "not-hex"], "--miner: String should match pattern"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        options_from(ReceiptOptions, parse(argv))
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
