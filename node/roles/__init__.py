@@ -17,6 +17,7 @@ Files (in import order):
 - `deadline.py`   when a round closes: fixed, or adaptive (quorum + a target learned from arrivals)
 - `replicas.py`   a round's result, patch, evidence and payloads on a standby before they are
                   published (`rpc_replicate`): the active validator's push, the standby's checks
+- `keyclash.py`   a second validator with this key, seen on the run's head: stop in one line
 - `validator_service.py` the validator's rounds: open, collect pushed submissions, close, publish
 - `auditor.py`    `Auditor`: an FP32 replica that recomputes every counted round (`pulse audit`,
                   `pulse follow --audit`); a result that does not recompute is reported, not applied
