@@ -1,5 +1,6 @@
 """The `pulse` CLI: each module parses one command's flags and calls the library.
 
+- `argtypes.py`   flag types that refuse bad numbers and paths at parse time, in one line
 - `cli.py`        the entry point; `COMMANDS` lists the commands in `--help` order, with the module
                   of each (only the module of the command being run is imported: `--help` is fast)
 - `keygen.py`     `pulse keygen`

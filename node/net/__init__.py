@@ -7,10 +7,13 @@ Files (in import order):
                   the libp2p identity file written 0600 from the start)
 - `records.py`    the store-time rules of a run's records: a policy per kind (who writes it, its
                   size, signers per key), the signed expiry, and the store budget of one peer
-- `dhtprocess.py` what runs inside hivemind's DHT process: the bounded storage, a pipe that waits
+- `lifetime.py`   children die with their node (the DHT process watches its parent, p2pd gets a
+                  parent-death signal); a fixed listen port already taken, named with its holder
+- `dhtprocess.py` what runs inside hivemind's DHT process: tied to the node, the bounded storage, a
+                  pipe that waits
 - `dht.py`        signed records on hivemind's DHT, the record validator every peer runs, restarts
 - `blobstore.py`  content-addressed blobs on disk (SHA-256 names, verified atomic writes)
-- `retention.py`  which blobs a node keeps: the last rounds, the newest checkpoints, a disk budget
+- `retention.py`  which blobs a node keeps: the last rounds, the newest checkpoints whole, a disk budget
 - `streams.py`    blob stream framing, limits and byte pumps (bounded reads, minimum rates both ways)
 - `fetching.py`   one blob from many claimed holders: proven ones first, hedged, one deadline
 - `ranges.py`     parts of a blob and link probes on the fetch stream

@@ -21,6 +21,7 @@ Files (in import order):
 - `intake.py`     `RoundIntake`: the open round's pushed submissions, one object per validator process
                   (header checks and seats before the body, the inbox); active and standby alike
 - `publisher.py`  `ChainPublisher`: checkpoints, the run's head, results (kept fresh), the round's blobs
+- `keyclash.py`   a second validator with this key, seen on the run's head: stop in one line
 - `summary.py`    a closed round's figures: the `RoundClosed` event and the `RoundMetrics` record
 - `validator_service.py` `ValidatorService`: the loop of rounds over a `Phase` enum; it owns the
                   `Validator` and is handed the intake; the publisher and the deadline clock do the rest

@@ -51,6 +51,12 @@ class RoundInputs:
         return True
 
 
+def finishes_late(now: float, target: float, train_seconds: float | None, overlap: bool) -> bool:
+    """Whether training that starts `now` and lasts `train_seconds` (None: not measured yet) ends after
+    the round's `target` (unix time), with overlapped training to go to the next round instead."""
+    return overlap and train_seconds is not None and now + train_seconds > target
+
+
 class BusyClock:
     """Wall seconds during which at least one piece of work ran, counted up to now for work still
     running (a miner that reports while it trains ahead is busy, not idle)."""
@@ -108,6 +114,7 @@ class Miner:
         self.payload_sha: str | None = None  # the last payload sent, kept fetchable until the next one
         self.uplink = Uplink()
         self.compress_seconds: float | None = None  # the last compression's
+        self.last_train_seconds: float | None = None  # the last H inner steps' (how long a round's training takes)
 
     @property
     def busy_fraction(self) -> float:
@@ -159,6 +166,8 @@ class Miner:
             )
         else:
             await self._drop_ahead()
+            if self._train_ahead_instead(r, target, held.weights):
+                return
             steps = self.setup.manifest.train.inner_steps
             self.events.emit(Training(round=r, ahead=False), f"joined round {r}: training {steps} steps")
             delta = await self._train(r, held.weights)
@@ -174,13 +183,25 @@ class Miner:
         self.compress_seconds = time.monotonic() - start
         await self._submit(header, payload, live, compress_seconds=self.compress_seconds, fraction=fraction)
 
+    def _train_ahead_instead(self, r: int, target: float, weights: State) -> bool:
+        """A miner whose state is ready late in round r (a joiner, one that caught up) and whose steps
+        would end after r's target: it trains round r+1 now instead, from W_r as overlapped training
+        does, so it submits the moment r+1 opens (training r would be refused as "round not open",
+        and r+1's steps would only start then)."""
+        if not finishes_late(time.time(), target, self.last_train_seconds, self.setup.manifest.train.overlap):
+            return False
+        self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, weights)))
+        text = f"round {r} closes in {max(target - time.time(), 0):.1f}s, before {self.last_train_seconds:.1f}s of "
+        self.events.emit(Late(round=r), text + f"training end: training round {r + 1} now")
+        return True
+
     async def _train(self, round_: int, weights: State) -> State:
         start = time.monotonic()
         try:
             with self.clock.busy():
                 return await asyncio.get_running_loop().run_in_executor(None, self.trainer.train, round_, weights)
         finally:
-            seconds = time.monotonic() - start
+            seconds = self.last_train_seconds = time.monotonic() - start
             self.train_seconds = {r: s for r, s in self.train_seconds.items() if r >= round_ - 1}  # rounds in flight
             self.train_seconds[round_] = seconds
 
