@@ -105,8 +105,10 @@ def test_a_tokenizer_gives_ids_with_end_of_text_between_records(tmp_path: Path) 
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(_docs(), trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
-                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+        _docs(), trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], initial_alphabet=alphabet)
+    )
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
     fast.save_pretrained(tmp_path / "tok")
     spec = CacheSpec(resolve([str(_jsonl(tmp_path / "d.jsonl", _docs()))]))
@@ -149,18 +151,30 @@ def _empty_folder(tmp_path: Path) -> str:
     return str(tmp_path / "empty")
 
 
+def _other_field(tmp_path: Path) -> str:
+    return str(_jsonl(tmp_path / "d.jsonl", _docs(), field="content"))
+
+
+def _parquet_text(tmp_path: Path) -> str:
+    return str(_parquet(tmp_path / "d.parquet", _docs()))
+
+
+def _three_docs(tmp_path: Path) -> str:
+    return str(_jsonl(tmp_path / "d.jsonl", _docs(3)))
+
+
 @pytest.mark.parametrize(
     ("make", "data", "says"),
     [
         (_empty_folder, {}, r"empty folder: put \.txt, \.jsonl or \.parquet files in it"),
-        (lambda t: str(_jsonl(t / "d.jsonl", _docs(), field="content")), {}, r"no text field 'text' .*content.* set data\.field"),
+        (_other_field, {}, r"no text field 'text' .*content.* set data\.field"),
         (_bad_utf8, {}, r"latin1\.txt is not UTF-8 text \(bad byte near offset 3\): convert it"),
-        (lambda t: str(_parquet(t / "d.parquet", _docs())), {"field": "body"}, r"d\.parquet has no column 'body' \(columns: text, n\)"),
-        (lambda t: str(_jsonl(t / "d.jsonl", _docs(3))), {}, r"the held-out split of .*d\.jsonl has \d+ tokens.* add text"),
+        (_parquet_text, {"field": "body"}, r"d\.parquet has no column 'body' \(columns: text, n\)"),
+        (_three_docs, {}, r"the held-out split of .*d\.jsonl has \d+ tokens.* add text"),
         (lambda t: str(t / "nothing" / "*.jsonl"), {}, r"the pattern matches no file"),
     ],
     ids=["empty-folder", "wrong-field", "not-utf8", "parquet-no-field", "too-small", "glob-no-match"],
-)  # fmt: skip
+)
 def test_bad_data_gets_one_line_naming_the_file(tmp_path: Path, make, data, says) -> None:  # type: ignore[no-untyped-def]
     path = make(tmp_path)
     with pytest.raises(ConfigError, match=says) as err:

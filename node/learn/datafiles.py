@@ -58,7 +58,9 @@ def _expand(entry: str) -> list[Path]:
     if glob.has_magic(str(path)):
         found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not found:
-            raise ConfigError(f"data.paths: {entry}: the pattern matches no file; check the path, or point it at a folder")
+            raise ConfigError(
+                f"data.paths: {entry}: the pattern matches no file; check the path, or point it at a folder"
+            )
         return found
     if path.is_dir():
         found = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
@@ -164,9 +166,7 @@ def _load(fmt: Format, paths: list[str], field: str, scratch: Path):  # type: ig
     if fmt == "parquet":
         options["columns"] = [field]
     try:
-        return datasets.load_dataset(
-            _BUILDER[fmt], data_files=paths, split="train", cache_dir=str(scratch), **options
-        )
+        return datasets.load_dataset(_BUILDER[fmt], data_files=paths, split="train", cache_dir=str(scratch), **options)
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as exc:
         where = paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more {fmt} files)"
         raise ConfigError(f"data.paths: {where} could not be read as {fmt}: {exc.__cause__ or exc}") from exc
