@@ -56,7 +56,8 @@ def no_cuda(device: str) -> str | None:
         return None
     if torch.version.cuda is None:  # the CPU build (the Makefile's default)
         return (
-            f"--device cuda: this torch ({torch.__version__}) is the CPU build; install the CUDA build with "
+            f"--device cuda: this torch ({torch.__version__}) is the CPU build, it sees no CUDA device; install "
+            "the CUDA build with "
             "`make cuda` (CUDA 12.8; `make install GPU=cu126` or GPU=cu118 for an older driver), or "
             f"`pip install --force-reinstall --no-deps torch=={torch.__version__.split('+')[0]} "
             "--index-url https://download.pytorch.org/whl/cu128`"

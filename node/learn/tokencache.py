@@ -19,6 +19,7 @@ tokens are the UTF-8 bytes. RAM holds one batch of documents at a time, never th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -140,8 +141,9 @@ def _build(spec: CacheSpec, tokens: Tokens, folder: Path) -> None:
         meta = {"dtype": tokens.dtype.str, **counts, "digest": corpus.digest(), "files": len(spec.files)}
         (work / "meta.json").write_text(json.dumps(meta, sort_keys=True))
         del corpus
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(work, folder)
+        shutil.rmtree(folder, ignore_errors=True)  # a damaged one
+        with contextlib.suppress(OSError):  # another process of this machine put the same tokens there first
+            os.replace(work, folder)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
