@@ -11,7 +11,8 @@ import torch
 from node.learn.data import stdlib_corpus
 from node.learn.datafiles import resolve
 from node.learn.tokencache import CacheSpec, Tokens, open_or_build
-from node.run.manifest import Manifest, parse_manifest
+from node.run.manifest import Manifest, load_manifest, parse_manifest
+from node.run.presets import preset
 from node.run.setup import RunSetup
 from protocol.errors import ConfigError
 
@@ -180,3 +181,26 @@ def test_bad_data_gets_one_line_naming_the_file(tmp_path: Path, make, data, says
     with pytest.raises(ConfigError, match=says) as err:
         RunSetup.from_manifest(_manifest([path], **data)).corpus  # noqa: B018
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b-home-gpu", "qwen2.5-1.5b-home-gpu"])
+def test_a_home_preset_starts_with_only_the_key_and_the_paths_edited(tmp_path: Path, name: str) -> None:
+    from tests.test_hfmodel import _save_tiny_lm
+
+    vocab = _save_tiny_lm(tmp_path / "model")
+    _jsonl(tmp_path / "data" / "corpus.jsonl", [d * 4 for d in _docs(600)])
+    text = preset(name).read_text()
+    size = "1.5B" if "1.5b" in name else "0.5B"
+    edits = {
+        "validators = []": f'validators = ["{"ab" * 32}"]',
+        f'path = "~/models/Qwen2.5-{size}"': f'path = "{tmp_path / "model"}"',
+        'paths = ["~/data"]': f'paths = ["{tmp_path / "data"}"]',
+    }
+    for old, new in edits.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    (tmp_path / "run.toml").write_text(text)
+    setup = RunSetup.from_manifest(load_manifest(tmp_path / "run.toml"))
+    x, _ = setup.batch(0)
+    assert x.shape == (4, 1024) and int(x.max()) < vocab  # the model's own tokenizer, the preset's batch
+    assert len(setup.held_out()) == setup.manifest.selection.held_out_batches
