@@ -127,9 +127,10 @@ def test_the_embedded_corpus_is_still_the_default() -> None:
     assert setup.corpus.digest() == stdlib_corpus(setup.manifest.data.cap_bytes).digest()
 
 
-def test_a_pinned_digest_refuses_other_tokens(tmp_path: Path) -> None:
+def test_a_pinned_digest_refuses_other_tokens(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = str(_jsonl(tmp_path / "d.jsonl", _docs()))
     digest = RunSetup.from_manifest(_manifest([path])).corpus.digest()
+    assert "data.digest is not set" in caplog.text and f'pin them with digest = "{digest}"' in caplog.text
     assert RunSetup.from_manifest(_manifest([path], digest=digest)).corpus.digest() == digest
     _jsonl(tmp_path / "d.jsonl", _docs()[:-1])  # another node's copy lacks a line
     with pytest.raises(ConfigError, match=rf"data.digest: .* the run's are {digest}"):

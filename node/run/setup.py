@@ -116,6 +116,12 @@ class RunSetup:
                 )
         digest = corpus.digest()
         log.info("data: %d train and %d held-out tokens, digest %s", len(corpus.train), len(corpus.held_out), digest)
+        if data.kind == "files" and data.digest is None:
+            log.warning(
+                "data.digest is not set: nodes cannot check that they train on the same tokens; pin them with "
+                'digest = "%s" in [data] (every node of the run needs the same manifest)',
+                digest,
+            )
         if data.digest is not None and digest != data.digest:
             raise ConfigError(
                 f"data.digest: the tokens of {where} here hash to {digest}, the run's are {data.digest}: this "
