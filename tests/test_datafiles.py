@@ -75,6 +75,17 @@ def test_the_same_tokens_from_jsonl_parquet_and_a_folder_on_every_node(tmp_path:
     assert len(globbed.corpus.train) == 2 * len(j.train)
 
 
+def test_shards_whose_other_fields_differ_read_as_one_corpus(tmp_path: Path) -> None:
+    docs = _docs()
+    _jsonl(tmp_path / "d" / "a.jsonl", docs[:200])
+    (tmp_path / "d" / "b.jsonl").write_text(
+        "".join(json.dumps({"text": d, "meta": {"x": 1}}) + "\n" for d in docs[200:])
+    )
+    corpus = RunSetup.from_manifest(_manifest([str(tmp_path / "d")])).corpus
+    same = RunSetup.from_manifest(_manifest([str(_jsonl(tmp_path / "one.jsonl", docs))])).corpus
+    assert corpus.digest() == same.digest()
+
+
 def test_text_files_split_by_paragraph(tmp_path: Path) -> None:
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "one.txt").write_text("\n\n".join(_docs(300)))

@@ -142,11 +142,12 @@ def _check_parquet(path: Path, field: str) -> None:
 
 def documents(files: list[DataFile], field: str, scratch: Path) -> Iterator[tuple[Format, list[str]]]:
     """Batches of documents (non-empty strings) in file order, each with its files' format; the Arrow
-    tables `datasets` builds go to `scratch` (the caller deletes it). Consecutive files of one format
-    are read as one dataset."""
+    tables `datasets` builds go to `scratch` (the caller deletes it). Consecutive text files are read
+    as one dataset; each JSONL or Parquet file as its own, since shards of one corpus often differ in
+    their other fields, which one dataset could not hold."""
     groups: list[tuple[Format, list[str]]] = []
     for f in files:
-        if groups and groups[-1][0] == f.format:
+        if groups and groups[-1][0] == f.format == "text":
             groups[-1][1].append(str(f.path))
         else:
             groups.append((f.format, [str(f.path)]))
