@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from protocol.errors import ConfigError
 
@@ -158,7 +158,7 @@ def documents(files: list[DataFile], field: str, scratch: Path) -> Iterator[tupl
             yield fmt, [d for d in docs if d]
 
 
-def _load(fmt: Format, paths: list[str], field: str, scratch: Path):  # type: ignore[no-untyped-def]
+def _load(fmt: Format, paths: list[str], field: str, scratch: Path) -> Any:  # a `datasets.Dataset`
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never a network call
     import datasets
 
