@@ -2,22 +2,47 @@
 PYTHON ?= python3
 VENV ?= .venv
 # PyTorch is installed first, from PyTorch's CPU index by default (PyPI's Linux wheel is the CUDA
-# build, several GB). GPU users pick theirs: TORCH_INDEX=https://download.pytorch.org/whl/cu128,
-# or TORCH_INDEX= (empty) for PyPI's default build.
+# build, several GB). For an NVIDIA card name its CUDA build in one word: `make demo GPU=cu128`
+# (or cu126, cu118: what `nvidia-smi` says the driver supports), or `make cuda`; any index works
+# with TORCH_INDEX=https://download.pytorch.org/whl/cu128, or TORCH_INDEX= (empty) for PyPI's build.
+# torch has its own stamp named after TORCH_SPEC and TORCH_INDEX: asking for another build later
+# (after a CPU `make demo`, say) replaces torch, and nothing else is reinstalled; a later `make`
+# that asks for none keeps the build installed.
+GPU ?=
 TORCH_SPEC ?= torch==2.13.0
+ifneq ($(GPU),)
+TORCH_INDEX := https://download.pytorch.org/whl/$(GPU)
+endif
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 BIN := $(VENV)/bin
+TORCH_ID := $(shell printf '%s' '$(TORCH_SPEC) $(TORCH_INDEX)' | cksum | cut -d ' ' -f 1)
+TORCH_STAMP := $(VENV)/.torch-$(TORCH_ID)
+TORCH_ASKED := $(GPU)$(filter-out file,$(origin TORCH_INDEX) $(origin TORCH_SPEC))
+TORCH_HELD := $(firstword $(wildcard $(VENV)/.torch-*))
+ifeq ($(TORCH_ASKED),)
+ifneq ($(TORCH_HELD),)
+TORCH_STAMP := $(TORCH_HELD)
+endif
+endif
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint clean browser
+.PHONY: install demo test test-fast lint clean browser cuda
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The CUDA 12.8 build of torch (recent NVIDIA drivers); GPU=cu126 or cu118 for older ones.
+cuda:
+	$(MAKE) install GPU=$(or $(GPU),cu128)
+
+$(TORCH_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch alone from TORCH_INDEX; its own dependencies come with the project, from PyPI
-	$(BIN)/python -m pip install --quiet --retries 1 --no-deps "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	# torch alone from TORCH_INDEX (replacing any other build); its own dependencies come with the project
+	$(BIN)/python -m pip install --quiet --retries 1 --no-deps --force-reinstall "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	rm -f $(VENV)/.torch-* $(STAMP)
+	@printf '%s\n' '$(TORCH_SPEC) $(TORCH_INDEX)' > $(TORCH_STAMP)
+
+$(STAMP): pyproject.toml $(TORCH_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 

@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from node.commands.argtypes import at_least, port, positive_seconds
-from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG
+from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG, no_cuda
 from node.events import EventLog, read_events
 from node.events.models import Baseline, RoundClosed
 from node.run.manifest import load_manifest
@@ -57,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"pulse demo: {exc}", file=sys.stderr)
         return 2
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("pulse demo: --device cuda: this torch build sees no CUDA device", file=sys.stderr)
+    if (missing := no_cuda(args.device)) is not None:
+        print(f"pulse demo: {missing}", file=sys.stderr)
         return 2
     if base.task != args.task:
         print(f"pulse demo: {config} is a task '{base.task}' manifest, not '{args.task}'", file=sys.stderr)

@@ -1,14 +1,17 @@
-"""`pulse doctor --config C --initial-peers ...`: measure this machine and its links, forecast how it will do.
+"""`pulse doctor --config C --device cuda --initial-peers ...`: measure this machine and its links, forecast.
 
-Joins the run's network as a client for a minute (no heartbeats, no blobs held), measures
-(`node.roles.doctor.measure`) and prints the forecast and what to change; `--json` prints it as one
-object instead.
+First the machine (`node.roles.machinefit`): real inner steps of the run's model at the run's batch
+on `--device`, their peak device memory, the host's peak, GPU memory, host RAM and disk against what
+the run needs, and the run's data digest. Then (unless `--local`) it joins the run's network as a
+client for a minute (no heartbeats, no blobs held), measures (`node.roles.doctor.measure`) and prints
+the forecast and what to change; `--json` prints it as one object instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import tempfile
@@ -20,10 +23,11 @@ from rich.console import Console
 from rich.table import Table
 
 from node.commands.argtypes import at_least
-from node.commands.roles import DEFAULT_CONFIG
+from node.commands.roles import DEFAULT_CONFIG, no_cuda
 from node.net.netconfig import add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
-from node.roles.doctor import Forecast, forecast, measure, reachability
+from node.roles.doctor import Forecast, fit_advice, forecast, measure, reachability
+from node.roles.machinefit import Machine, needs, probe_machine
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
@@ -38,6 +42,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
     parser.add_argument("--steps", type=at_least(1), default=3, help="inner steps to time (scaled to the run's H)")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the steps run: the miner's device (%(default)s)"
+    )
+    parser.add_argument("--local", action="store_true", help="measure this machine only: no network, no forecast")
     parser.add_argument("--probe-mib", type=float, default=8.0, help="MiB sent each way to measure the links")
     parser.add_argument("--state-dir", type=Path, default=None, help="where a node here would keep its state")
     parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)")
@@ -48,25 +56,42 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if (missing := no_cuda(args.device)) is not None:
+            raise ConfigError(missing)
         setup = RunSetup.from_manifest(load_manifest(args.config))
         config = net_config_from_args(args)
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        with tempfile.TemporaryDirectory(prefix="pulse-doctor-") as tmp:
+            folder = args.state_dir or Path(tmp)
+            folder.mkdir(parents=True, exist_ok=True)
+            if args.local:
+                steps = max(1, args.steps)
+                machine = probe_machine(setup, task_for(setup), device=args.device, steps=steps, folder=folder)
+                return _report_local(machine, setup, args)
+            report = asyncio.run(_diagnose(setup, config, Path(tmp), folder, args))
     except ConfigError as exc:
         print(f"pulse doctor: {exc}", file=sys.stderr)
         return 2
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="pulse-doctor-") as tmp:
-        folder = args.state_dir or Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            report = asyncio.run(_diagnose(setup, config, Path(tmp), folder, args))
-        except NetworkError as exc:
-            print(f"pulse doctor: {exc}", file=sys.stderr)
-            return 1
+    except NetworkError as exc:
+        print(f"pulse doctor: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True))
     else:
         show(report, Console())
+    return 0
+
+
+def _report_local(machine: Machine, setup: RunSetup, args: argparse.Namespace) -> int:
+    advice = fit_advice(machine, setup.manifest)
+    if args.json:
+        print(json.dumps({"machine": dataclasses.asdict(machine), "advice": advice}, sort_keys=True))
+        return 0
+    console = Console()
+    show_machine(machine, setup.manifest.train.inner_steps, console)
+    for line in advice or ["nothing to change: the run fits this machine"]:
+        console.print(f"- {line}", markup=False)  # advice quotes TOML: [data]
     return 0
 
 
@@ -82,6 +107,7 @@ async def _diagnose(setup: RunSetup, config: Any, scratch: Path, folder: Path, a
             probe_bytes=int(args.probe_mib * 2**20),
             folder=folder,
             reachability=reachability(maddrs),
+            device=args.device,
         )
     finally:
         await peer.shutdown()
@@ -100,8 +126,32 @@ def _s(n: float | None) -> str:
     return "-" if n is None else f"{n:.1f} s"
 
 
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def show_machine(machine: Machine, inner_steps: int, console: Console) -> None:
+    """The machine against the run: the timed steps, then each resource needed and available."""
+    table = Table(title=f"this machine ({machine.device_name})")
+    table.add_column("what")
+    table.add_column("needed")
+    table.add_column("available")
+    table.add_column("fits")
+    step = f"{machine.step_seconds:.3f} s x H {inner_steps} = {machine.step_seconds * inner_steps:.1f} s a round"
+    table.add_row(f"inner step on {machine.device} ({machine.steps} timed)", step, "", "")
+    yes_no = {True: "yes", False: "NO", None: "unknown"}
+    for need in needs(machine):
+        basis = "measured" if need.measured else "bound"
+        table.add_row(need.what, f"{_gib(need.needed)} ({basis})", _gib(need.available), yes_no[need.fits])
+    pinned = "pinned in the manifest" if machine.data_pinned else "not pinned (data.digest)"
+    table.add_row("data", f"{machine.train_tokens:,} train + {machine.held_out_tokens:,} held-out tokens", "", "")
+    table.add_row("data digest", machine.data_digest, pinned, "")
+    console.print(table)
+
+
 def show(f: Forecast, console: Console) -> None:
     m = f.measured
+    show_machine(m.machine, round(f.train_seconds / max(m.step_seconds, 1e-9)), console)
     measured = Table(title="measured")
     measured.add_column("what")
     measured.add_column("value")
@@ -131,4 +181,4 @@ def show(f: Forecast, console: Console) -> None:
         verdict.add_row(*row)
     console.print(verdict)
     for line in f.advice or ["nothing to change: this machine keeps up"]:
-        console.print(f"- {line}")
+        console.print(f"- {line}", markup=False)  # advice quotes TOML: [data]

@@ -53,6 +53,24 @@ PEER_ROLES: dict[str, Role] = {"validator": "validator", "miner": "miner", "foll
 AUDIT_MISMATCH_EXIT = 3  # `pulse audit` when a round's result did not recompute
 
 
+def no_cuda(device: str) -> str | None:
+    """Why `--device cuda` cannot run here, with the command that fixes it (None: it can, or cpu)."""
+    if device != "cuda" or torch.cuda.is_available():
+        return None
+    if torch.version.cuda is None:  # the CPU build (the Makefile's default)
+        return (
+            f"--device cuda: this torch ({torch.__version__}) is the CPU build, it sees no CUDA device; install "
+            "the CUDA build with "
+            "`make cuda` (CUDA 12.8; `make install GPU=cu126` or GPU=cu118 for an older driver), or "
+            f"`pip install --force-reinstall --no-deps torch=={torch.__version__.split('+')[0]} "
+            "--index-url https://download.pytorch.org/whl/cu128`"
+        )
+    return (
+        f"--device cuda: this torch ({torch.__version__}, CUDA {torch.version.cuda}) sees no GPU: check that "
+        "`nvidia-smi` lists one and that its driver supports that CUDA version (else `make install GPU=cu126`)"
+    )
+
+
 def register(subparsers: Any) -> None:
     roles = {
         "validator": "run the validator: collect, score, aggregate and publish each round",
@@ -143,11 +161,13 @@ def start_metrics(args: argparse.Namespace, command: str, role: str, run_id: str
 
 def run(role: str, args: argparse.Namespace) -> int:
     try:
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: this torch build sees no CUDA device (install a CUDA torch)")
+        if (missing := no_cuda(args.device)) is not None:
+            raise ConfigError(missing)
         if args.threads > 0:
             torch.set_num_threads(args.threads)
         setup = RunSetup.from_manifest(load_manifest(args.config))
+        if role in ("miner", "validator") and setup.manifest.task == "lm":
+            setup.corpus  # noqa: B018  # bad data fails here, in one line, before the network starts
         identity = load_key_file(args.key) if args.key is not None else Identity.generate()
         config = net_config_from_args(args)
     except (ConfigError, KeyFileError) as exc:

@@ -3,7 +3,12 @@
 Files (in import order):
 
 - `model.py`      the embedded byte-level GPT and its config; `CausalLM`, what the node needs of a model
-- `data.py`       the embedded corpus (the standard library's `.py` sources) and seeded batches
+- `data.py`       token corpora (possibly memory-mapped), seeded batches, the token digest; the embedded
+                  corpus (the standard library's `.py` sources)
+- `datafiles.py`  the user's text, JSONL and Parquet files (files, folders, globs) as documents, read
+                  offline with Hugging Face `datasets`; one clear line per bad file
+- `tokencache.py` those documents tokenized once into an on-disk, memory-mapped token cache, split by a
+                  hash of each document
 - `adamw16.py`    AdamW with BF16 moments (half the optimizer state)
 - `train.py`      training primitives: BF16 state copy/load, H AdamW inner steps, the memory options, evaluation
 - `hfmodel.py`    a Hugging Face causal LM (a local directory, or an architecture with seeded weights) as a

@@ -316,6 +316,12 @@ def has_tokenizer(path: str) -> bool:
     return any((root / name).is_file() for name in TOKENIZER_FILES)
 
 
+def tokenizer_files(path: str) -> list[Path]:
+    """The files under `path` that decide its tokenizer's ids (what a token cache is keyed by)."""
+    extra = ("special_tokens_map.json", "merges.txt", "added_tokens.json")
+    return sorted(p for p in model_dir(path).iterdir() if p.name in TOKENIZER_FILES + extra and p.is_file())
+
+
 def load_hf_tokenizer(path: str) -> Any:
     """The tokenizer saved beside the model under `path`, read offline."""
     from transformers import AutoTokenizer

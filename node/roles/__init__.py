@@ -36,7 +36,9 @@ Files (in import order):
 - `export.py`     the model taken home: a Hugging Face folder, its contributor ledger and its check
 - `dashboard/`    the live run page: a board derived from signed records, its HTML, a watcher, a server
 - `metrics.py`    a role's Prometheus endpoint: the event metrics plus the peer's counts and the process
-- `doctor.py`     `pulse doctor`'s measurements (compute, link probes, the run's records) and forecast
+- `machinefit.py` does the run fit this machine: inner steps timed on the device at the run's batch,
+                  peak device and host memory, against the card's memory, the RAM and the disk
+- `doctor.py`     `pulse doctor`'s measurements (the machine, link probes, the run's records) and forecast
 
 Roles run on any `Peer`: `pulse` gives them the libp2p one, the fast tests the in-memory one.
 

@@ -1,19 +1,20 @@
 """`pulse doctor`: will this machine keep up with the run? Measured here and on the live network, then forecast.
 
-    measured = await measure(setup, task, peer, steps=3, probe_bytes=8 << 20, folder=state_dir)
+    measured = await measure(setup, task, peer, steps=3, probe_bytes=8 << 20, folder=state_dir, device="cuda")
     report = forecast(measured, setup.manifest)      # report.advice: what to change, if anything
 
 What is measured (nothing is assumed that can be measured):
 
-- compute: `steps` inner steps of the run's model on the run's batches (the miner's own `Trainer`),
-  timed and scaled to the run's H; the pseudo-gradient they give, compressed with the run's codec;
+- the machine (`machinefit.py`): `steps` inner steps of the run's model at the run's batch on
+  `device` (the miner's own `Trainer`), timed and scaled to the run's H, their peak device memory;
+  the pseudo-gradient they give, compressed with the run's codec; the process's peak host memory;
+  GPU memory, host RAM and disk against what the run needs; the run's data and its digest;
 - the links: a download and an upload probe (`net/ranges.py`) with the run's validator (or, failing
   that, the holder that answers first): what a miner's push and a joiner's pieces go through;
 - the run, from its signed records: the open round, its target (the validator's open heartbeat),
   the round period (two consecutive open heartbeats), patch sizes (round results), payload sizes
   (the validator's round metrics), and the cheapest join plan (`joinplan.py`) with its bytes;
 - reachability from this node's own addresses (public, private network only, or relayed);
-- free disk and memory, against what the role needs.
 
 The forecast: bytes per round each way; whether a whole payload arrives before the round's
 target (and, if not, the share a miner sends: `uplink.py`); whether H steps fit in a round; the
@@ -25,11 +26,9 @@ timed here by hashing, plus the patches to replay, each timed here on a patch li
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import ipaddress
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,13 +39,13 @@ import torch
 from node.net.peer import Peer
 from node.roles.chainstate import apply_patch
 from node.roles.joinplan import plan_join
+from node.roles.machinefit import Machine, needs, probe_machine
 from node.roles.uplink import MIN_FRACTION, SAFETY
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import Task
 from protocol import pulsesync
 from protocol.errors import NetworkError, ProtocolError, TransferError
-from protocol.identity import Identity
 from protocol.messages import Heartbeat, RoundMetrics
 from protocol.statehash import state_hash
 
@@ -55,7 +54,6 @@ PERIOD_ROUNDS = 4
 # after the checkpoint's last piece (each checked as it came) a join fsyncs the file and reads it once
 # into the live state (`roles/chainstate.py`): measured at about one hash pass's time (0.6-1.5x)
 LOAD_PASSES = 1.0
-TRAIN_BYTES_PER_PARAM = 24  # FP32 model, AdamW moments, error buffer, delta, two BF16 copies
 
 
 @dataclass
@@ -84,6 +82,7 @@ class Measured:
     reachability: str
     disk_free: int
     memory_available: int | None
+    machine: Machine  # the steps on the device, peak memory, and what the machine has
     problems: list[str] = field(default_factory=list)  # what could not be measured, and why
 
 
@@ -109,13 +108,23 @@ class Forecast:
 
 
 async def measure(
-    setup: RunSetup, task: Task, peer: Peer, *, steps: int, probe_bytes: int, folder: Path, reachability: str
+    setup: RunSetup,
+    task: Task,
+    peer: Peer,
+    *,
+    steps: int,
+    probe_bytes: int,
+    folder: Path,
+    reachability: str,
+    device: str = "cpu",
 ) -> Measured:
-    """Compute here, then the run's records and the links to its validator."""
+    """Compute here (on `device`), then the run's records and the links to its validator."""
     m = setup.manifest
     problems: list[str] = []
     loop = asyncio.get_running_loop()
-    step_seconds, payload, compress = await loop.run_in_executor(None, _train_probe, setup, task, steps)
+    machine = await loop.run_in_executor(
+        None, lambda: probe_machine(setup, task, device=device, steps=steps, folder=folder)
+    )
     hash_rate = await loop.run_in_executor(None, _hash_rate)
     looking = time.monotonic()
     current, announcement, head = await peer.position()  # the run head: one read at any round
@@ -137,13 +146,12 @@ async def measure(
     # a join starts with the same reads: where the run is, then the plan (the probes between are not)
     lookup = (reading - looking) + (time.monotonic() - planning)
     down, up, probed = await _probe(peer, current, probe_bytes, problems)
-    params = sum(t.numel() for t in task.initial_master().values())
     return Measured(
-        params=params,
-        state_bytes=2 * params,
-        step_seconds=step_seconds,
-        own_payload_bytes=payload,
-        compress_seconds=compress,
+        params=machine.params,
+        state_bytes=2 * machine.params,
+        step_seconds=machine.step_seconds,
+        own_payload_bytes=machine.payload_bytes,
+        compress_seconds=machine.compress_seconds,
         hash_bytes_per_second=hash_rate,
         patch_apply_seconds=apply,
         lookup_seconds=lookup,
@@ -159,8 +167,9 @@ async def measure(
         down_bytes_per_second=down,
         up_bytes_per_second=up,
         reachability=reachability,
-        disk_free=shutil.disk_usage(folder).free,
-        memory_available=_memory_available(),
+        disk_free=machine.disk_free_bytes,
+        memory_available=machine.host_available_bytes,
+        machine=machine,
         problems=problems,
     )
 
@@ -175,20 +184,6 @@ async def _round_period(peer: Peer, beat: Heartbeat | None, current: int) -> flo
         if before is not None and beat.sent_at > before.sent_at:
             return (beat.sent_at - before.sent_at) / back
     return None
-
-
-def _train_probe(setup: RunSetup, task: Task, steps: int) -> tuple[float, int, float]:
-    """(seconds per inner step, compressed payload bytes, compress seconds) over `steps` steps from W_0."""
-    weights = {name: t.to(torch.bfloat16) for name, t in task.initial_master().items()}
-    trainer = task.trainer(Identity.generate())
-    trainer.spec = dataclasses.replace(trainer.spec, steps=steps)
-    trainer.train(0, weights)  # the first steps warm the allocator and kernels up: not timed
-    start = time.monotonic()
-    delta = trainer.train(1, weights)
-    step = (time.monotonic() - start) / steps
-    start = time.monotonic()
-    payload = trainer.compress(delta, weights)
-    return step, len(payload), time.monotonic() - start
 
 
 def _patch_probe(task: Task, patch_bytes: int | None) -> float:
@@ -233,16 +228,6 @@ async def _probe(
     return None, None, None
 
 
-def _memory_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def reachability(maddrs: list[str]) -> str:
     """How peers can reach this node, from the addresses it listens on and announces."""
     if any("/p2p-circuit" in a for a in maddrs):
@@ -279,7 +264,7 @@ def forecast(m: Measured, manifest: Manifest) -> Forecast:
     fits = train <= m.round_seconds if m.round_seconds else None
     join = join_seconds(m, m.join_bytes, m.join_patches) if m.join_bytes is not None else None
     disk = 2 * m.state_bytes + (m.join_patches + 2) * int(down_bytes)
-    memory = TRAIN_BYTES_PER_PARAM * m.params
+    memory = m.machine.host_peak_bytes  # measured: what the probe's steps and compression took here
     f = Forecast(
         bytes_up_per_round=up_bytes,
         bytes_down_per_round=down_bytes,
@@ -314,6 +299,26 @@ def join_seconds(m: Measured, join_bytes: int, patches: int) -> float | None:
     )
 
 
+def fit_advice(machine: Machine, manifest: Manifest) -> list[str]:
+    """What to change where the machine lacks GPU memory or host RAM for the run (`machinefit.needs`)."""
+    out = []
+    for need in needs(machine):
+        if need.fits is not False or need.what == "disk":
+            continue
+        what = "the steps' peak" if need.what == "GPU memory" else "a miner's peak"
+        out.append(
+            f"{need.what}: {what} here was {need.needed / 2**30:.1f} GiB, {(need.available or 0) / 2**30:.1f} GiB "
+            "are available: a smaller model or data.batch_size, "
+            "train.memory options (`pulse bench memory`), or run a follower (`pulse follow`)"
+        )
+    if not machine.data_pinned:
+        out.append(
+            f'data.digest is not set: put digest = "{machine.data_digest}" in [data] so that every node '
+            "checks it trains on these tokens"
+        )
+    return out
+
+
 def advise(f: Forecast, manifest: Manifest) -> list[str]:
     m, out = f.measured, []
     if f.makes_target is False:
@@ -330,11 +335,7 @@ def advise(f: Forecast, manifest: Manifest) -> list[str]:
         )
     if m.disk_free < f.disk_needed:
         out.append(f"free disk {m.disk_free / 1e9:.1f} GB is less than the {f.disk_needed / 1e9:.1f} GB a join needs")
-    if m.memory_available is not None and m.memory_available < f.memory_needed:
-        out.append(
-            f"available memory {m.memory_available / 1e9:.1f} GB is less than the about {f.memory_needed / 1e9:.1f} GB "
-            "a miner needs: run a follower (`pulse follow`), or a smaller model"
-        )
+    out += fit_advice(m.machine, manifest)
     if m.reachability.startswith("loopback"):
         out.append("no other machine can dial this node: listen on a reachable address (--host), or --client-mode")
     return out + [f"not measured: {p}" for p in m.problems]

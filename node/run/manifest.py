@@ -79,14 +79,26 @@ class ModelSection(BaseModel):
 
 
 class DataSection(BaseModel):
-    """Where training and evaluation batches come from."""
+    """Where training and evaluation batches come from (`node/learn/datafiles.py`, `tokencache.py`)."""
 
     model_config = _STRICT
 
     kind: Literal["embedded", "files"] = "embedded"
-    """'embedded': the Python standard library's sources; 'files': local text or JSONL files."""
+    """'embedded': the Python standard library's sources, as bytes; 'files': your own text, JSONL or
+    Parquet files, tokenized once with the model directory's tokenizer into a memory-mapped cache."""
     paths: list[str] = Field(default_factory=list, max_length=10_000)
-    """Text / JSONL files (kind 'files'), read in this order."""
+    """Kind 'files': files, folders (every file under them) or globs, read in this order."""
+    format: Literal["auto", "text", "jsonl", "parquet"] = "auto"
+    """Kind 'files': 'auto' goes by each file's suffix (.jsonl/.json/.ndjson, .parquet; anything else
+    is text); or one format for every file."""
+    field: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "text"
+    """Kind 'files': the JSONL field / Parquet column that holds each document's text."""
+    held_out_percent: int = Field(default=5, ge=1, le=50)
+    """Share of documents held out for the validator's loss report, chosen by a hash of each
+    document (of each file's path for the embedded corpus): the same split on every node."""
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """SHA-256 of the run's tokens (both splits; `pulse doctor` and every node's log print it): with
+    it set, a node whose files or tokenizer give other tokens refuses to start, naming both digests."""
     cap_bytes: int = Field(default=4 * 2**20, ge=4096)
     """Bytes of text read at most (train and held-out together)."""
     batch_size: int = Field(default=8, ge=1, le=4096)

@@ -7,6 +7,10 @@ setup.parameter_count()      # without building the model
 setup.batch(seed)            # a miner's training batch, named by its seed
 setup.eval_batch(seed)       # the validator's scoring batch of the same seed (a prefix)
 setup.held_out()             # the batches the validator reports the loss on
+setup.corpus                 # the run's tokens (the user's files go through the token cache once), checked
+
+The corpus is checked when first used: enough held-out tokens for one sequence, and, where the
+manifest pins `data.digest`, the same tokens as every other node of the run.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from node.learn.data import Corpus, load_text_files, stdlib_corpus
+from node.learn.basecache import default_cache_dir
+from node.learn.data import Corpus, stdlib_corpus
+from node.learn.datafiles import resolve
 from node.learn.hfmodel import (
     ARCHITECTURES,
     build_hf_from_config,
@@ -29,8 +34,10 @@ from node.learn.hfmodel import (
     model_dir,
     read_config,
     tokenize_corpus,
+    tokenizer_files,
 )
 from node.learn.model import CausalLM, build_gpt, count_parameters
+from node.learn.tokencache import CacheSpec, Tokens, open_or_build
 from node.learn.train import Batch
 from node.run.manifest import Manifest
 from protocol.errors import ConfigError
@@ -77,23 +84,49 @@ class RunSetup:
     @cached_property
     def corpus(self) -> Corpus:
         """Token ids: bytes for the embedded GPT; for kind 'hf' the model's own tokenizer, or bytes
-        (ids 0-255 of its vocabulary) when there are no tokenizer files."""
-        if self.manifest.model.kind == "hf" and self.hf_tokenizer_files:
-            return tokenize_corpus(self._text(), load_hf_tokenizer(self.manifest.model.path or ""))
-        if self.manifest.model.kind == "hf":
-            where = self.manifest.model.path or f"architecture {self.manifest.model.architecture!r}"
-            log.warning("no tokenizer files for %s: tokens are bytes (ids 0-255 of the model's vocabulary)", where)
-        return self._text()
+        (ids 0-255 of its vocabulary) when there are no tokenizer files. Checked (`check_corpus`)."""
+        corpus = self._tokens()
+        self.check_corpus(corpus)
+        return corpus
 
-    def _text(self) -> Corpus:
-        data = self.manifest.data
+    def _tokens(self) -> Corpus:
+        m, data = self.manifest.model, self.manifest.data
+        tokenizer = load_hf_tokenizer(m.path or "") if m.kind == "hf" and self.hf_tokenizer_files else None
+        if m.kind == "hf" and tokenizer is None:
+            where = m.path or f"architecture {m.architecture!r}"
+            log.warning("no tokenizer files for %s: tokens are bytes (ids 0-255 of the model's vocabulary)", where)
         if data.kind == "embedded":
-            return stdlib_corpus(data.cap_bytes)
-        paths = [Path(p).expanduser() for p in data.paths]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise ConfigError(f"data.paths: not a file: {missing[0]}")
-        return load_text_files(paths, Path("/"), data.cap_bytes)
+            text = stdlib_corpus(data.cap_bytes, data.held_out_percent)
+            return text if tokenizer is None else tokenize_corpus(text, tokenizer)
+        spec = CacheSpec(resolve(data.paths, data.format), data.field, data.held_out_percent, data.cap_bytes)
+        tokens = Tokens.bytes() if tokenizer is None else Tokens.of(tokenizer, tokenizer_files(m.path or ""))
+        return open_or_build(spec, tokens, default_cache_dir() / "tokens")
+
+    def check_corpus(self, corpus: Corpus) -> None:
+        """`ConfigError` (one line: what and what to do) when a split cannot give one sequence, or the
+        tokens are not the ones the manifest's `data.digest` names."""
+        data = self.manifest.data
+        where = "the embedded corpus" if data.kind == "embedded" else ", ".join(data.paths)
+        for name, split in (("held-out", corpus.held_out), ("train", corpus.train)):
+            if len(split) <= data.seq_len + 1:
+                raise ConfigError(
+                    f"data: the {name} split of {where} has {len(split)} tokens, fewer than one sequence of "
+                    f"data.seq_len + 1 = {data.seq_len + 1}: add text (about {data.held_out_percent}% of the "
+                    "documents are held out), raise data.held_out_percent, or lower data.seq_len"
+                )
+        digest = corpus.digest()
+        log.info("data: %d train and %d held-out tokens, digest %s", len(corpus.train), len(corpus.held_out), digest)
+        if data.kind == "files" and data.digest is None:
+            log.warning(
+                "data.digest is not set: nodes cannot check that they train on the same tokens; pin them with "
+                'digest = "%s" in [data] (every node of the run needs the same manifest)',
+                digest,
+            )
+        if data.digest is not None and digest != data.digest:
+            raise ConfigError(
+                f"data.digest: the tokens of {where} here hash to {digest}, the run's are {data.digest}: this "
+                "node's data files or tokenizer differ from the validator's; get the same files and model directory"
+            )
 
     def new_model(self, *, initial: bool = True) -> CausalLM:
         """The run's model in FP32 with W_0; with `initial=False` possibly zero weights instead (for a
