@@ -111,6 +111,17 @@ def test_the_cache_is_memory_mapped_reused_and_rebuilt_when_damaged(tmp_path: Pa
     assert open_or_build(spec, Tokens.bytes(), _cache).digest() == digest  # damage found, rebuilt
 
 
+def test_nodes_of_one_machine_building_one_cache_at_once_agree(tmp_path: Path, _cache: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = CacheSpec(resolve([str(_jsonl(tmp_path / "d.jsonl", _docs()))]))
+    with ThreadPoolExecutor(3) as pool:  # a validator and two miners starting together
+        digests = list(pool.map(lambda _: open_or_build(spec, Tokens.bytes(), _cache).digest(), range(3)))
+    assert len(set(digests)) == 1
+    assert len([p for p in _cache.iterdir() if not p.name.startswith(".")]) == 1  # one cache, no leftovers
+    assert not [p for p in _cache.iterdir() if p.name.startswith(".")]
+
+
 def test_a_tokenizer_gives_ids_with_end_of_text_between_records(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

@@ -74,7 +74,10 @@ class Tokens:
 
     @classmethod
     def bytes(cls) -> Tokens:
-        return cls(lambda texts: [list(t.encode()) for t in texts], np.dtype(np.uint8), "bytes", None)
+        def encode(texts: list[str]) -> list[np.ndarray[Any, Any]]:
+            return [np.frombuffer(t.encode(), dtype=np.uint8) for t in texts]  # no Python int per byte
+
+        return cls(encode, np.dtype(np.uint8), "bytes", None)
 
 
 def cache_key(spec: CacheSpec, tokens: Tokens) -> str:
@@ -183,8 +186,12 @@ def _joinable(docs: list[str], fmt: Format) -> list[str]:
     return [d + "\n\n" for d in docs] if fmt == "text" else docs
 
 
-def _append(out: BinaryIO, ids: list[int], fmt: Format, tokens: Tokens) -> int:
-    if fmt != "text":
-        ids = [*ids, tokens.eos] if tokens.eos is not None else [*ids, *b"\n\n"]
-    out.write(np.asarray(ids, dtype=tokens.dtype).tobytes())
-    return len(ids)
+def _append(out: BinaryIO, ids: Any, fmt: Format, tokens: Tokens) -> int:
+    """Write one document's ids (a list or an array), then the separator of JSONL/Parquet records."""
+    doc_ids = np.asarray(ids, dtype=tokens.dtype)
+    out.write(doc_ids.tobytes())
+    if fmt == "text":
+        return len(doc_ids)
+    separator = np.asarray([tokens.eos] if tokens.eos is not None else list(b"\n\n"), dtype=tokens.dtype)
+    out.write(separator.tobytes())
+    return len(doc_ids) + len(separator)
