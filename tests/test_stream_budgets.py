@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +24,7 @@ from node.net.blobstore import BlobStore
 from node.net.memory import MemoryNetwork, MemoryPeer
 from node.net.peer import RunRecords
 from node.net.streams import DEFAULT_LIMITS, Status, Stream, TransferLimits, read_reply, reply, send_file, send_request
-from node.net.transfer import SUBMIT, TransferService, fetch_request
+from node.net.transfer import SUBMIT, Handlers, TransferService, fetch_request
 from protocol.errors import PeerBusy, TransferError, TransferTimeout
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
@@ -49,15 +49,18 @@ def payload_file(peer: MemoryPeer, data: bytes) -> Path:
     return peer.store.path(peer.store.put(data))
 
 
-async def open_validator(net: MemoryNetwork, tmp_path: Path) -> tuple[MemoryPeer, list[Verified[SubmissionHeader]]]:
-    """A validator that takes every push, its heartbeat published (so miners know its peer id)."""
-    validator = net.join(VALIDATOR, tmp_path / "validator", role="validator")
+async def open_validator(
+    net: MemoryNetwork, tmp_path: Path, favoured: Callable[[SubmissionHeader], bool] = lambda h: False
+) -> tuple[MemoryPeer, list[Verified[SubmissionHeader]]]:
+    """A validator that takes every push (`favoured` senders may use the reserved slots), its heartbeat
+    published (so miners know its peer id)."""
     got: list[Verified[SubmissionHeader]] = []
 
     def take(verified: Verified[SubmissionHeader], path: Path) -> None:
         got.append(verified)
 
-    validator.take_submissions(lambda h: None, take, BlobStore(tmp_path / "inbox"))
+    intake = Handlers(BlobStore(tmp_path / "inbox"), lambda h: None, take, favoured)
+    validator = net.join(VALIDATOR, tmp_path / "validator", role="validator", intake=intake)
     await validator.heartbeat(0, None)
     return validator, got
 
@@ -153,10 +156,7 @@ def test_uploads_have_their_own_budget_with_slots_kept_for_favoured_senders(tmp_
     rated = Identity.generate()
 
     async def main() -> list[Status]:
-        validator, _ = await open_validator(net, tmp_path)
-        validator.take_submissions(
-            lambda h: None, lambda v, p: None, BlobStore(tmp_path / "inbox"), lambda h: h.sender == rated.public_hex
-        )
+        validator, _ = await open_validator(net, tmp_path, lambda h: h.sender == rated.public_hex)
         async with held_open(net, validator.peer_id, SUBMIT, 3) as streams:
             fresh = [asyncio.ensure_future(trickle_upload(s, Identity.generate(), b"x" * 50, 0.2)) for s in streams[:2]]
             await asyncio.sleep(0.2)
