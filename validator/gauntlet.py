@@ -208,7 +208,7 @@ class RoundPipeline:
         earners = [a.sender for a in evaluated if earned(self.cfg, a)]
         gained = record_gains(standing.gained, earners, round_, self.cfg.established_window)
         ratings = standing.ratings.rate(round_, ranked, last)
-        # a key that never sent a useful update and sits matches out is forgotten (it would come
+        # a key that never earned standing and sits matches out is forgotten (it would come
         # back as a newcomer, as a fresh key does for free): junk keys do not pile up in the book
         idle = [m for m, r in ratings.records.items() if round_ - r.last_round > self.cfg.missing_rounds]
         forget = {m for m in idle if m not in gained}
@@ -395,8 +395,8 @@ def select(
     or slice of someone's update) fails the indicator in about every other round, and its average
     stays near 0. The final score, `ratings.strength` x the average, orders the eligible and weighs
     nothing else: the top G are aggregated. A rating ranks miners against each other, so someone
-    always has a losing record, honest or not; as a gate it kept an honest miner of three out for
-    good, so it only orders.
+    always has a losing record, honest or not; as a gate it would keep an honest miner out for good,
+    so it only orders.
     """
     finals: dict[int, float] = {}
     reasons: dict[int, str] = {}
