@@ -1,7 +1,8 @@
 """Admission and the validator's payloads, in whole in-process rounds of the real validator service.
 
 Two honest miners work rounds 0 and 1 (a round of standing each is enough here: by round 2 those
-whose update gained with own-data indicator +1 are established). The test holds them back at the start of rounds 1 and 2 and meanwhile plays:
+whose update gained with own-data indicator +1 are established). The test holds them back at the
+start of rounds 1 and 2 and meanwhile plays:
 
 - round 1: one key pushes two bodies at once (the second must be refused, and leave nothing on
   disk); another key pushes, as its payload, the bytes of the round-0 patch the validator serves
