@@ -9,7 +9,8 @@
                            norm far above the median -> rejected, near zero -> free rider;
                            a slice or rescaling of the public previous step -> a copy of it
     evaluate (scoring.py)  read back one at a time: gains on A and R, and those of the update's
-                           reference (the mean direction of the others): indicator
+                           reference (the mean direction of the others): indicator; an update
+                           whose cosine with that mean is near 1 is built from it (ALIE): a copy
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
                            by score, everyone else last; the rounds each miner earned standing in
@@ -41,10 +42,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+
+import torch
 
 from protocol.assignment import Assignment
 from protocol.codec import default_max_bytes
@@ -84,6 +87,7 @@ class Assessment:
     problem: str | None = None
     copy: bool = False
     public: float = 0.0  # cosine with the public previous step on the update's own positions
+    echo: float = 0.0  # cosine with the mean of the round's other updates (its reference), on its positions
     alone: bool = False  # no other admissible update to build its reference from (see `select`)
 
     @property
@@ -320,6 +324,10 @@ class RoundPipeline:
             a.gains = ev.gains(a.index, update, scale, reference)
             a.indicator = a.gains.indicator(cfg.indicator_margin)
             a.alone = reference is None
+            if reference is not None and self._others(a, inspection) >= 2:
+                a.echo = support_cosine(update, reference.__getitem__)
+                if a.echo >= cfg.echo_cosine:
+                    a.problem, a.copy = f"copy of the round's other updates: cosine {a.echo:.3f} with their mean", True
             del update, reference
         inspection.directions = None  # no longer needed: free it before the aggregate
         return todo
@@ -330,20 +338,23 @@ class RoundPipeline:
         too, which are the same work. None when no other update is left (a lone miner): the
         indicator is then the plain own-data check. Never two decoded updates alive at once: the
         copies are taken out of the sum before `a`'s own update is decoded."""
-        digest = a.candidate.header.payload_sha256
-        copies = inspection.copies.get(digest, ())
-        others = inspection.kept - 1 - len(copies)
+        others = self._others(a, inspection)
         if inspection.directions is None or others < 1 or a.norm <= 0:
             return self.update_of(a), None
         reference = {name: t.clone() for name, t in inspection.directions.items()}
         by_hash = {x.candidate.header.payload_sha256: x for x in inspection.assessments}
-        for h in copies:
+        for h in inspection.copies.get(a.candidate.header.payload_sha256, ()):
             _accumulate(reference, self.update_of(by_hash[h]), -1.0 / by_hash[h].norm)
         update = self.update_of(a)
         _accumulate(reference, update, -1.0 / a.norm)
         for t in reference.values():
             t.mul_(inspection.median / others)
         return update, reference
+
+    @staticmethod
+    def _others(a: Assessment, inspection: Inspection) -> int:
+        """How many distinct admissible updates `a`'s reference is made of (its near copies left out)."""
+        return inspection.kept - 1 - len(inspection.copies.get(a.candidate.header.payload_sha256, ()))
 
     def _assigned_batches(self, miner: str, secret: RoundSecret, run_id: str, round_: int) -> list[Batch]:
         """The sample of `miner`'s assigned batches the validator scores it on (secret, per round)."""
@@ -577,12 +588,18 @@ def weighted_median(items: Sequence[tuple[float, float]]) -> float:
 def public_cosine(update: State, previous: State, weights: State) -> float:
     """Cosine between `update` and the public step previous - weights, both taken on the positions
     `update` sends (nonzero): 1 for any slice of that step at any scale. One tensor at a time."""
+    return support_cosine(update, lambda name: previous[name].double() - weights[name].double())
+
+
+def support_cosine(update: State, direction: Callable[[str], torch.Tensor]) -> float:
+    """Cosine between `update` and `direction` (tensor by name), both taken on the positions `update`
+    sends (nonzero)."""
     dot = mine = theirs = 0.0
     for name, t in update.items():
         sent = t != 0
         u = t[sent].double()
-        p = (previous[name].double() - weights[name].double())[sent]
-        dot, mine, theirs = dot + float(u @ p), mine + float(u @ u), theirs + float(p @ p)
+        d = direction(name)[sent].double()
+        dot, mine, theirs = dot + float(u @ d), mine + float(u @ u), theirs + float(d @ d)
     return dot / math.sqrt(mine * theirs) if mine > 0 and theirs > 0 else 0.0
 
 
