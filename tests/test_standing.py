@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
+import torch
 
 from node.bench.arena import Arena
 from node.swarm.fakeminers import identity_for
@@ -161,3 +162,16 @@ def test_alie_is_a_copy_of_the_others_mean_and_honest_updates_are_not(tmp_path: 
     assert not [o.reason for kind, o in outcomes if kind == "honest" and o.reason.startswith(echo)]
     assert all(o.status != "selected" for kind, o in outcomes if kind == "alie")
     assert sum(o.reason.startswith(echo) for kind, o in outcomes if kind == "alie") >= 3
+
+
+def test_a_reopened_validator_knows_the_public_step(tmp_path: Path) -> None:
+    """The public-step check survives a restart: W_{r-1} is read back from the previous round's folder."""
+    swarm = make_swarm()
+    arena = Arena(swarm.validator(tmp_path), swarm.honest(1))
+    assert arena.validator.previous_weights is None
+    for _ in range(2):
+        arena.play()
+    before = arena.validator.previous_weights
+    assert before is not None
+    again = swarm.reopen(tmp_path).previous_weights
+    assert again is not None and all(torch.equal(again[n], before[n]) for n in before)

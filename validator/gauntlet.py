@@ -325,7 +325,7 @@ class RoundPipeline:
             a.indicator = a.gains.indicator(cfg.indicator_margin)
             a.alone = reference is None
             if reference is not None and self._others(a, inspection) >= 2:
-                a.echo = support_cosine(update, reference.__getitem__)
+                a.echo = echo_cosine(update, reference)
                 if a.echo >= cfg.echo_cosine:
                     a.problem, a.copy = f"copy of the round's other updates: cosine {a.echo:.3f} with their mean", True
             del update, reference
@@ -588,17 +588,22 @@ def weighted_median(items: Sequence[tuple[float, float]]) -> float:
 def public_cosine(update: State, previous: State, weights: State) -> float:
     """Cosine between `update` and the public step previous - weights, both taken on the positions
     `update` sends (nonzero): 1 for any slice of that step at any scale. One tensor at a time."""
-    return support_cosine(update, lambda name: previous[name].double() - weights[name].double())
+    return support_cosine(update, lambda name, sent: previous[name][sent].double() - weights[name][sent].double())
 
 
-def support_cosine(update: State, direction: Callable[[str], torch.Tensor]) -> float:
-    """Cosine between `update` and `direction` (tensor by name), both taken on the positions `update`
-    sends (nonzero)."""
+def echo_cosine(update: State, reference: State) -> float:
+    """Cosine between `update` and its reference (the mean of the round's others) on `update`'s positions."""
+    return support_cosine(update, lambda name, sent: reference[name][sent])
+
+
+def support_cosine(update: State, direction: Callable[[str, torch.Tensor], torch.Tensor]) -> float:
+    """Cosine between `update` and a direction, both taken on the positions `update` sends (nonzero):
+    `direction(name, mask)` gives the direction's values of tensor `name` at `mask`."""
     dot = mine = theirs = 0.0
     for name, t in update.items():
         sent = t != 0
         u = t[sent].double()
-        d = direction(name)[sent].double()
+        d = direction(name, sent).double()
         dot, mine, theirs = dot + float(u @ d), mine + float(u @ u), theirs + float(d @ d)
     return dot / math.sqrt(mine * theirs) if mine > 0 and theirs > 0 else 0.0
 
