@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from validator.admission import Admission, AdmissionRules
+from validator.admission import Admission, AdmissionRules, Established
 
 SECRET = hashlib.sha256(b"round secret").digest()
 
@@ -73,7 +73,8 @@ def test_newcomers_always_keep_their_reserved_seats() -> None:
     a = admission(est=tuple(est))
     fate = offer_all(a, est)
     assert sum(r is None for r in fate.values()) == 6  # capacity 8 - 2 newcomer seats
-    assert all("round is full" in r for r in fate.values() if r)
+    assert set(a.seats) == set(sorted(est, key=a.ticket)[:6])  # equal standing: the lowest tickets, not the first
+    assert all("round is full" in r or "higher standing" in r for r in fate.values() if r)
     offer_all(a, keys("newcomer", 20))
     assert sum(not s.established for s in a.seats.values()) == 2
 
@@ -102,3 +103,50 @@ def test_one_body_per_sender_and_an_unseated_body_is_refused_on_arrival() -> Non
     assert verdict.refusal is None and [s for s, _ in verdict.unseated] == [high]
     refusal = a.arrive(high)
     assert refusal is not None and "unseated" in refusal
+
+
+def test_established_seats_go_by_standing_not_by_who_offers_first() -> None:
+    """112 established sybils (standing 2: they earned it lately) offer first and take every established
+    seat of a 128-seat round; an honest miner that has stood for 30 rounds still gets one, and arrival
+    order does not decide among equals. (Established seats used to be first come: it was refused
+    "round is full".)"""
+    sybils = keys("sybil", 112)
+    honest = keys("honest", 1)[0]
+    standing = dict.fromkeys(sybils, 2.0) | {honest: 30.0}
+    a = Admission(AdmissionRules(128, 16, 10**9), Established(standing), SECRET)
+    fate = offer_all(a, sybils)
+    assert all(r is None for r in fate.values()) and len(a.seats) == 112
+    verdict = a.offer(honest, 100)
+    assert verdict.refusal is None and honest in a.seats
+    assert len(verdict.unseated) == 1 and "higher standing" in verdict.unseated[0][1]
+    first = Admission(a.rules, Established(standing), SECRET)  # the honest miner came first: it stays
+    fate = offer_all(first, [honest, *sybils])
+    assert honest in first.seats and fate[honest] is None
+    assert set(first.seats) - {honest} == set(sorted(sybils, key=first.ticket)[:111])  # equals: by ticket
+
+
+def test_a_seat_whose_body_never_comes_is_freed_with_its_bytes() -> None:
+    """A header-only sender holds its seat and its bytes only until its body is overdue; then the next
+    header frees it, with the reason, and the sender cannot take a seat again this round. A body that
+    arrived in time keeps its seat however long the round lasts."""
+    now = [0.0]
+    rules = AdmissionRules(2, 2, 1000, body_grace_seconds=10.0, min_body_rate=100.0)
+    a = Admission(rules, frozenset(), SECRET, clock=lambda: now[0])
+    silent, honest, late = sorted(keys("newcomer", 3), key=a.ticket)
+    assert a.offer(silent, 500).refusal is None and a.offer(honest, 500).refusal is None
+    assert a.arrive(honest) is None
+    refused = a.offer(late, 500)
+    assert refused.refusal is not None and "not drawn" in refused.refusal  # the seats and bytes are held
+    now[0] = 14.0  # 10 s + 500 bytes at 100 B/s = 15 s: not yet overdue
+    assert a.offer(late, 500).refusal is not None
+    now[0] = 15.5
+    verdict = a.offer(late, 500)
+    assert verdict.refusal is None and set(a.seats) == {honest, late}
+    assert verdict.unseated == ((silent, "seat freed: its body did not arrive within 15 s"),)
+    assert a.held_bytes == 1000 and a.unseated == 1
+    again = a.offer(silent, 500).refusal
+    assert again is not None and "did not arrive in time" in again
+    assert a.arrive(silent) is not None  # a body that comes after all is refused
+    assert a.arrive(late) is None
+    now[0] = 1000.0
+    assert a.expire() == () and set(a.seats) == {honest, late}

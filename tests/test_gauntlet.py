@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 from pathlib import Path
-from types import SimpleNamespace
-from typing import cast
 
 import pytest
 import torch
@@ -20,10 +18,10 @@ from protocol.signing import SeenCache, open_signed, sign
 from tests.fakeswarm import RUN_ID, make_swarm
 from tests.tracked import Tracked
 from validator.config import GauntletConfig
-from validator.gauntlet import Assessment, Decision, RoundPipeline, select
-from validator.intake import Candidate, RoundContext, Submission, reason_text, screen
+from validator.gauntlet import Decision, RoundPipeline
+from validator.intake import RoundContext, Submission, reason_text, screen
 from validator.ratings import Ratings
-from validator.scoring import CopyCandidate, Gains, RoundSecret, Sketch, copy_owners
+from validator.scoring import CopyCandidate, RoundSecret, Sketch, copy_owners
 
 OTHER_RUN = hashlib.sha256(b"another run").hexdigest()
 STATE = hashlib.sha256(b"state r").hexdigest()
@@ -213,36 +211,6 @@ def test_ratings_rank_invalid_and_missing_last_and_survive_absence() -> None:
     assert ratings.ordinal("newcomer") == pytest.approx(0.0)
     with pytest.raises(ValueError):
         ratings.rate(7, [("a", 0.1)], ["a"])
-
-
-def _assessed(index: int, sender: str, score: float) -> Assessment:
-    candidate = cast(Candidate, SimpleNamespace(index=index, sender=sender))
-    return Assessment(candidate, norm=1.0, gains=Gains(score, score, 0.0, 0.0), indicator=1)
-
-
-def test_a_losing_record_fills_only_the_seats_a_small_run_leaves_empty() -> None:
-    """Two miners whose updates both help: the match's loser has an ordinal below 0. Its final score
-    stays positive (the rating as a strength) and it fills a seat up to `min_aggregated`, so a run of
-    two aggregates both (it used to aggregate one, and none when the winner's indicator was -1).
-    Beside enough miners with a winning record, a losing one is left out: ALIE and lucky thieves."""
-    ratings = Ratings(7.0, 0.1, 2, {}).rate(0, [("a", 0.3), ("b", 0.1)], [])
-    assert ratings.ordinal("b") < 0 < ratings.ordinal("a")
-    assert 0 < ratings.strength("b") < ratings.strength("newcomer") == 1.0 < ratings.strength("a")
-    cfg = GauntletConfig(min_indicator_average=0.0, min_aggregated=2)
-    pair = [_assessed(0, "b", 0.1), _assessed(1, "a", 0.3)]
-    selected, finals, reasons = select(cfg, pair, ratings, {"a": 0.05, "b": 0.05})
-    assert [a.sender for a in selected] == ["a", "b"] and not reasons
-    assert finals[1] > finals[0] > 0
-    selected, _, reasons = select(cfg, pair, ratings, {"a": -0.05, "b": 0.05})  # the winner is not eligible
-    assert [a.sender for a in selected] == ["b"] and reasons[1].startswith("indicator average -0.050")
-
-    field = [("a", 0.5), ("c", 0.4), ("d", 0.3), ("b", 0.1)]
-    ratings = Ratings(7.0, 0.1, 2, {}).rate(0, field, []).rate(1, field, [])
-    assert [m for m, _ in field if ratings.ordinal(m) > 0] == ["a", "c", "d"]
-    evaluated = [_assessed(i, m, score) for i, (m, score) in enumerate(field)]
-    selected, _, reasons = select(cfg, evaluated, ratings, dict.fromkeys("abcd", 0.05))
-    assert [a.sender for a in selected] == ["a", "c", "d"] and list(reasons) == [3]
-    assert reasons[3].startswith("rating ordinal") and reason_class(reasons[3]) == "rating"
 
 
 # --- whole rounds -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A standby validator's intake is the active validator's: the same admission and header checks.
 
-A run with two validators; validator B stands by for round 1 (its auditor's replica holds W_1, and
-its book says miner M gained on random data in round 0: M is established). Pushed to B, over the
+A run with two validators; validator B stands by for round 2 (its auditor's replica holds W_2, and
+its book says miner M earned standing in rounds 0 and 1: M is established). Pushed to B, over the
 in-memory network's real submit conversation:
 
 - headers that claim another base state or another codec are refused before any body byte is read
@@ -43,6 +43,7 @@ NEWCOMER_SEATS = 4
 BODY = 1000  # bytes of each payload
 BUDGET = SEATS * BODY
 EARLIER = "e" * 64  # the state of round 0, as B's book names it
+ROUND = 2  # the round B opens: M earned standing in rounds 0 and 1 (`established_rounds`)
 
 
 def key(label: str) -> Identity:
@@ -66,12 +67,12 @@ class Pushers:
         self.setup, self.peer, self.to = setup, peer, to
 
     async def push(self, me: Identity, base: str, *, size: int = BODY, codec: str | None = None) -> str | None:
-        """One submission for round 1 from `me`; None if B took it, else its answer."""
+        """One submission for round `ROUND` from `me`; None if B took it, else its answer."""
         payload = hashlib.sha256(me.public_hex.encode()).digest() * (size // 32) + b"x" * (size % 32)
         header = SubmissionHeader.for_payload(
-            run_id=self.setup.run_id, round_=1, base_hash=base, payload=payload,
+            run_id=self.setup.run_id, round_=ROUND, base_hash=base, payload=payload,
             codec=codec or self.setup.manifest.train.codec, sender=me.public_hex,
-            data_digest=Assignment(self.setup.run_id, 1, me.public_hex, 1).digest,
+            data_digest=Assignment(self.setup.run_id, ROUND, me.public_hex, 1).digest,
         )  # fmt: skip
         path = self.peer.store.path(self.peer.store.put(payload))
         try:
@@ -99,14 +100,18 @@ def test_a_standby_floods_like_the_active_validator_and_seats_an_established_min
     cfg = setup.manifest.gauntlet()
     replica = Replica.from_snapshot(initial_snapshot(cfg, task.initial_master()), cfg)
     replica.book = replica.book.model_copy(
-        update={"round": 1, "states": [EARLIER, replica.state_hash], "gained": {m.public_hex: [0]}}
+        update={
+            "round": ROUND,
+            "states": [EARLIER, "f" * 64, replica.state_hash],
+            "gained": {m.public_hex: [0, 1]},
+        }
     )
     role.auditor.replica = replica
     pushers = Pushers(setup, network.join(key("pushers"), tmp_path / "pushers", role="miner"), peer.peer_id)
     base = replica.state_hash
 
     async def main() -> dict[str, str | None]:
-        await role._open_intake(1, role.auditor.held())  # the standby's own step: B reached round 1
+        await role._open_intake(ROUND, role.auditor.held())  # the standby's own step: B reached its round
         answers: dict[str, str | None] = {
             "behind": await pushers.push(key("behind"), EARLIER),
             "codec": await pushers.push(key("codec"), base, codec="dense"),

@@ -3,15 +3,19 @@
     admission = Admission(rules, established, secret)
     verdict = admission.offer(sender, payload_size)   # a header arrived: seated, or refused with a reason
     refusal = admission.arrive(sender)                # its body arrived: kept, or why not any more
+    unseated = admission.expire()                     # seats whose body is overdue, freed with their bytes
 
 Every check a header passes (signature, run, round, sizes) uses public facts, so a thousand fresh
 keys pass them as easily as one honest miner. Arrival order must not decide either: the first
 `capacity` senders of a round would otherwise fill it, and whoever floods at the opening wins.
 Seats go by standing:
 
-- established keys (the validator's persisted history shows gains on random data in at least
-  `established_rounds` of the last `established_window` rounds: `Validator.established`) are
-  seated as they come, up to `capacity - newcomer_seats`;
+- established keys (the validator's persisted history shows standing earned in at least
+  `established_rounds` of the last `established_window` rounds: `Validator.established`, an
+  `Established` set that carries each key's standing) hold up to `capacity - newcomer_seats` seats.
+  When those are full, a key of higher standing (seniority) takes the seat of the lowest one, and at
+  equal standing the lower ticket wins: a hundred established keys that offer first do not shut out
+  one that has stood longer, and arrival order decides nothing;
 - newcomers share the seats established keys leave (never fewer than `newcomer_seats`). Each
   newcomer draws a ticket, a hash of the validator's secret for the round and its key, and the
   seats go to the lowest tickets among every newcomer that offered this round, whatever the order
@@ -27,6 +31,11 @@ payloads the validator holds for one round on disk (received plus being received
 another comes on top until it lands and is refused (at most what the stream slots receive at once).
 Newcomers that no longer fit are unseated, highest ticket first.
 
+Seats whose body has not arrived within `body_deadline` of the first offer (the time an upload at
+`min_body_rate` takes, plus `body_grace_seconds`) are freed with their bytes when another header
+needs them or the caller asks (`expire`), with that reason: a header alone holds nothing for long.
+Its sender cannot take a seat again this round.
+
 Memory is O(seats): nothing is kept about a refused header. Every refusal and every unseating
 has a reason: refusals go back to the sender on the stream; unseatings (a newcomer displaced,
 perhaps after its body arrived) are returned to the caller, which drops the payload and reports it.
@@ -35,7 +44,25 @@ perhaps after its body arrived) are returned to the caller, which drops the payl
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+
+class Established(frozenset[str]):
+    """The established keys, each with its standing (higher seats first)."""
+
+    standing: Mapping[str, float]
+
+    def __new__(cls, standing: Mapping[str, float]) -> Established:
+        keys = super().__new__(cls, standing)
+        keys.standing = dict(standing)
+        return keys
+
+
+def standing_of(established: frozenset[str], sender: str) -> float:
+    """`sender`'s standing among `established` (0 when the set carries none)."""
+    return established.standing.get(sender, 0.0) if isinstance(established, Established) else 0.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +70,12 @@ class AdmissionRules:
     capacity: int  # seats per round (`max_submissions`)
     newcomer_seats: int  # seats established keys cannot take
     byte_budget: int  # payload bytes held for one round, received and being received
+    body_grace_seconds: float = 120.0  # a seated header's body is overdue after this ...
+    min_body_rate: float = float(1 << 20)  # ... plus its size at this many bytes a second
+
+    def body_deadline(self, size: int) -> float:
+        """Seconds a seated header's body may take to arrive before its seat is freed."""
+        return self.body_grace_seconds + size / self.min_body_rate
 
 
 @dataclass
@@ -51,6 +84,8 @@ class Seat:
     size: int
     ticket: int | None  # None for an established key
     arrived: bool = False
+    since: float = 0.0  # clock when it was first seated (a retry keeps it)
+    rank: tuple[float, int] = (0.0, 0)  # established seats: (-standing, ticket), lowest keeps its seat
 
     @property
     def established(self) -> bool:
@@ -76,6 +111,8 @@ class Admission:
     offered: int = 0  # headers offered this round (counts, for the round's summary)
     refused: int = 0
     unseated: int = 0
+    clock: Callable[[], float] = time.monotonic
+    overdue: set[str] = field(default_factory=set)  # seats freed this round for a body that never came
 
     def ticket(self, sender: str) -> int:
         return int.from_bytes(hashlib.sha256(self.secret + sender.encode()).digest(), "big")
@@ -92,10 +129,24 @@ class Admission:
     def offer(self, sender: str, size: int) -> Verdict:
         """Seat `sender`'s header announcing `size` payload bytes, or refuse it."""
         self.offered += 1
+        expired = self.expire()
         verdict = self._offer(sender, size)
+        verdict = Verdict(verdict.refusal, (*expired, *verdict.unseated))
         self.refused += verdict.refusal is not None
-        self.unseated += len(verdict.unseated)
+        self.unseated += len(verdict.unseated) - len(expired)
         return verdict
+
+    def expire(self) -> tuple[tuple[str, str], ...]:
+        """Free every seat whose body is overdue; (sender, reason) of each."""
+        now, out = self.clock(), []
+        for seat in list(self.seats.values()):
+            allowed = self.rules.body_deadline(seat.size)
+            if not seat.arrived and now - seat.since > allowed:
+                del self.seats[seat.sender]
+                self.overdue.add(seat.sender)
+                out.append((seat.sender, f"seat freed: its body did not arrive within {allowed:.0f} s"))
+        self.unseated += len(out)
+        return tuple(out)
 
     def arrive(self, sender: str) -> str | None:
         """The body of `sender`'s seated header arrived: None to keep it, else why it is refused."""
@@ -117,19 +168,18 @@ class Admission:
         old = self.seats.get(sender)
         if old is not None and old.arrived:
             return Verdict("one submission per miner per round")
+        if sender in self.overdue:
+            return Verdict("its seat was freed this round: the body did not arrive in time")
         if size > self.rules.byte_budget:
             return Verdict(f"payload of {size} bytes exceeds the round's budget of {self.rules.byte_budget}")
         if old is not None:  # the same key again before its body came (a retry): same seat, new size
             del self.seats[sender]
-            verdict = self._place(sender, size, old.ticket, unseat=0)
+            verdict = self._place(sender, size, old.ticket, unseat=0, since=old.since, rank=old.rank)
             if verdict.refusal is not None:
                 self.seats[sender] = old
             return verdict
         if sender in self.established:
-            ours = sum(1 for s in self.seats.values() if s.established)
-            if ours >= self.rules.capacity - self.rules.newcomer_seats:
-                return Verdict(f"round is full: {ours} established miners seated")
-            return self._place(sender, size, None, unseat=max(0, len(self.seats) + 1 - self.rules.capacity))
+            return self._offer_established(sender, size)
         ticket = self.ticket(sender)
         newcomers = [s for s in self.seats.values() if not s.established]
         room = self.newcomer_room()
@@ -140,7 +190,35 @@ class Admission:
             return Verdict(f"not drawn: {room} newcomer seats held by lower tickets ({self.offered} offers this round)")
         return self._place(sender, size, ticket, unseat=1)
 
-    def _place(self, sender: str, size: int, ticket: int | None, *, unseat: int) -> Verdict:
+    def _offer_established(self, sender: str, size: int) -> Verdict:
+        """An established key: a free established seat, else the seat of the lowest-standing one below it."""
+        ours = [s for s in self.seats.values() if s.established]
+        rank = (-standing_of(self.established, sender), self.ticket(sender))
+        unseat = max(0, len(self.seats) + 1 - self.rules.capacity)
+        if len(ours) < self.rules.capacity - self.rules.newcomer_seats:
+            return self._place(sender, size, None, unseat=unseat, rank=rank)
+        lowest = max(ours, key=lambda s: s.rank)
+        if lowest.rank < rank:
+            return Verdict(f"round is full: {len(ours)} established miners of higher standing seated")
+        del self.seats[lowest.sender]
+        verdict = self._place(sender, size, None, unseat=0, rank=rank)
+        if verdict.refusal is not None:
+            self.seats[lowest.sender] = lowest
+            return verdict
+        return Verdict(
+            None, ((lowest.sender, "unseated by an established miner of higher standing"), *verdict.unseated)
+        )
+
+    def _place(
+        self,
+        sender: str,
+        size: int,
+        ticket: int | None,
+        *,
+        unseat: int,
+        since: float | None = None,
+        rank: tuple[float, int] = (0.0, 0),
+    ) -> Verdict:
         """Seat `sender`, unseating `unseat` newcomers (highest ticket first, and only tickets above
         `ticket` for a newcomer) and more while the bytes do not fit; refused if they cannot."""
         movable = sorted(
@@ -160,5 +238,5 @@ class Admission:
         why = "unseated by an established miner" if ticket is None else "unseated by a newcomer with a lower ticket"
         for seat in out:
             del self.seats[seat.sender]
-        self.seats[sender] = Seat(sender, size, ticket)
+        self.seats[sender] = Seat(sender, size, ticket, since=self.clock() if since is None else since, rank=rank)
         return Verdict(None, tuple((s.sender, why) for s in out))

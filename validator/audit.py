@@ -51,7 +51,7 @@ from protocol.statehash import state_hash
 from validator.aggregate import aggregate, clip_scales, global_norm
 from validator.config import GauntletConfig
 from validator.evidence import Aggregated, RoundEvidence, public_book
-from validator.gauntlet import established_of, gate_median
+from validator.gauntlet import NormReference, gate_median
 from validator.outer import OuterOptimizer
 from validator.scoring import RoundSecret
 from validator.state import Book, Snapshot
@@ -307,10 +307,10 @@ def _check_clips(cfg: GauntletConfig, evidence: RoundEvidence, report: AuditRepo
 
 def _check_median(cfg: GauntletConfig, replica: Replica, evidence: RoundEvidence, report: AuditReport) -> None:
     """The norm gate's median, recomputed as `gauntlet.inspect` takes it: from the committed norm of
-    every distinct payload that decoded (`assessed`), those of the miners established in the book the
-    round started from. (The aggregated payloads' norms are checked against their bytes below; the
-    rejected ones' payloads are not kept, so their committed norms are taken as given.)"""
-    established = established_of(cfg, replica.book.gained, replica.round)
+    every distinct payload that decoded (`assessed`), weighted by the seniority its sender had in the
+    book the round started from. (The aggregated payloads' norms are checked against their bytes
+    below; the rejected ones' payloads are not kept, so their committed norms are taken as given.)"""
+    reference = NormReference.of_book(cfg, replica.book.gained, replica.book.since, replica.round)
     senders: dict[str, set[str]] = {}
     norms: dict[str, float] = {}
     for a in evidence.assessed:
@@ -322,10 +322,10 @@ def _check_median(cfg: GauntletConfig, replica: Replica, evidence: RoundEvidence
         senders.setdefault(a.payload_sha256, set()).add(a.sender)
     measured: list[tuple[str | None, float]] = []
     for sha, who in senders.items():
-        if len({s in established for s in who}) > 1:
-            return  # exact copies from an established and a fresh key: which came first is not public
+        if len(set(reference.weights(sorted(who)))) > 1:
+            return  # exact copies from keys of different standing: which came first is not public
         measured.append((next(iter(who)), norms[sha]))
-    median = gate_median(measured, established)
+    median = gate_median(measured, reference)
     if median != evidence.median_norm:
         said = evidence.median_norm
         report.add("median", f"the norm gate's median is committed as {said!r}; the committed norms give {median!r}")

@@ -63,10 +63,6 @@ class SelectionRules(BaseModel):
     fewer) the validator measures the own-data gain on."""
     top_g: int = Field(default=8, ge=1, le=MAX_SELECTED)
     """At most this many submissions are aggregated per round, the best by final score."""
-    min_aggregated: int = Field(default=2, ge=1, le=MAX_SELECTED)
-    """Seats filled from eligible miners whose rating ordinal is not positive (more lost than won),
-    when fewer miners with a positive one are eligible: the rating orders a small run's updates, it
-    does not empty its rounds. Above this, only miners with a positive ordinal are aggregated."""
     random_batches: int = Field(default=2, ge=1, le=64)
     """Random training batches R the validator draws each round and scores every submission on."""
     min_indicator_average: float = Field(default=0.1, ge=0, le=1)
@@ -86,12 +82,21 @@ class GauntletConfig(UpdateRules, SelectionRules):
     newcomer_seats: int = Field(default=16, ge=1, le=MAX_REJECTIONS)
     """Of `max_submissions` (all of them if fewer), seats established miners cannot take: keys without a
     history are always drawn for at least these (and for every seat established miners leave)."""
-    established_rounds: int = Field(default=1, ge=1, le=64)
-    """A miner is established (seated first; its norm is the gate's reference) once its update gained
-    on random data in at least this many of the last `established_window` rounds. One is real work
-    (junk never gains) and lets an honest newcomer drawn once under a flood keep its seat."""
+    established_rounds: int = Field(default=2, ge=1, le=64)
+    """A miner is established (seated before newcomers; its norm counts in the gate's reference) once it
+    earned standing in at least this many of the last `established_window` rounds. A round earns
+    standing when the update gained on random data, its own-data indicator was +1, and it was no copy
+    (of a peer's payload or of the public previous step): work on the miner's own assignment, which
+    nothing public can stand in for."""
     established_window: int = Field(default=8, ge=1, le=64)
     """The rounds `established_rounds` counts in; the validator's history keeps no more than these."""
+    senior_rounds: int = Field(default=24, ge=1)
+    """An established miner whose first round of standing is at least this many rounds old is senior.
+    Where seniors sent updates, the norm gate's median is theirs, with the younger established miners'
+    weight capped (`young_median_share`): keys that earned standing lately, in any number, cannot move it."""
+    young_median_share: float = Field(default=0.5, ge=0)
+    """The younger established miners together weigh at most this many seniors in the norm gate's
+    median (0.5: a third of the weight, so they move it at most to the seniors' quartile)."""
     round_payload_bytes: int | None = Field(default=None, ge=1)
     """Payload bytes the validator holds for one round, received and being received; None: 8 x the
     payload cap. Every admitted header reserves its announced size against it."""
@@ -113,6 +118,14 @@ class GauntletConfig(UpdateRules, SelectionRules):
     """Near copy: at least this fraction of the smaller update's sampled nonzero positions are shared..."""
     copy_cosine: float = Field(default=0.9, ge=-1, le=1)
     """...and the sampled values have at least this cosine similarity (dense updates overlap everywhere)."""
+    public_copy_cosine: float = Field(default=0.8, gt=0, le=1)
+    """An update whose values, on the positions it sends, have at least this cosine similarity with the
+    public previous step W_{r-1} - W_r is a copy of that step (any slice, any scale). Honest updates
+    measure 0.3-0.5 against it on the embedded GPT, slices of it 0.93-1.0."""
+    echo_cosine: float = Field(default=0.9, gt=0, le=1)
+    """An update whose values, on the positions it sends, have at least this cosine similarity with the
+    mean of the round's other updates (two or more) is built from them, not trained (ALIE: mean - z x
+    std): a copy. On the embedded GPT honest updates measure 0.48-0.84 against it, ALIE 0.88-0.96."""
     copy_owner_lead: float = Field(default=0.15, ge=0)
     """A copy group's owner must lead every other member's indicator average (before the round) by this
     much; else every member is a copy. At decay 0.95 one round moves the gap between two records by at most

@@ -33,9 +33,10 @@ from protocol.messages import BlobRef, OuterStep, RoundResult
 from protocol.signing import SeenCache, sign
 from protocol.state import State, StateDict
 from protocol.statehash import state_hash
+from validator.admission import Established
 from validator.config import GauntletConfig
 from validator.evidence import build_evidence
-from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing, established
+from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing, established, seat_standing
 from validator.intake import RoundContext, Submission, screen
 from validator.outer import OuterOptimizer
 from validator.ratings import Ratings
@@ -80,6 +81,8 @@ class Validator:
         self.evaluator, self.batch_fn, self.store = evaluator, batch_fn, store
         self.outer = OuterOptimizer(cfg.outer, snap.master)
         self.outer.load_state_tensors(snap.momentum, snap.book.outer_steps)
+        # W_{r-1}: the public step W_{r-1} - W_r is what a key must not get standing for sending back
+        self.previous_weights = store.previous_weights(snap.book.round)
         self._adopt(snap.book, snap.result, snap.patch, snap.evidence)
         if self.state_hash != snap.book.states[-1]:
             raise CorruptState("the saved master weights do not give the saved state hash")
@@ -180,7 +183,7 @@ class Validator:
 
     def _pipeline(self, spill: Path | None = None) -> RoundPipeline:
         """The round's pipeline; `spill`: the folder for its decoded updates (None: no spill)."""
-        return RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill)
+        return RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill, self.previous_weights)
 
     def _encode(self, new_weights: State, new_hash: str) -> bytes:
         """The PULSESync patch W_r -> W_{r+1}."""
@@ -188,10 +191,12 @@ class Validator:
 
     def standing(self) -> Standing:
         """The miners' ratings, indicator averages and rounds gained this round starts from."""
-        return Standing(self.ratings, self.book.indicators, {m: tuple(r) for m, r in self.book.gained.items()})
+        gained = {m: tuple(r) for m, r in self.book.gained.items()}
+        return Standing(self.ratings, self.book.indicators, gained, dict(self.book.since))
 
-    def established(self) -> frozenset[str]:
-        """Miners with a history of useful updates (`gauntlet.established`): seated first, the norm reference."""
+    def established(self) -> Established:
+        """Miners with a history of earned standing (`gauntlet.established`), each with its standing
+        (`seat_standing`): seated first and by standing (admission.py), the norm reference."""
         return established_in(self.cfg, self.book)
 
     def _step(self, update: StateDict | None) -> tuple[StateDict, str]:
@@ -244,6 +249,7 @@ class Validator:
             ratings=dict(standing.ratings.records),
             indicators=dict(standing.indicators),
             gained={m: list(r) for m, r in standing.gained.items()},
+            since=dict(standing.since),
             seen=seen.ids(),
             states=[*self.book.states, new_hash][-(self.cfg.behind_rounds + 1) :],
         )
@@ -252,6 +258,7 @@ class Validator:
         """Write the state of the next round (state.py), then adopt it in memory."""
         snap = Snapshot(book, self.outer.master, self.outer.state_tensors(), envelope, patch, evidence)
         self.store.commit(snap)
+        self.previous_weights = self.weights
         self._adopt(book, envelope, patch, evidence)
 
 
@@ -263,12 +270,14 @@ class Step:
     steps: int
 
 
-def established_in(cfg: GauntletConfig, book: Book) -> frozenset[str]:
-    """The established miners of the round after `book` (`gauntlet.established`), from the book alone:
-    the validator and a standby's replica (which has no ratings object) seat the same keys first."""
+def established_in(cfg: GauntletConfig, book: Book) -> Established:
+    """The established miners of the round after `book` (`gauntlet.established`), each with its standing,
+    from the book alone: the validator and a standby's replica (which has no ratings object) seat the
+    same keys first, in the same order."""
     ratings = Ratings(cfg.openskill_beta, cfg.openskill_tau, cfg.missing_rounds, book.ratings)
-    standing = Standing(ratings, book.indicators, {m: tuple(r) for m, r in book.gained.items()})
-    return established(cfg, standing, book.round)
+    standing = Standing(ratings, book.indicators, {m: tuple(r) for m, r in book.gained.items()}, dict(book.since))
+    keys = established(cfg, standing, book.round)
+    return Established({m: seat_standing(standing, m, book.round) for m in keys})
 
 
 def round_context(cfg: GauntletConfig, run_id: str, book: Book, state_hash: str, cap: int) -> RoundContext:

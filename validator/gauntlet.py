@@ -3,16 +3,20 @@
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
     inspect                decode each distinct payload once (spill.py keeps it on disk for the
-                           rest of the round): finite, norm, sketch; the median norm of the
-                           established miners' payloads (of all, when none sent one);
-                           norm far above the median -> rejected, near zero -> free rider
+                           rest of the round): finite, norm, sketch, cosine with the public
+                           previous step; the norm gate's median (`gate_median`: the senior
+                           miners', younger established ones capped; of all when none sent one);
+                           norm far above the median -> rejected, near zero -> free rider;
+                           a slice or rescaling of the public previous step -> a copy of it
     evaluate (scoring.py)  read back one at a time: gains on A and R, and those of the update's
-                           reference (the mean direction of the others): indicator
+                           reference (the mean direction of the others): indicator; an update
+                           whose cosine with that mean is near 1 is built from it (ALIE): a copy
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
-                           by score, everyone else last; the rounds each miner gained in
-    select                 final = rating strength x max(indicator average, 0); the top G of the eligible
-                           with a positive rating ordinal, filled up to `min_aggregated` from the rest
+                           by score, everyone else last; the rounds each miner earned standing in
+                           (gain on R, own-data indicator +1, no copy: `earned`)
+    select                 eligible: gain on R, own-data indicator +1 this round and on record;
+                           final = rating strength x indicator average orders them; the top G
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
     aggregate              read back the selected one at a time, clip to their median norm, mean
@@ -38,10 +42,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+
+import torch
 
 from protocol.assignment import Assignment
 from protocol.codec import default_max_bytes
@@ -80,6 +86,8 @@ class Assessment:
     indicator: int = 0
     problem: str | None = None
     copy: bool = False
+    public: float = 0.0  # cosine with the public previous step on the update's own positions
+    echo: float = 0.0  # cosine with the mean of the round's other updates (its reference), on its positions
     alone: bool = False  # no other admissible update to build its reference from (see `select`)
 
     @property
@@ -114,8 +122,10 @@ class Standing:
     ratings: Ratings
     indicators: Mapping[str, float]  # moving average of each miner's indicator
     gained: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    """Rounds (oldest first, within the last `established_window`) in which each miner's update
-    gained on random data: who is established (`established`)."""
+    """Rounds (oldest first, within the last `established_window`) in which each miner earned
+    standing (`earned`): who is established (`established`)."""
+    since: Mapping[str, int] = field(default_factory=dict)
+    """The round each miner in `gained` first earned standing: its seniority (`NormReference`)."""
 
 
 @dataclass(frozen=True)
@@ -149,8 +159,11 @@ class RoundPipeline:
         evaluator: Evaluator,
         batch_fn: BatchFn,
         spill_dir: Path | None = None,
+        previous: State | None = None,
     ) -> None:
+        """`previous`: W_{r-1}, whose step to W_r every node knows (None: no such check this round)."""
         self.cfg, self.weights, self.evaluator, self.batch_fn = cfg, weights, evaluator, batch_fn
+        self.previous = previous
         self.codec = build_codec(cfg.codec, cfg.codec_options)
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
         self.spill = DecodedSpill(spill_dir, cfg.decoded_spill_bytes)
@@ -169,7 +182,7 @@ class RoundPipeline:
         self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
     ) -> Decision:
         """Inspect, evaluate, mark copies, rate, select: the round's outcomes and the next standing."""
-        inspection = self.inspect(screened.candidates, secret, established(self.cfg, standing, round_))
+        inspection = self.inspect(screened.candidates, secret, NormReference.of(self.cfg, standing, round_))
         evaluated = self.evaluate(inspection, secret, run_id, round_)
         self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
@@ -196,15 +209,16 @@ class RoundPipeline:
         ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
         last = [a.sender for a in inspection.assessments if a.problem is not None]
         last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
-        gains = [a.sender for a in evaluated if not a.copy and a.gains and a.gains.random > self.cfg.min_score]
-        gained = record_gains(standing.gained, gains, round_, self.cfg.established_window)
+        earners = [a.sender for a in evaluated if earned(self.cfg, a)]
+        gained = record_gains(standing.gained, earners, round_, self.cfg.established_window)
         ratings = standing.ratings.rate(round_, ranked, last)
-        # a key that never sent a useful update and sits matches out is forgotten (it would come
+        # a key that never earned standing and sits matches out is forgotten (it would come
         # back as a newcomer, as a fresh key does for free): junk keys do not pile up in the book
         idle = [m for m, r in ratings.records.items() if round_ - r.last_round > self.cfg.missing_rounds]
         forget = {m for m in idle if m not in gained}
         kept = {m: v for m, v in indicators.items() if m not in forget}
-        return Standing(ratings.without(forget), kept, gained)
+        since = seniority(standing, earners, round_, self.cfg.established_window)
+        return Standing(ratings.without(forget), kept, gained, since)
 
     def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
@@ -220,13 +234,14 @@ class RoundPipeline:
         return update
 
     def inspect(
-        self, candidates: Sequence[Candidate], secret: RoundSecret, established: frozenset[str] = frozenset()
+        self, candidates: Sequence[Candidate], secret: RoundSecret, reference: NormReference | None = None
     ) -> Inspection:
-        """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits.
+        """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits and
+        the public-step check.
 
-        The limits are multiples of the median norm of the `established` miners' payloads (of every
-        payload when none of them sent one): a majority of fresh keys must not move the reference
-        that decides whether the honest updates are "99x the median" or free riders."""
+        The limits are multiples of `gate_median` over `reference` (every payload's when nobody
+        established sent one): a majority of fresh or newly established keys must not move the
+        reference that decides whether the honest updates are "99x the median" or free riders."""
         offset = secret.sketch_offset(self.cfg.sketch_stride)
         first: dict[str, Assessment] = {}  # payload hash -> its first submission
         out: list[Assessment] = []
@@ -241,9 +256,9 @@ class RoundPipeline:
                 directions = _accumulate(directions, update, 1.0 / a.norm)
             del update  # invariant: one decoded update alive at a time
         distinct = [a for a in first.values() if a.problem is None]
-        median = gate_median([(a.sender, a.norm) for a in distinct], established)
+        median = gate_median([(a.sender, a.norm) for a in distinct], reference or NormReference())
         for a in distinct:
-            a.problem = self._norm_problem(a.norm, median)
+            a.problem = self._norm_problem(a.norm, median) or self._public_problem(a)
             if a.problem is not None and a.norm > 0 and directions is not None:
                 directions = _accumulate(directions, self.update_of(a), -1.0 / a.norm)
         for a in out:
@@ -277,8 +292,15 @@ class RoundPipeline:
             a.problem = "update norm overflows"
             return None
         a.sketch = Sketch.of(update, self.cfg.sketch_stride, offset)
+        if self.previous is not None:
+            a.public = public_cosine(update, self.previous, self.weights)
         self.spill.put(key, update)  # read back by the steps after (a second put is a no-op)
         return update
+
+    def _public_problem(self, a: Assessment) -> str | None:
+        if a.public >= self.cfg.public_copy_cosine:
+            return f"copy of the public previous step: cosine {a.public:.3f} on its positions"
+        return None
 
     def _norm_problem(self, norm: float, median: float) -> str | None:
         if median > 0 and norm > self.cfg.norm_cap_multiple * median:
@@ -302,6 +324,10 @@ class RoundPipeline:
             a.gains = ev.gains(a.index, update, scale, reference)
             a.indicator = a.gains.indicator(cfg.indicator_margin)
             a.alone = reference is None
+            if reference is not None and self._others(a, inspection) >= 2:
+                a.echo = echo_cosine(update, reference)
+                if a.echo >= cfg.echo_cosine:
+                    a.problem, a.copy = f"copy of the round's other updates: cosine {a.echo:.3f} with their mean", True
             del update, reference
         inspection.directions = None  # no longer needed: free it before the aggregate
         return todo
@@ -312,20 +338,23 @@ class RoundPipeline:
         too, which are the same work. None when no other update is left (a lone miner): the
         indicator is then the plain own-data check. Never two decoded updates alive at once: the
         copies are taken out of the sum before `a`'s own update is decoded."""
-        digest = a.candidate.header.payload_sha256
-        copies = inspection.copies.get(digest, ())
-        others = inspection.kept - 1 - len(copies)
+        others = self._others(a, inspection)
         if inspection.directions is None or others < 1 or a.norm <= 0:
             return self.update_of(a), None
         reference = {name: t.clone() for name, t in inspection.directions.items()}
         by_hash = {x.candidate.header.payload_sha256: x for x in inspection.assessments}
-        for h in copies:
+        for h in inspection.copies.get(a.candidate.header.payload_sha256, ()):
             _accumulate(reference, self.update_of(by_hash[h]), -1.0 / by_hash[h].norm)
         update = self.update_of(a)
         _accumulate(reference, update, -1.0 / a.norm)
         for t in reference.values():
             t.mul_(inspection.median / others)
         return update, reference
+
+    @staticmethod
+    def _others(a: Assessment, inspection: Inspection) -> int:
+        """How many distinct admissible updates `a`'s reference is made of (its near copies left out)."""
+        return inspection.kept - 1 - len(inspection.copies.get(a.candidate.header.payload_sha256, ()))
 
     def _assigned_batches(self, miner: str, secret: RoundSecret, run_id: str, round_: int) -> list[Batch]:
         """The sample of `miner`'s assigned batches the validator scores it on (secret, per round)."""
@@ -371,49 +400,39 @@ def select(
 ) -> tuple[list[Assessment], dict[int, float], dict[int, str]]:
     """(selected in aggregation order, final score by index, reason by index for the evaluated ones not selected).
 
-    Eligible: a positive score, an indicator average of at least `min_indicator_average`, and so a
-    positive final score, `ratings.strength` x the average (the strength is exp(ordinal / beta):
-    positive, in the ordinal's order). The top G of the eligible miners whose ordinal is positive are
-    aggregated; a miner that has lost more than it has won (ordinal at most 0) only fills the seats
-    up to `min_aggregated` that those leave empty. That keeps out what helps a little but ranks low
-    round after round (ALIE, a thief whose own-data indicator came out +1 by chance) while a run of
-    two miners still aggregates both: the ordinal alone as the factor turned the final score of
-    whoever lost its first matches negative, and a run of two aggregated one miner or none.
+    Eligible, on evidence: a gain on random data above `min_score`, this round's own-data indicator
+    +1, and an indicator average of at least `min_indicator_average` (a record of training on its own
+    assignment). What helps random data without being the sender's own work (ALIE, a thief, a copy
+    or slice of someone's update) fails the indicator in about every other round, and its average
+    stays near 0. The final score, `ratings.strength` x the average, orders the eligible and weighs
+    nothing else: the top G are aggregated. A rating ranks miners against each other, so someone
+    always has a losing record, honest or not; as a gate it would keep an honest miner out for good,
+    so it only orders.
     """
     finals: dict[int, float] = {}
     reasons: dict[int, str] = {}
     eligible: list[Assessment] = []
-    ranked = [a for a in evaluated if not a.copy and a.gains is not None]
-    for a in ranked:
-        assert a.gains is not None  # `ranked` holds the evaluated ones only
+    for a in (a for a in evaluated if not a.copy and a.gains is not None):
+        assert a.gains is not None  # filtered above
         average = averages.get(a.sender, 0.0)
-        # a lone update (no other admissible one this round) has no reference to measure its own-data
-        # gain against and nobody to be ranked with: its score alone decides. A run starts with one
-        # miner; it used to get indicator -1 every round and never trained.
+        # a lone update has no reference to measure its own-data gain against and nobody to be ranked
+        # with: its score alone decides (alone there is nobody's work to take)
         final = finals[a.index] = a.gains.random if a.alone else ratings.strength(a.sender) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:
             reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
-        elif not a.alone and average < cfg.min_indicator_average:
+        elif not a.alone and (average < cfg.min_indicator_average or a.indicator < 1):
             reasons[a.index] = (
-                f"indicator average {average:.3f} below {cfg.min_indicator_average} (this round {a.indicator:+d})"
+                f"indicator average {average:.3f}, this round {a.indicator:+d}: needs +1 and at least "
+                f"{cfg.min_indicator_average}"
             )
         elif not final > 0:
             reasons[a.index] = f"final score {final:.3g} is not positive"
         else:
             eligible.append(a)
     eligible.sort(key=lambda a: (-finals[a.index], a.index))
-    rated = [a for a in eligible if ratings.ordinal(a.sender) > 0]
-    unrated = [a for a in eligible if not ratings.ordinal(a.sender) > 0]
-    chosen = rated[: cfg.top_g]
-    filled = unrated[: max(0, min(cfg.min_aggregated, cfg.top_g) - len(chosen))]
-    for rank, a in enumerate(rated[cfg.top_g :], start=cfg.top_g + 1):
+    for rank, a in enumerate(eligible[cfg.top_g :], start=cfg.top_g + 1):
         reasons[a.index] = f"final score {finals[a.index]:.4g} ranks {rank}, top {cfg.top_g} aggregated"
-    for a in unrated[len(filled) :]:
-        reasons[a.index] = (
-            f"rating ordinal {ratings.ordinal(a.sender):.3g} is not positive and {len(chosen)} miners with a "
-            f"positive one were aggregated (final score {finals[a.index]:.3g})"
-        )
-    return sorted(chosen + filled, key=lambda a: (-finals[a.index], a.index)), finals, reasons
+    return eligible[: cfg.top_g], finals, reasons
 
 
 def outcomes_and_result(
@@ -468,25 +487,125 @@ def record_gains(
     return out
 
 
+def earned(cfg: GauntletConfig, a: Assessment) -> bool:
+    """Whether `a` earns its sender a round of standing: its update gained on random data, was no copy
+    (of a peer's payload or of the public previous step: such a problem leaves it unevaluated), and
+    its own-data indicator was +1 (a lone update: its gain alone, there is nobody's work to take).
+    A slice of a public step gains on random data but favours no one's assignment."""
+    gained = a.gains is not None and a.gains.random > cfg.min_score
+    return gained and not a.copy and a.problem is None and (a.alone or a.indicator > 0)
+
+
+def seniority(standing: Standing, earners: Sequence[str], round_: int, window: int) -> dict[str, int]:
+    """Each earner's first round of standing: kept while it earns within every `window` rounds, this
+    round for a key that earns for the first time or after a lapse (a key cannot age while away)."""
+    since = dict(standing.since)
+    for m in earners:
+        last = standing.gained.get(m, ())
+        if m not in since or not last or last[-1] < round_ - window:
+            since[m] = round_
+    return {m: r for m, r in since.items() if m in standing.gained or m in earners}
+
+
+def seat_standing(standing: Standing, miner: str, round_: int) -> float:
+    """A miner's standing for a seat (admission.py): the rounds since it first earned standing."""
+    return float(round_ - standing.since.get(miner, round_))
+
+
 def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozenset[str]:
-    """Miners whose updates gained on random data in at least `established_rounds` of the
-    `established_window` rounds before `round_`."""
+    """Miners that earned standing in at least `established_rounds` of the `established_window`
+    rounds before `round_`."""
     return established_of(cfg, standing.gained, round_)
 
 
 def established_of(cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], round_: int) -> frozenset[str]:
-    """`established` from the rounds each miner gained (a book's `gained`: an auditor has no ratings object)."""
+    """`established` from the rounds each miner earned (a book's `gained`: an auditor has no ratings object)."""
     oldest = round_ - cfg.established_window
     enough = cfg.established_rounds
     return frozenset(m for m, rounds in gained.items() if sum(1 for r in rounds if r >= oldest) >= enough)
 
 
-def gate_median(measured: Sequence[tuple[str | None, float]], established: frozenset[str]) -> float:
-    """The norm gate's reference: the median norm of the distinct payloads that decoded to a finite
-    update (`measured`: (first sender, norm) each), those of `established` miners only when there are
-    any (a majority of fresh keys must not move it); 0 with none."""
-    reference = [norm for sender, norm in measured if sender in established] or [norm for _, norm in measured]
-    return statistics.median(reference) if reference else 0.0
+@dataclass(frozen=True)
+class NormReference:
+    """Whose norms set the norm gate's median, and with what weight (`gate_median`)."""
+
+    established: frozenset[str] = frozenset()
+    senior: frozenset[str] = frozenset()  # established for at least `senior_rounds`
+    young_share: float = 0.5  # the younger established together weigh at most this many seniors
+
+    @classmethod
+    def of(cls, cfg: GauntletConfig, standing: Standing, round_: int) -> NormReference:
+        return cls.of_book(cfg, standing.gained, standing.since, round_)
+
+    @classmethod
+    def of_book(
+        cls, cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], since: Mapping[str, int], round_: int
+    ) -> NormReference:
+        settled = established_of(cfg, gained, round_)
+        senior = frozenset(m for m in settled if round_ - since.get(m, round_) >= cfg.senior_rounds)
+        return cls(settled, senior, cfg.young_median_share)
+
+    def weights(self, senders: Sequence[str | None]) -> list[float]:
+        """Each sender's weight in the median: seniors 1, younger established ones their capped share,
+        others 0; when no senior (or no established miner) is among `senders`, equal weights over the
+        established ones (over all)."""
+        seniors = sum(1 for s in senders if s in self.senior)
+        young = sum(1 for s in senders if s in self.established and s not in self.senior)
+        if seniors:
+            each = min(1.0, self.young_share * seniors / young) if young else 0.0
+            return [1.0 if s in self.senior else each if s in self.established else 0.0 for s in senders]
+        if young:
+            return [1.0 if s in self.established else 0.0 for s in senders]
+        return [1.0] * len(senders)
+
+
+def gate_median(measured: Sequence[tuple[str | None, float]], reference: NormReference) -> float:
+    """The norm gate's reference: the weighted median norm (`NormReference.weights`) of the distinct
+    payloads that decoded to a finite update (`measured`: (first sender, norm) each); 0 with none.
+    Keys that earned standing lately, however many, hold at most `young_share` seniors' weight."""
+    weighted = [(norm, w) for (_, norm), w in zip(measured, reference.weights([s for s, _ in measured]), strict=True)]
+    return weighted_median([(n, w) for n, w in weighted if w > 0])
+
+
+def weighted_median(items: Sequence[tuple[float, float]]) -> float:
+    """The value at half the total weight ((value, weight) pairs; the mean of the two values at an
+    exact half, so equal weights give `statistics.median`); 0 with none."""
+    if not items:
+        return 0.0
+    if len({w for _, w in items}) == 1:
+        return statistics.median(v for v, _ in items)
+    ordered = sorted(items)
+    half, cumulative = sum(w for _, w in ordered) / 2, 0.0
+    for i, (value, weight) in enumerate(ordered):
+        cumulative += weight
+        if math.isclose(cumulative, half) and i + 1 < len(ordered):
+            return (value + ordered[i + 1][0]) / 2
+        if cumulative > half:
+            return value
+    return ordered[-1][0]
+
+
+def public_cosine(update: State, previous: State, weights: State) -> float:
+    """Cosine between `update` and the public step previous - weights, both taken on the positions
+    `update` sends (nonzero): 1 for any slice of that step at any scale. One tensor at a time."""
+    return support_cosine(update, lambda name, sent: previous[name][sent].double() - weights[name][sent].double())
+
+
+def echo_cosine(update: State, reference: State) -> float:
+    """Cosine between `update` and its reference (the mean of the round's others) on `update`'s positions."""
+    return support_cosine(update, lambda name, sent: reference[name][sent])
+
+
+def support_cosine(update: State, direction: Callable[[str, torch.Tensor], torch.Tensor]) -> float:
+    """Cosine between `update` and a direction, both taken on the positions `update` sends (nonzero):
+    `direction(name, mask)` gives the direction's values of tensor `name` at `mask`."""
+    dot = mine = theirs = 0.0
+    for name, t in update.items():
+        sent = t != 0
+        u = t[sent].double()
+        d = direction(name, sent).double()
+        dot, mine, theirs = dot + float(u @ d), mine + float(u @ u), theirs + float(d @ d)
+    return dot / math.sqrt(mine * theirs) if mine > 0 and theirs > 0 else 0.0
 
 
 def _accumulate(total: StateDict | None, update: State, scale: float) -> StateDict:

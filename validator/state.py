@@ -69,9 +69,11 @@ class Book(BaseModel):
     seen: list[str]
     """Replay cache, oldest first."""
     gained: dict[str, list[int]] = Field(default_factory=dict)
-    """Rounds in which each miner's update gained on random data, oldest first, within the last
+    """Rounds in which each miner earned standing (`gauntlet.earned`), oldest first, within the last
     `established_window` rounds (at least the newest): who is established (admission, the norm
     gate's reference), and whose rating is kept while it is away."""
+    since: dict[str, int] = Field(default_factory=dict)
+    """The round each miner in `gained` first earned standing (its seniority: the norm gate's weights)."""
     states: list[str] = Field(min_length=1)
     """SHA-256 of recent BF16 states, oldest first; the last is the state of `round`."""
 
@@ -150,6 +152,15 @@ class StateStore:
         if book.round != pointer.round:
             raise CorruptState(f"book is for round {book.round}, COMMITTED says {pointer.round}")
         return Snapshot(book, master, momentum, result, patch, evidence)
+
+    def previous_weights(self, round_: int) -> dict[str, torch.Tensor] | None:
+        """W_{round-1} in BF16, from the folder of the previous round while it is on disk (`keep` >= 2)."""
+        path = self.directory / f"round-{round_ - 1:012d}" / "weights.safetensors"
+        try:
+            master = load_tensors(path.read_bytes()) if round_ > 0 else None
+        except (OSError, SafetensorError):
+            return None
+        return {name: t.to(torch.bfloat16) for name, t in master.items()} if master is not None else None
 
     def rewind(self) -> bool:
         """Go back one committed round (to the previous folder, on disk while `keep` >= 2) because the

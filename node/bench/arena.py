@@ -17,7 +17,7 @@ from node.swarm.fakeminers import Miner, RoundView, arrival_order
 from validator.core import RoundReport, Validator
 from validator.intake import Submission
 
-LATE_KINDS = ("copycat", "replay")
+LATE_KINDS = ("copycat", "replay", "alie")  # alie is built from the honest updates of the round
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,18 @@ ATTACKS: dict[str, Attack] = {
     ),
 }
 
+STANDING = ("public-slice", "median-whisper", "header-only")
+"""Attacks on standing (`standing.py`): fresh keys trying to be established, or to hold a seat, without training."""
+ATTACKS |= {
+    "public-slice": Attack(
+        "40 keys each send a disjoint slice of the public previous step at its norm", "public-step copy check"
+    ),
+    "median-whisper": Attack(
+        "the same 40 keys send random updates at 1/100 of that norm", "free rider; the seniors' median"
+    ),
+    "header-only": Attack("a seated header whose body never comes (hangs up at once)", "stream; overdue seat freed"),
+}
+
 NEEDS_HONEST = ("copy", "near-copy", "alie", "ipm")
 """Attacks built from the honest payloads of the round (fetched from their miners)."""
 
@@ -108,5 +120,7 @@ SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl"}
 (rounds completed, honest miners aggregated, validator memory and disk) say what it costs. A
 tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run."""
 
-PAYLOAD = tuple(a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, *NETWORK, "sybil", *SCENARIOS))
+PAYLOAD = tuple(
+    a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, *NETWORK, "sybil", *SCENARIOS, *STANDING)
+)
 """Malformed payloads the decoder refuses."""

@@ -45,8 +45,8 @@ from node.roles.catchup import Chain, Held
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
-from node.swarm.campaign import crafting, netattacks
-from node.swarm.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, TRAINED
+from node.swarm.campaign import crafting, netattacks, standing
+from node.swarm.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, STANDING, TRAINED
 from node.swarm.campaign.crafting import Forge
 from node.swarm.campaign.push import Answer, Trickle, push
 from node.swarm.fakeminers import Miner, make_adversary
@@ -204,6 +204,8 @@ class Hostile:
             n = SYBILS if attack == "sybil" else FLOOD
             flood = [Identity.from_seed(hashlib.sha256(f"{attack}/{seed}/{i}".encode()).digest()) for i in range(n)]
             return [(forge.submission(s, crafting.junk(seed + i)), {}) for i, s in enumerate(flood)]
+        if attack in STANDING:
+            return await self._cpu(lambda: _standing(attack, forge, me, self.previous, seed))
         if attack == "replay":
             old = [sub for r, sub in self.history if r < forge.round]
             return [(old[-1], {})] if old else []
@@ -278,6 +280,18 @@ def _from_honest(attack: str, forge: Forge, honest: list[bytes], seed: int) -> b
     if attack == "alie":
         return crafting.alie(forge, honest)
     return crafting.inner_product_manipulation(forge, honest)
+
+
+def _standing(
+    attack: str, forge: Forge, me: Identity, previous: tuple[State, str] | None, seed: int
+) -> list[tuple[Submission, dict[str, object]]]:
+    if attack == "header-only":
+        return [(forge.submission(me, forge.compress(forge.small_update(seed))), {"cut_at": 0})]
+    if previous is None:  # no public step yet (the first round, or a round skipped)
+        return []
+    if attack == "public-slice":
+        return [(sub, {}) for sub in standing.public_slices(forge, me, previous[0])]
+    return [(sub, {}) for sub in standing.whispers(forge, me, previous[0], seed)]
 
 
 def _malformed(attack: str, forge: Forge, me: Identity, seed: int) -> tuple[Submission, dict[str, object]]:
