@@ -42,14 +42,21 @@ MAX_FLOWING = 4  # bodies received at once for one blob
 class HolderBook:
     """What this node learned of holders: when each last delivered and last failed."""
 
-    def __init__(self, capacity: int = 1024, forget_failures_after: float = 600.0) -> None:
-        self.capacity, self.forget_failures_after = capacity, forget_failures_after
+    def __init__(
+        self,
+        capacity: int = 1024,
+        forget_failures_after: float = 600.0,
+        on_delivered: Callable[[str], None] | None = None,  # e.g. grant the holder standing (`budget.py`)
+    ) -> None:
+        self.capacity, self.forget_failures_after, self.on_delivered = capacity, forget_failures_after, on_delivered
         self._delivered: OrderedDict[str, float] = OrderedDict()
         self._failed: OrderedDict[str, float] = OrderedDict()
 
     def delivered(self, holder: str) -> None:
         self._failed.pop(holder, None)
         self._note(self._delivered, holder)
+        if self.on_delivered is not None:
+            self.on_delivered(holder)
 
     def failed(self, holder: str) -> None:
         self._note(self._failed, holder)
