@@ -223,3 +223,22 @@ def test_a_probe_signature_covers_kind(tmp_path: Path, length: int) -> None:
         return await one(net, "Prober", validator.peer_id, bytes(request))
 
     assert asyncio.run(main()) is Status.REJECTED
+
+
+def test_silent_streams_of_fresh_ids_leave_request_slots_for_peers_with_standing(tmp_path: Path) -> None:
+    limits = LIMITS.model_copy(update={"max_requests": 8, "reserved_requests": 4, "request_timeout": 5.0})
+    net = network(limits)
+
+    async def main() -> tuple[Status, Status]:
+        validator = holder(net, tmp_path, uplink=1e9)
+        validator.service.standing.grant("Honest")
+        async with AsyncExitStack() as stack:
+            for i in range(4):  # silent: they never send their request
+                await stack.enter_async_context(net.open(f"Silent{i}", validator.peer_id, FETCH))
+            await asyncio.sleep(0.1)
+            return (
+                await one(net, "Fresh", validator.peer_id, range_request()),
+                await one(net, "Honest", validator.peer_id, range_request()),
+            )
+
+    assert asyncio.run(main()) == (Status.BUSY, Status.OK)

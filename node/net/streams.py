@@ -72,6 +72,8 @@ class TransferLimits(BaseModel):
     max_requests: int = Field(default=64, ge=1)
     """Served streams whose request is still being read or decided; more are answered BUSY.
     Cheap (a request is at most 64 KiB) and short (`request_timeout`), so it can be large."""
+    reserved_requests: int = Field(default=16, ge=0)
+    """Of `max_requests`, the slots only peers with standing may take (`reserved_fetch_streams`)."""
     max_fetch_streams: int = Field(default=16, ge=1)
     """Blobs sent at once; more fetches are answered BUSY."""
     max_submit_streams: int = Field(default=8, ge=1)

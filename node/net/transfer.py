@@ -21,7 +21,8 @@ On any failure nothing is stored; a handler logs the peer's failure and never ra
 
 Serving budgets (`TransferLimits`), so that streams from fresh peer ids and keys cannot stall a
 node: a stream's request must arrive within `request_timeout` and only `max_requests` may be
-pending at once (a silent stream costs a short, cheap slot); then a fetch (a whole blob, a range
+pending at once (a silent stream costs a short, cheap slot; `reserved_requests` of them only for
+peers with standing); then a fetch (a whole blob, a range
 or a probe alike) takes one of `max_fetch_streams`, `reserved_fetch_streams` of them only for
 peers with standing (`budget.Standing`: the validators' peers, holders that delivered a verified
 blob, the peers of keys a validator aggregated), and an accepted submission one of
@@ -270,10 +271,11 @@ class Origin(Protocol):
 
 
 class Slots:
-    """A budget of concurrent streams, `reserved` of them for favoured callers."""
+    """A budget of concurrent streams, `reserved` of them (at most half) for favoured callers: half
+    stays open to anyone, so a node whose callers have no standing yet (a new run) still serves."""
 
     def __init__(self, size: int, reserved: int = 0) -> None:
-        self.size, self.reserved, self.used = size, min(reserved, size), 0
+        self.size, self.reserved, self.used = size, min(reserved, size // 2), 0
 
     def take(self, favoured: bool = False) -> bool:
         if self.used >= self.size - (0 if favoured else self.reserved):
@@ -311,7 +313,7 @@ class TransferService:
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
         self.active = 0  # streams being served, from the first byte to the hang-up
         self._per_peer: dict[object, int] = {}  # open streams by peer: one peer cannot take every slot
-        self.requests = Slots(limits.max_requests)
+        self.requests = Slots(limits.max_requests, limits.reserved_requests)
         self.fetches = Slots(limits.max_fetch_streams, limits.reserved_fetch_streams)
         self.submits = Slots(limits.max_submit_streams, limits.reserved_submit_streams)
         self._receiving: set[str] = set()  # message ids whose body is arriving
@@ -401,7 +403,7 @@ class TransferService:
         writer: asyncio.StreamWriter,
     ) -> None:
         mine = self._per_peer.get(info.peer_id, 0)
-        if mine >= self.limits.max_streams_per_peer or not self.requests.take():
+        if mine >= self.limits.max_streams_per_peer or not self.requests.take(info.peer_id in self.standing):
             busy = f"{self.requests.used} requests pending, {mine} streams yours"
             logger.info("%s from %s: BUSY (%s)", name, info.peer_id, busy)
             if name == "submit":
