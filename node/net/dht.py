@@ -40,7 +40,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from node.net import dhtprocess
 from node.net.netconfig import NetConfig, prepare_identity
-from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules
+from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules, capped_ttl
 from node.net.streams import printable
 from protocol.errors import (
     InvalidRecord,
@@ -270,8 +270,9 @@ class PulseDHT:
 
 
 def sign_for(identity: Identity, message: WireModel, ttl: float) -> SignedMessage:
-    """`message` signed to be kept `ttl` seconds from now (its DHT expiration)."""
-    return sign(identity, message, expires_ms=int((get_dht_time() + ttl) * 1000))
+    """`message` signed to be kept `ttl` seconds from now (its DHT expiration; an open kind's at most
+    `records.OPEN_MAX_TTL`)."""
+    return sign(identity, message, expires_ms=int((get_dht_time() + capped_ttl(message.KIND, ttl)) * 1000))
 
 
 # How long a lock of hivemind's futures may stay held before its holder counts as dead: a live
