@@ -14,8 +14,8 @@ Three more requests on `rpc_fetch` (`transfer.py` serves them beside the whole-b
 A range is checked by its reader piece by piece (`pieces.py`), not here: the server only promises
 to send what its blob holds. Probes carry no data anyone stores. A probe is signed by a key, for
 this run, within `PROBE_CLOCK_SKEW_SECONDS` of now: the server admits a few per key a minute and
-the probes of peers without standing under one total byte rate (`budget.ProbeGate`), and each has
-an overall deadline. Every range and probe takes a send slot first, as a whole blob does.
+the probes of peers without standing under one total byte rate (`budget.ProbeGate`: such a
+probe is at most the 16 seconds of that rate the budget saves up), and each has an overall deadline. Every range and probe takes a send slot first, as a whole blob does.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ ATTACKS: dict[str, Attack] = {
         expect="dropped",
     ),
     "probe-flood": Attack(
-        "download probes of 64 MiB from a fresh key each, 4 streams at once for 10 s",
+        "download probes of 8 MiB from a fresh key each, 4 streams at once for 10 s",
         "signed probes; per-key rate; one byte budget for peers without standing",
         expect="limited",
     ),

@@ -1,8 +1,8 @@
 """The campaign's attacks on what a node serves and stores for free: probes, ranges, open DHT kinds,
 the RL pool. Each returns what its target did (`netattacks.Played`), never raises on it.
 
-- `probe_flood`: download probes of 64 MiB from fresh keys (a new one per probe), 4 streams at
-  once, for `PROBE_WINDOW` seconds. Limited if the bytes the validator sent stay within its share
+- `probe_flood`: download probes of 8 MiB (what `pulse doctor` asks) from fresh keys (a new one
+  per probe), 4 streams at once, for `PROBE_WINDOW` seconds. Limited if the bytes the validator sent stay within its share
   for peers without standing (`unknown_probe_bytes_per_second` over the window, plus its burst);
   the detail reports bytes per second against that share.
 - `range_flood`: 16 streams at once ask the validator for the current patch as a range, held
@@ -29,7 +29,7 @@ from hivemind.p2p import PeerID
 
 from node.net.dht import dht_key, sign_for
 from node.net.p2ppeer import P2PPeer
-from node.net.ranges import MAX_PROBE_BYTES, MAX_RANGE_BYTES, RANGE, sign_probe
+from node.net.ranges import MAX_RANGE_BYTES, RANGE, sign_probe
 from node.net.streams import DEFAULT_LIMITS, STREAM_ERRORS, Status, open_stream, read_reply, send_request
 from node.net.transfer import FETCH
 from node.swarm.campaign.netattacks import Played, _store_raw
@@ -40,6 +40,7 @@ from protocol.signing import SignedMessage, sign
 
 PROBE_WINDOW = 10.0
 PROBE_STREAMS = 4
+PROBE_BYTES = 8 << 20
 PROBE_BURST_SECONDS = 16.0  # what the validator's probe budget may have saved up (`budget.ProbeGate`)
 RANGE_STREAMS = 16
 FUTURE_KEYS = 64
@@ -61,7 +62,7 @@ async def probe_flood(peer: P2PPeer, round_: int) -> Played:
 
     async def stream() -> None:
         while time.monotonic() < until:
-            request = sign_probe(Identity.generate(), peer.run_id, b"P", MAX_PROBE_BYTES)  # a fresh key each time
+            request = sign_probe(Identity.generate(), peer.run_id, b"P", PROBE_BYTES)  # a fresh key each time
             try:
                 async with open_stream(peer.p2p, target, FETCH, limits) as (reader, writer):
                     await send_request(writer, request, limits)
