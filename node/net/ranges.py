@@ -15,7 +15,8 @@ A range is checked by its reader piece by piece (`pieces.py`), not here: the ser
 to send what its blob holds. Probes carry no data anyone stores. A probe is signed by a key, for
 this run, within `PROBE_CLOCK_SKEW_SECONDS` of now: the server admits a few per key a minute and
 the probes of peers without standing under one total byte rate (`budget.ProbeGate`: such a
-probe is at most the 16 seconds of that rate the budget saves up), and each has an overall deadline. Every range and probe takes a send slot first, as a whole blob does.
+probe is at most the 16 seconds of that rate the budget saves up), and each has an overall
+deadline. Every range and probe takes a send slot first, as a whole blob does.
 """
 
 from __future__ import annotations
