@@ -3,8 +3,8 @@ the RL pool. Each returns what its target did (`netattacks.Played`), never raise
 
 - `probe_flood`: download probes of 8 MiB (what `pulse doctor` asks) from fresh keys (a new one
   per probe), 4 streams at once, for `PROBE_WINDOW` seconds. Limited if the bytes the validator
-  sent stay within its share for peers without standing (`unknown_probe_bytes_per_second` over the window, plus its burst);
-  the detail reports bytes per second against that share.
+  sent stay within its share for peers without standing (`unknown_probe_bytes_per_second` over
+  the window, plus its burst); the detail reports bytes per second against that share.
 - `range_flood`: 16 streams at once ask the validator for the current patch as a range, held
   open unread. Limited if no more were answered OK than the send slots open to peers without
   standing (`max_fetch_streams - reserved_fetch_streams`).
