@@ -125,10 +125,12 @@ TRAINED = {
 TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "truncated", "slow")
 """Attacks the validator refuses on the stream, before the round sees them."""
 
-SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl", "rl-unserved": "rl"}
+SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl", "rl-unserved": "rl", "dht-evict": "lm"}
 """Attacks played in their own swarm (the run's task): against one of them alone the run's figures
 (rounds completed, honest miners aggregated, validator memory and disk) say what it costs. A
-tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run."""
+tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run. An
+eviction flood displaces the heartbeats of miners without standing, which other attacks of a shared
+swarm find their victims by."""
 
 NETWORK = tuple(a for a, attack in ATTACKS.items() if attack.expect and a not in SCENARIOS)
 """Attacks on the DHT and the streams themselves (`netattacks.py`, `budgetattacks.py`): no
