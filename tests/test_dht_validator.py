@@ -17,7 +17,7 @@ from hivemind.dht.validation import DHTRecord
 from node.net.dht import PulseDHT, PulseRecordValidator, dht_key_id, sign_for
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
 from node.net.records import MAX_DHT_VALUE_BYTES, POLICIES, RecordRules, StoreBudget
-from protocol.errors import ConfigError, InvalidRecord, InvalidSignature, MalformedPayload, WrongRun
+from protocol.errors import ConfigError, InvalidRecord, InvalidSignature, MalformedPayload, NetworkError, WrongRun
 from protocol.identity import Identity
 from protocol.messages import (
     MAX_HELD_BLOBS,
@@ -175,7 +175,8 @@ def test_a_key_keeps_a_bounded_number_of_open_signers_and_always_the_validators(
     budget = StoreBudget(rules)
     flood = [sign_for(Identity.generate(), beat(Identity.generate()), 60) for _ in range(10)]
     kept = [_admit(budget, s) for s in flood]
-    assert kept == [True] * 3 + [False] * 7
+    assert kept == [True] * 10  # a full key takes a newcomer in place of one drawn at random
+    assert len(budget) == 3
     assert _admit(budget, sign_for(VALIDATOR, beat(VALIDATOR), 60))  # the key is full, the validator still fits
     assert _admit(budget, flood[0])  # an owner already kept may store its newer record
 
@@ -193,15 +194,19 @@ def test_one_signer_keeps_its_newest_rounds_only() -> None:
 
 def test_open_records_of_fresh_keys_stay_within_the_byte_budget() -> None:
     budget = StoreBudget(RULES, max_open_bytes=20_000)
-    evicted = []
+    evicted: list[tuple[bytes, bytes]] = []
+    first_full: int | None = None
     for r in range(200):
         me = Identity.generate()
         signed = sign_for(me, beat(me, r), 60)
         admitted = budget.admit(dht_key_id(RUN, "heartbeat", r), me.public_key, signed.to_bytes(), signed.expires_at)
         assert admitted.stored
+        if admitted.evict and first_full is None:
+            first_full = r
         evicted += admitted.evict
     assert budget.bytes <= 20_000 and len(budget) < 200
-    assert evicted[0] == (dht_key_id(RUN, "heartbeat", 0), evicted[0][1])  # the oldest stored went first
+    assert first_full is not None  # no head known: the highest round stored so far goes first
+    assert evicted[0] == (dht_key_id(RUN, "heartbeat", first_full - 1), evicted[0][1])
     for r in range(50):  # the validator's records are outside the budget: a flood never pushes them out
         assert _admit(budget, sign_for(VALIDATOR, beat(VALIDATOR, 1000 + r), 60))
     assert budget.bytes <= 20_000
@@ -260,27 +265,29 @@ class _Answered:
         return self.value
 
 
-class _Replicas:
-    """A DHT handle whose store answers as hivemind does when its last replica refused, and whose
-    read finds what the other replicas kept."""
+class _Counted:
+    """A DHT handle whose counted store (run in its process) answers (others, here, asked)."""
 
-    def __init__(self, store_answer: bool, kept: dict[bytes, bytes]) -> None:
-        self.store_answer, self.kept = store_answer, kept
+    def __init__(self, answer: tuple[int, bool, int]) -> None:
+        self.answer = answer
 
     def is_alive(self) -> bool:
         return True
 
-    def store(self, *args: object, **kwargs: object) -> _Answered:
-        return _Answered(self.store_answer)
-
-    def get(self, *args: object, **kwargs: object) -> _Answered:
-        entries = {k: argparse.Namespace(value=v, expiration_time=0.0) for k, v in self.kept.items()}
-        return _Answered(argparse.Namespace(value=entries, expiration_time=0.0))
+    def run_coroutine(self, *args: object, **kwargs: object) -> _Answered:
+        return _Answered(self.answer)
 
 
-@pytest.mark.parametrize(("kept_ours", "stored"), [(True, True), (False, False)])
-def test_a_store_counts_when_the_network_holds_it_whatever_the_last_replica_said(kept_ours: bool, stored: bool) -> None:
+@pytest.mark.parametrize(
+    ("answer", "published"),
+    [((0, True, 3), False), ((1, True, 3), True), ((2, False, 3), True), ((0, True, 0), True), ((0, False, 0), False)],
+)
+def test_a_store_is_published_only_when_another_peer_kept_it(answer: tuple[int, bool, int], published: bool) -> None:
+    """Only the writer's own node kept it, with peers to ask: not published (hivemind said yes before)."""
     signed = signed_header(VALIDATOR)
-    kept = {signed.sender: signed.to_bytes() if kept_ours else b"another envelope"}
-    dht = PulseDHT(_Replicas(False, kept), RULES, VALIDATOR, NetConfig())  # type: ignore[arg-type]
-    assert dht.store_signed(signed) is stored
+    dht = PulseDHT(_Counted(answer), RULES, VALIDATOR, NetConfig())
+    stored = dht.store_signed(signed)
+    assert stored.others == answer[0] and stored.published is published
+    if not published:
+        with pytest.raises(NetworkError, match="no peer other than this one"):
+            dht.publish(header_of(signed), ttl=60)

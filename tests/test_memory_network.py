@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,8 @@ def test_records_are_checked_as_a_dht_peer_checks_them(tmp_path: Path) -> None:
     assert not net.store(forged)  # the signature does not verify
     other = network(hashlib.sha256(b"another run").hexdigest())
     assert not other.store(signed)  # signed for another run
-    assert not net.store(sign_for(peer.identity, beat(peer, 2), 10 * 86_400))  # an expiry beyond the record TTL cap
+    far = int((time.time() + 10 * 86_400) * 1000)
+    assert not net.store(sign(peer.identity, beat(peer, 2), expires_ms=far))  # an expiry beyond the record TTL cap
     assert not net.store(sign(peer.identity, beat(peer, 3)))  # signed without an expiry: not a DHT record
 
     found: list[Verified[Heartbeat]] = asyncio.run(peer.get(Heartbeat, 1))

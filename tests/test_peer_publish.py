@@ -14,6 +14,7 @@ from hivemind.p2p import PeerID
 from node.commands.roles import DEFAULT_CONFIG
 from node.net import peer as peer_mod
 from node.net.blobstore import BlobStore
+from node.net.dht import Stored
 from node.net.netconfig import NetConfig
 from node.net.p2ppeer import P2PPeer
 from node.net.transfer import FETCH, REPLICATE, SUBMIT, TransferService
@@ -31,11 +32,11 @@ class FlakyDHT:
         self.failures, self.calls = failures, 0
         self.alive, self.restarts = True, 0
 
-    def store_signed(self, signed: Any) -> bool:
+    def store_signed(self, signed: Any) -> Stored:
         if not self.alive:
             raise NetworkError("the DHT process has stopped")
         self.calls += 1
-        return self.calls > self.failures
+        return Stored(others=int(self.calls > self.failures), here=True, asked=3)  # only the writer kept it
 
     def restart(self) -> None:
         self.alive, self.restarts = True, self.restarts + 1

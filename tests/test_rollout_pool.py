@@ -13,7 +13,7 @@ from node.events import Events
 from node.learn.rl.checks import announce, check_batch
 from node.learn.rl.config import RLConfig
 from node.learn.rl.task import answer, problems_for, reward
-from node.roles.rl.pool import PENALTY_ROUNDS, PoolKeeper
+from node.roles.rl.pool import EXAMINED_PER_BATCH, PENALTY_ROUNDS, UNSERVED_PENALTY_ROUNDS, PoolKeeper
 from protocol import rollouts
 from protocol.identity import Identity
 from protocol.messages import RolloutAnnouncement
@@ -134,3 +134,43 @@ def test_candidates_come_in_an_order_the_workers_cannot_choose(tmp_path: Path) -
     assert all(len(p) == 2 for p in pools)
     assert any(p != first_keys for p in pools), "every pool took the two keys that sort first"
     assert pools[1:] == [pools[0]] * 4  # once taken, a worker whose batches pass keeps its place
+
+
+def test_announcements_nobody_serves_do_not_stall_the_pool(tmp_path: Path) -> None:
+    """More announcements of unserved blobs than a pass may examine, then an honest worker's batch:
+    each unserved one costs its key a penalty, the next pass has a fresh budget, and the pool is
+    built with the honest batch (before, the budget of the whole pool was spent and `build` never
+    returned)."""
+    cfg = CFG.model_copy(update={"pool_batches": 2, "max_staleness": 0})
+    net = Workers(tmp_path)
+    keeper = PoolKeeper(net.validator, cfg, RUN, Events("validator"), poll=0.05)
+    honest = Identity.generate()
+    sybils = [Identity.generate() for _ in range(3 * EXAMINED_PER_BATCH * cfg.pool_batches)]
+
+    async def main() -> list[str]:
+        for sybil in sybils:  # announced, listed by nobody: no holder serves the blob
+            peer = net.network.join(sybil, tmp_path / sybil.public_hex[:8], role="follower")
+            await peer.publish(announced(honest_batch(sybil)))
+        build = asyncio.ensure_future(keeper.build(3, STATES))
+        await asyncio.sleep(0.3)  # the first passes spend their budgets on the flood
+        await net.publish(honest, honest_batch(honest))
+        pool, _ = await asyncio.wait_for(build, 20)
+        return [e.worker for e in pool.entries]
+
+    assert asyncio.run(main()) == [honest.public_hex]
+    assert all(keeper.penalized[s.public_hex] == 3 + UNSERVED_PENALTY_ROUNDS for s in sybils)
+
+
+def test_the_pool_closes_at_its_deadline_with_what_it_has(tmp_path: Path) -> None:
+    """`min_pool_batches` not reached: past `pool_wait_seconds` the pool has the one batch it found."""
+    cfg = CFG.model_copy(update={"pool_batches": 4, "min_pool_batches": 3, "pool_wait_seconds": 0.5})
+    net = Workers(tmp_path)
+    keeper = PoolKeeper(net.validator, cfg, RUN, Events("validator"), poll=0.05)
+    honest = Identity.generate()
+
+    async def main() -> int:
+        await net.publish(honest, honest_batch(honest))
+        pool, _ = await asyncio.wait_for(keeper.build(3, STATES), 10)
+        return len(pool.entries)
+
+    assert asyncio.run(main()) == 1

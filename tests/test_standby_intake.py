@@ -123,6 +123,7 @@ def test_a_standby_floods_like_the_active_validator_and_seats_an_established_min
         return answers
 
     answers = asyncio.run(main())
+    assert m.public_hex in peer.standing_keys  # its heartbeats name peers that may use the kept send slots
 
     # checked from the header, before any body: the Gauntlet's own reasons, no seat, no file
     assert "behind: trained from the state of round 0" in str(answers["behind"])

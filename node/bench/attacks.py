@@ -80,6 +80,8 @@ SCENARIO_RUNS = (
         does=f"every round, all at once: {', '.join(attacks.NETWORK)}",
     ),
     Scenario("rl-fabricated", "rl", fabricators=1),
+    Scenario("rl-unserved", "rl", (swarms.Team("rl-unserved", ("rl-unserved",), 1),)),
+    Scenario("dht-evict", "lm", (swarms.Team("dht-evict", ("dht-evict",), 1),)),
     Scenario("tiny-dense", "rl", (swarms.Team("tiny-dense", ("tiny-dense",), 2),)),
 )
 RL_MINERS, RL_WORKERS = 4, 2

@@ -25,8 +25,10 @@ DHT process may have left held (`_free_shared_locks`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import hivemind
@@ -41,7 +43,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from node.net import dhtprocess
 from node.net.lifetime import listen_conflicts
 from node.net.netconfig import NetConfig, prepare_identity
-from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules
+from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules, capped_ttl
 from node.net.streams import printable
 from protocol.errors import (
     InvalidRecord,
@@ -134,6 +136,20 @@ def _unpack_bin(value: bytes) -> bytes:
     return inner
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What a store did: how many peers other than the writer kept the record."""
+
+    others: int  # peers other than this one that stored it
+    here: bool  # whether this node's own storage kept it
+    asked: int  # peers other than this one it was offered to (the nearest this node found)
+
+    @property
+    def published(self) -> bool:
+        """Kept by another peer; or, with no other peer to ask (a node alone), by this one."""
+        return self.others > 0 or (self.asked == 0 and self.here)
+
+
 class PulseDHT:
     """Our records on a `hivemind.DHT` that runs in a background process.
 
@@ -185,36 +201,27 @@ class PulseDHT:
     def publish(self, message: WireModel, *, ttl: float) -> SignedMessage:
         """Sign `message` to live `ttl` seconds and store it; `NetworkError` if no peer (nor we) stored it."""
         signed = sign_for(self.identity, message, ttl)
-        if not self.store_signed(signed):
-            raise NetworkError(f"no peer stored {message.KIND} for round {message.round}")
+        if not self.store_signed(signed).published:
+            raise NetworkError(f"no peer other than this one stored {message.KIND} for round {message.round}")
         return signed
 
-    def store_signed(self, signed: SignedMessage) -> bool:
+    def store_signed(self, signed: SignedMessage) -> Stored:
         """Store an already signed message under its signer's subkey, until its signed expiry
-        (also used to relay one)."""
+        (also used to relay one): on this node and on the peers nearest its key, each asked and
+        counted (hivemind's own store reports only the replica that answered last, so a record that
+        only the writer kept looked published)."""
         value = signed.to_bytes()
         if len(value) > MAX_ENVELOPE_BYTES:
             raise SizeLimitExceeded(f"signed {signed.kind} is {len(value)} bytes, cap is {MAX_ENVELOPE_BYTES}")
-        future = self._call().store(
-            dht_key(signed.run_id, signed.kind, signed.round),
-            value,
-            signed.expires_at,
+        store = functools.partial(
+            _store_counted,
+            key=dht_key(signed.run_id, signed.kind, signed.round),
             subkey=signed.sender,
-            return_future=True,
+            value=value,
+            expiration=signed.expires_at,
         )
-        # hivemind reports the answer of the replica that answered last, not whether any stored it:
-        # one peer that refuses (a hostile one, or one holding a record it should not) can turn a
-        # store that succeeded into False. Ask the network before calling it a failure.
-        return bool(self._result(future, "store")) or self._readable(signed, value)
-
-    def _readable(self, signed: SignedMessage, value: bytes) -> bool:
-        """Whether a read of `signed`'s key finds this very envelope under its signer's subkey."""
-        future = self._call().get(dht_key(signed.run_id, signed.kind, signed.round), latest=True, return_future=True)
-        found = self._result(future, "get")
-        if found is None or not isinstance(found.value, dict):
-            return False
-        entry = found.value.get(signed.sender)
-        return entry is not None and entry.value == value
+        others, here, asked = self._result(self._call().run_coroutine(store, return_future=True), "store")
+        return Stored(others=others, here=here, asked=asked)
 
     def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
         """The valid `kind` records of `round_`, re-verified here: the run's validators' first (in
@@ -274,8 +281,9 @@ class PulseDHT:
 
 
 def sign_for(identity: Identity, message: WireModel, ttl: float) -> SignedMessage:
-    """`message` signed to be kept `ttl` seconds from now (its DHT expiration)."""
-    return sign(identity, message, expires_ms=int((get_dht_time() + ttl) * 1000))
+    """`message` signed to be kept `ttl` seconds from now (its DHT expiration; an open kind's at most
+    `records.OPEN_MAX_TTL`)."""
+    return sign(identity, message, expires_ms=int((get_dht_time() + capped_ttl(message.KIND, ttl)) * 1000))
 
 
 # How long a lock of hivemind's futures may stay held before its holder counts as dead: a live
@@ -349,3 +357,27 @@ def check_store(validator: PulseRecordValidator, signed: SignedMessage) -> Verif
 
 def _pack_bin(data: bytes) -> bytes:
     return msgpack.packb(data, use_bin_type=True)
+
+
+async def _store_counted(
+    _: hivemind.DHT, node: DHTNode, *, key: str, subkey: bytes, value: bytes, expiration: float
+) -> tuple[int, bool, int]:
+    """Runs inside the DHT process: store one record here and on the peers nearest its key; (peers
+    other than this one that stored it, whether this one did, peers asked)."""
+    key_id = DHTID.generate(source=key)
+    found = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, exclude_self=True)
+    nearest = list(found.get(key_id, {}).values())
+    packed = node.protocol.serializer.dumps(value)
+    record = DHTRecord(key_id.to_bytes(), node.protocol.serializer.dumps(subkey), packed, expiration)
+    checks = node.protocol.record_validator
+    here = (checks is None or checks.validate(record)) and node.protocol.storage.store(
+        key_id, packed, expiration, subkey=subkey
+    )
+    calls = [
+        node.protocol.call_store(peer, keys=[key_id], values=[packed], expiration_time=[expiration], subkeys=[subkey])
+        for peer in nearest
+    ]
+    answers = await asyncio.gather(*calls, return_exceptions=True)  # each call is bounded by hivemind's wait_timeout
+    # an answer is a protobuf list of one bool, None if the peer did not answer, or an exception
+    others = sum(1 for a in answers if a is not None and not isinstance(a, BaseException) and len(a) and a[0])
+    return others, bool(here), len(nearest)

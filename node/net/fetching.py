@@ -13,6 +13,9 @@ another. So:
   `hedge_after` seconds unless a body arrives at `hedge_rate` or faster (a silent, trickling or
   stalled holder is raced, a fast one is not), with at most `MAX_FLOWING` bodies at once. The
   first verified blob wins and the others are cancelled;
+- a holder that answers BUSY is asked again (after `BUSY_PAUSE_SECONDS`, doubling, at most
+  `BUSY_RETRIES` times) rather than counted as failed: when the only real holder is busy, the
+  fetch waits for its slot instead of failing;
 - one deadline for the blob, whatever the number of holders;
 - the book remembers who delivered and who failed, for the next blobs. It is bounded: a flood of
   fresh peer ids pushes out the oldest entries, never grows it.
@@ -28,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 
-from protocol.errors import ProtocolError, TransferError, TransferTimeout
+from protocol.errors import PeerBusy, ProtocolError, TransferError, TransferTimeout
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +40,28 @@ Progress = Callable[[], int]
 Attempt = Callable[[str, Callable[[Progress], None]], Awaitable[Path]]
 """Fetch from one holder; call the callback with a progress probe once its body starts to arrive."""
 MAX_FLOWING = 4  # bodies received at once for one blob
+BUSY_RETRIES = 6  # times one holder that answered BUSY is asked again for one blob
+BUSY_PAUSE_SECONDS = (0.5, 8.0)  # first pause before asking a busy holder again, longest pause
 
 
 class HolderBook:
     """What this node learned of holders: when each last delivered and last failed."""
 
-    def __init__(self, capacity: int = 1024, forget_failures_after: float = 600.0) -> None:
-        self.capacity, self.forget_failures_after = capacity, forget_failures_after
+    def __init__(
+        self,
+        capacity: int = 1024,
+        forget_failures_after: float = 600.0,
+        on_delivered: Callable[[str], None] | None = None,  # e.g. grant the holder standing (`budget.py`)
+    ) -> None:
+        self.capacity, self.forget_failures_after, self.on_delivered = capacity, forget_failures_after, on_delivered
         self._delivered: OrderedDict[str, float] = OrderedDict()
         self._failed: OrderedDict[str, float] = OrderedDict()
 
     def delivered(self, holder: str) -> None:
         self._failed.pop(holder, None)
         self._note(self._delivered, holder)
+        if self.on_delivered is not None:
+            self.on_delivered(holder)
 
     def failed(self, holder: str) -> None:
         self._note(self._failed, holder)
@@ -113,11 +125,18 @@ class _Race:
         self.running: dict[asyncio.Task[Path], str] = {}
         self.flowing: dict[str, tuple[float, Progress]] = {}  # holder -> (body started at, bytes so far)
         self.failures: list[str] = []
+        self.busy: dict[str, int] = {}  # holder -> BUSY answers so far
+        self.later: list[tuple[float, str]] = []  # (monotonic time, holder): busy holders to ask again
 
     async def run(self) -> Path:
         self._start_next()
-        while self.running:
-            done, _ = await asyncio.wait(self.running, timeout=self.hedge_after, return_when=asyncio.FIRST_COMPLETED)
+        while self.running or self.later:
+            if not self.running:  # only busy holders left: wait for the first to be due
+                await asyncio.sleep(max(0.0, self.later[0][0] - time.monotonic()))
+                self._due()
+                continue
+            done, _ = await asyncio.wait(self.running, timeout=self._wait(), return_when=asyncio.FIRST_COMPLETED)
+            self._due()
             if not done:
                 if self._should_hedge():
                     self._start_next()
@@ -132,10 +151,35 @@ class _Race:
                 if not isinstance(failure, (TransferError, ProtocolError)):
                     raise failure
                 log.info("fetch from %s failed: %s", holder, failure)
-                self.book.failed(holder)
+                if not (isinstance(failure, PeerBusy) and self._again_later(holder)):
+                    self.book.failed(holder)
                 self.failures.append(f"{holder}: {failure}")
             self._start_next()  # a failure: the next holder at once
         raise TransferError(f"no holder delivered ({self.summary()})")
+
+    def _again_later(self, holder: str) -> bool:
+        """Ask a busy `holder` again after a pause, unless it was busy too often already."""
+        answers = self.busy[holder] = self.busy.get(holder, 0) + 1
+        if answers > BUSY_RETRIES:
+            return False
+        first, longest = BUSY_PAUSE_SECONDS
+        pause = min(first * 2 ** (answers - 1), longest) * random.uniform(0.75, 1.25)  # spread many fetchers
+        self.later.append((time.monotonic() + pause, holder))
+        self.later.sort()
+        return True
+
+    def _due(self) -> None:
+        """Busy holders whose pause is over go first in line; one starts now unless a body flows fast."""
+        now, due = time.monotonic(), []
+        while self.later and self.later[0][0] <= now:
+            due.append(self.later.pop(0)[1])
+        if due:
+            self.waiting[:0] = due
+            if not self.running or self._should_hedge():
+                self._start_next()
+
+    def _wait(self) -> float:
+        return min([self.hedge_after] + [max(0.0, at - time.monotonic()) for at, _ in self.later[:1]])
 
     def _should_hedge(self) -> bool:
         """No body arrives fast enough, and there is room for one more."""

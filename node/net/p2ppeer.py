@@ -122,7 +122,7 @@ class P2PPeer(Peer):
         return await self._dht_call(lambda: self.dht.get(kind, round_))
 
     async def _store(self, signed: SignedMessage) -> bool:
-        return await self._dht_call(lambda: self.dht.store_signed(signed))
+        return await self._dht_call(lambda: self.dht.store_signed(signed).published)
 
     async def _dht_call(self, call: Callable[[], T]) -> T:
         """`call` in a thread; if the DHT process died, restart it and make the call once more."""

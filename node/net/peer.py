@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from node.net.blobstore import BlobStore
+from node.net.budget import Standing
 from node.net.dht import sign_for
 from node.net.fetching import HolderBook, Progress, fetch_first
 from node.net.pieces import Check, FetchProgress, Piece, PieceFetch
-from node.net.ranges import probe_down, probe_up
+from node.net.ranges import probe_down, probe_up, sign_probe
 from node.net.records import RecordRules
 from node.net.retention import BlobKind, Keeper, Retention
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits
@@ -210,8 +211,9 @@ class Peer(RunView):
         self.held: list[str] = []  # blobs announced in heartbeats, newest last
         self.validator_peer: str | None = None  # the active validator's peer id, from its heartbeat or head
         self.alone = False  # started with no peer to dial first: it can find nobody (libp2p peers only)
-        self.holders = HolderBook()  # who delivered blobs, who failed
+        self.holders = HolderBook(on_delivered=self._delivered)  # who delivered blobs, who failed
         self.keeper = Keeper(store, run.retention())
+        self.standing_keys = Standing()  # keys aggregated in a round result read lately (`_note_standing`)
 
     # -- what an implementation provides -----------------------------------------------------------
 
@@ -260,6 +262,30 @@ class Peer(RunView):
         return None
 
     # -- records ---------------------------------------------------------------------------------
+
+    async def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+        found = await super().get(kind, round_)
+        self._note_standing(found)
+        return found
+
+    def grant_standing(self, keys: Sequence[str]) -> None:
+        """Keys with standing (e.g. the validator's established miners): the peers their heartbeats
+        name may take the reserved send slots of this node (`transfer.py`)."""
+        for key in keys:
+            self.standing_keys.grant(key)
+
+    def _delivered(self, holder: str) -> None:
+        self.service.standing.grant(holder)  # it served a hash-checked blob: it holds the run's state
+
+    def _note_standing(self, found: Sequence[Verified[M]]) -> None:
+        """Standing from the records this node reads: the validators' peers, the keys a validator
+        aggregated, the peers the heartbeats of those keys name. Fresh keys earn none of it."""
+        for verified in found:
+            message, sender = verified.message, verified.sender_hex
+            if isinstance(message, RoundResult) and sender in self.run.validators:
+                self.grant_standing([s.sender for s in message.selected])
+            elif isinstance(message, Heartbeat) and (sender in self.run.validators or sender in self.standing_keys):
+                self.service.standing.grant(message.peer_id)
 
     async def validator_heartbeat(self, round_: int) -> Heartbeat | None:
         beat = await self.from_validator(Heartbeat, round_)
@@ -479,8 +505,10 @@ class Peer(RunView):
 
     async def probe(self, holder: str, down_bytes: int, up_bytes: int) -> tuple[float, float]:
         """(download, upload) rates in bytes/s between this node and `holder`, measured with probes."""
+        down_request = sign_probe(self.identity, self.run_id, b"P", down_bytes)
         async with self._open_fetch(holder) as stream:
-            down = await probe_down(stream, holder, down_bytes, self.limits)
+            down = await probe_down(stream, holder, down_bytes, self.limits, signed=down_request)
+        up_request = sign_probe(self.identity, self.run_id, b"S", up_bytes)
         async with self._open_fetch(holder) as stream:
-            up = await probe_up(stream, holder, up_bytes, self.limits)
+            up = await probe_up(stream, holder, up_bytes, self.limits, signed=up_request)
         return down_bytes / max(down, 1e-6), up_bytes / max(up, 1e-6)

@@ -5,15 +5,18 @@ Three more requests on `rpc_fetch` (`transfer.py` serves them beside the whole-b
     range   client: b"R" | sha256 (32 bytes) | offset u64 | length u64
             server: reply OK + length (or NOT_FOUND, TOO_LARGE: not inside the blob or over the cap,
                     BUSY), then exactly `length` bytes of the blob from `offset`
-    down    client: b"P" | length u64            (a download probe)
-            server: reply OK + length (or TOO_LARGE over `MAX_PROBE_BYTES`, BUSY), then `length` bytes
-    up      client: b"S" | length u64            (an upload probe)
-            server: reply OK (or TOO_LARGE, BUSY); client: `length` bytes, which the server reads
-                    into nothing; server: reply OK + the microseconds the body took to arrive
+    down    client: b"P" | length u64 | signed_at_ms u64 | key (32) | signature (64)   (a download probe)
+            server: reply OK + length (or TOO_LARGE over `MAX_PROBE_BYTES`, REJECTED, BUSY), then `length` bytes
+    up      client: b"S" | the same fields                                            (an upload probe)
+            server: reply OK (or TOO_LARGE, REJECTED, BUSY); client: `length` bytes, which the server
+                    reads into nothing; server: reply OK + the microseconds the body took to arrive
 
 A range is checked by its reader piece by piece (`pieces.py`), not here: the server only promises
-to send what its blob holds. Probes carry no data anyone stores; their size cap and the fetch
-slots they take bound what a stranger can make a node send or read.
+to send what its blob holds. Probes carry no data anyone stores. A probe is signed by a key, for
+this run, within `PROBE_CLOCK_SKEW_SECONDS` of now: the server admits a few per key a minute and
+the probes of peers without standing under one total byte rate (`budget.ProbeGate`: such a
+probe is at most the 16 seconds of that rate the budget saves up), and each has an overall
+deadline. Every range and probe takes a send slot first, as a whole blob does.
 """
 
 from __future__ import annotations
@@ -22,13 +25,17 @@ import asyncio
 import os
 import struct
 import time
+from dataclasses import dataclass
 
 from node.net.blobstore import BlobStore, check_sha256
 from node.net.streams import Status, Stream, TransferLimits, read_reply, reply, send_file, send_request
-from protocol.errors import BlobNotFound, MalformedPayload, PeerBusy, TransferError, TransferTimeout
+from protocol.errors import BlobNotFound, InvalidSignature, MalformedPayload, PeerBusy, TransferError, TransferTimeout
+from protocol.identity import Identity, verify_signature
 
 RANGE = struct.Struct(">c32sQQ")
-PROBE = struct.Struct(">cQ")
+PROBE = struct.Struct(">cQQ32s64s")  # kind, length, signed_at_ms, key, signature
+_PROBE_SIGNED = struct.Struct(">cQQ32s")  # what the signature covers (after the domain and run id)
+PROBE_CLOCK_SKEW_SECONDS = 120.0
 MAX_RANGE_BYTES = 256 << 20  # one request's span; a reader asks again for more
 MAX_PROBE_BYTES = 64 << 20
 _PROBE_CHUNK = 1 << 20
@@ -38,6 +45,44 @@ _NOISE = os.urandom(_PROBE_CHUNK)  # what a download probe sends (incompressible
 def is_ranged(request: bytes) -> bool:
     """Whether a fetch-stream request is one of this module's (else a whole-blob fetch)."""
     return request[:1] in (b"R", b"P", b"S")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A parsed range or probe request: `kind` is b"R", b"P" or b"S"."""
+
+    kind: bytes
+    length: int
+    sha256: str = ""  # a range's blob
+    offset: int = 0  # a range's first byte
+    signer: str = ""  # a probe's key (hex)
+
+
+def sign_probe(identity: Identity, run_id: str, kind: bytes, length: int) -> bytes:
+    """A probe request (`kind` b"P" or b"S") signed by `identity` for run `run_id`, now."""
+    head = _PROBE_SIGNED.pack(kind, length, int(time.time() * 1000), identity.public_key)
+    return head + identity.sign(_probe_preimage(run_id, head))
+
+
+def parse_ranged(request: bytes, run_id: str) -> Ask:
+    """What a range or probe request asks; `MalformedPayload` or `InvalidSignature` (a probe not
+    signed for this run, or signed too far from now) if it is not one to serve."""
+    if request[:1] == b"R" and len(request) == RANGE.size:
+        _, raw_sha, offset, length = RANGE.unpack(request)
+        return Ask(b"R", length, sha256=raw_sha.hex(), offset=offset)
+    if request[:1] in (b"P", b"S") and len(request) == PROBE.size:
+        kind, length, signed_at_ms, key, signature = PROBE.unpack(request)
+        if abs(signed_at_ms / 1000 - time.time()) > PROBE_CLOCK_SKEW_SECONDS:
+            raise InvalidSignature("probe signed too far from now")
+        verify_signature(key, _probe_preimage(run_id, request[: _PROBE_SIGNED.size]), signature)
+        return Ask(kind, length, signer=key.hex())
+    if request[:1] in (b"P", b"S"):
+        raise InvalidSignature("a probe must be signed by a key of the run")
+    raise MalformedPayload("not a fetch request")
+
+
+def _probe_preimage(run_id: str, head: bytes) -> bytes:
+    return b"pulse/probe\0" + run_id.encode() + b"\0" + head
 
 
 # -- clients ---------------------------------------------------------------------------------------
@@ -59,11 +104,12 @@ async def open_range(
         raise TransferError(f"{peer} refused bytes {offset}+{length} of {sha256[:12]}...: {status.name} {reason}")
 
 
-async def probe_down(stream: Stream, peer: object, length: int, limits: TransferLimits) -> float:
-    """Seconds from asking `peer` for `length` bytes to the last of them (one round trip included)."""
+async def probe_down(stream: Stream, peer: object, length: int, limits: TransferLimits, *, signed: bytes) -> float:
+    """Seconds from asking `peer` for `length` bytes to the last of them (one round trip included);
+    `signed` is the request (`sign_probe(identity, run_id, b"P", length)`)."""
     reader, writer = stream
     start = time.monotonic()
-    await send_request(writer, PROBE.pack(b"P", length), limits)
+    await send_request(writer, signed, limits)
     status, size, reason = await read_reply(reader, limits.open_timeout)
     if status is Status.BUSY:
         raise PeerBusy(f"{peer} is busy: {reason}")
@@ -75,10 +121,11 @@ async def probe_down(stream: Stream, peer: object, length: int, limits: Transfer
     return time.monotonic() - start
 
 
-async def probe_up(stream: Stream, peer: object, length: int, limits: TransferLimits) -> float:
-    """Seconds `peer` measured from its go-ahead to the last of `length` bytes sent to it."""
+async def probe_up(stream: Stream, peer: object, length: int, limits: TransferLimits, *, signed: bytes) -> float:
+    """Seconds `peer` measured from its go-ahead to the last of `length` bytes sent to it; `signed`
+    is the request (`sign_probe(identity, run_id, b"S", length)`)."""
     reader, writer = stream
-    await send_request(writer, PROBE.pack(b"S", length), limits)
+    await send_request(writer, signed, limits)
     status, _, reason = await read_reply(reader, limits.open_timeout)
     if status is Status.BUSY:
         raise PeerBusy(f"{peer} is busy: {reason}")
@@ -111,36 +158,44 @@ async def _read_some(reader: asyncio.StreamReader, most: int, limits: TransferLi
 # -- server ----------------------------------------------------------------------------------------
 
 
+async def refuse_ranged(store: BlobStore, ask: Ask, writer: asyncio.StreamWriter, limits: TransferLimits) -> bool:
+    """Answer NOT_FOUND or TOO_LARGE if `ask` cannot be served (no slot needed to say so); whether it did."""
+    if ask.kind != b"R":
+        if ask.length <= MAX_PROBE_BYTES:
+            return False
+        await reply(writer, Status.TOO_LARGE, reason=f"probes are at most {MAX_PROBE_BYTES} bytes", limits=limits)
+        return True
+    if not store.has(ask.sha256):
+        await reply(writer, Status.NOT_FOUND, limits=limits)
+        return True
+    size = store.size(ask.sha256)
+    if ask.offset > size or ask.length > size - ask.offset or ask.length > MAX_RANGE_BYTES:
+        reason = f"bytes {ask.offset}+{ask.length} of a {size}-byte blob"
+        await reply(writer, Status.TOO_LARGE, reason=reason, limits=limits)
+        return True
+    return False
+
+
 async def serve_ranged(
-    store: BlobStore, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: TransferLimits
+    store: BlobStore, ask: Ask, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: TransferLimits
 ) -> int:
-    """Answer one range or probe request (the caller holds a fetch slot); the bytes it sent."""
-    if request[:1] == b"R" and len(request) == RANGE.size:
-        _, raw_sha, offset, length = RANGE.unpack(request)
-        return await _serve_range(store, raw_sha.hex(), offset, length, writer, limits)
-    if request[:1] in (b"P", b"S") and len(request) == PROBE.size:
-        kind, length = PROBE.unpack(request)
-        if length > MAX_PROBE_BYTES:
-            await reply(writer, Status.TOO_LARGE, reason=f"probes are at most {MAX_PROBE_BYTES} bytes", limits=limits)
+    """Serve one range or probe `refuse_ranged` let through (the caller holds a send slot); the bytes
+    it sent. A probe has `max_probe_seconds` in all; a range the time its length allows at the minimum rate."""
+    if ask.kind == b"R":
+        return await _serve_range(store, ask.sha256, ask.offset, ask.length, writer, limits)
+    try:
+        async with asyncio.timeout(limits.max_probe_seconds):
+            if ask.kind == b"P":
+                return await _send_noise(ask.length, writer, limits)
+            await _take_upload(ask.length, reader, writer, limits)
             return 0
-        if kind == b"P":
-            return await _send_noise(length, writer, limits)
-        await _take_upload(length, reader, writer, limits)
-        return 0
-    await reply(writer, Status.REJECTED, reason="not a fetch request", limits=limits)
-    raise MalformedPayload("not a fetch request")
+    except TimeoutError as exc:
+        raise TransferTimeout(f"probe of {ask.length} bytes not done within {limits.max_probe_seconds:g}s") from exc
 
 
 async def _serve_range(
     store: BlobStore, sha256: str, offset: int, length: int, writer: asyncio.StreamWriter, limits: TransferLimits
 ) -> int:
-    if not store.has(sha256):
-        await reply(writer, Status.NOT_FOUND, limits=limits)
-        return 0
-    size = store.size(sha256)
-    if offset > size or length > size - offset or length > MAX_RANGE_BYTES:
-        await reply(writer, Status.TOO_LARGE, reason=f"bytes {offset}+{length} of a {size}-byte blob", limits=limits)
-        return 0
     await reply(writer, Status.OK, size=length, limits=limits)
     await send_file(writer, store.path(sha256), length, limits, offset=offset)
     return length

@@ -72,6 +72,8 @@ class TransferLimits(BaseModel):
     max_requests: int = Field(default=64, ge=1)
     """Served streams whose request is still being read or decided; more are answered BUSY.
     Cheap (a request is at most 64 KiB) and short (`request_timeout`), so it can be large."""
+    reserved_requests: int = Field(default=16, ge=0)
+    """Of `max_requests`, the slots only peers with standing may take (`reserved_fetch_streams`)."""
     max_fetch_streams: int = Field(default=16, ge=1)
     """Blobs sent at once; more fetches are answered BUSY."""
     max_submit_streams: int = Field(default=8, ge=1)
@@ -79,6 +81,16 @@ class TransferLimits(BaseModel):
     reserved_submit_streams: int = Field(default=4, ge=0)
     """Of `max_submit_streams`, the slots only senders this node favours may take (the validator
     favours miners with a rating history), so fresh keys cannot take every slot."""
+    reserved_fetch_streams: int = Field(default=6, ge=0)
+    """Of `max_fetch_streams`, the slots only peers with standing may take (a run's validators'
+    peers, holders that delivered a verified blob: `budget.Standing`), so fresh peer ids cannot
+    hold every send slot. Blobs, ranges and probes all take from the same slots."""
+    probes_per_key_per_minute: int = Field(default=4, ge=1)
+    """Link probes one signing key may ask for a minute (`ranges.py`)."""
+    unknown_probe_bytes_per_second: float = Field(default=1 << 20, gt=0)
+    """The uplink share probes of peers without standing may take, all of them together."""
+    max_probe_seconds: float = Field(default=60.0, gt=0)
+    """Overall deadline of one probe, whatever its reader does (a probe is at most 64 MiB)."""
     max_streams_per_peer: int = Field(default=4, ge=1)
     """Streams served at once to one libp2p peer. Peer ids cost nothing, so this only spreads the
     slots of one careless host; the budgets above are what bound a flood."""

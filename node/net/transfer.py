@@ -21,8 +21,12 @@ On any failure nothing is stored; a handler logs the peer's failure and never ra
 
 Serving budgets (`TransferLimits`), so that streams from fresh peer ids and keys cannot stall a
 node: a stream's request must arrive within `request_timeout` and only `max_requests` may be
-pending at once (a silent stream costs a short, cheap slot); then a fetch takes one of
-`max_fetch_streams` and an accepted submission one of `max_submit_streams`, apart, so a flood of
+pending at once (a silent stream costs a short, cheap slot; `reserved_requests` of them only for
+peers with standing); then a fetch (a whole blob, a range
+or a probe alike) takes one of `max_fetch_streams`, `reserved_fetch_streams` of them only for
+peers with standing (`budget.Standing`: the validators' peers, holders that delivered a verified
+blob, the peers of keys a validator aggregated), and an accepted submission one of
+`max_submit_streams`, apart, so a flood of
 one kind never blocks the other; `reserved_submit_streams` of those only favoured senders take
 (the validator favours miners with a rating history); one signer has one body in flight; bodies
 move at `min_bytes_per_second` or faster, both ways. A node takes submissions only when its
@@ -39,14 +43,16 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
 from hivemind.p2p import P2P, PeerID
 
 from node.net.blobstore import BlobStore, check_sha256
+from node.net.budget import ProbeGate, Standing
 from node.net.fetching import HolderBook, Progress, fetch_first
-from node.net.ranges import is_ranged, serve_ranged
+from node.net.ranges import Ask, is_ranged, parse_ranged, refuse_ranged, serve_ranged
 from node.net.streams import (
     DEFAULT_LIMITS,
     STREAM_ERRORS,
@@ -289,10 +295,11 @@ class Origin(Protocol):
 
 
 class Slots:
-    """A budget of concurrent streams, `reserved` of them for favoured callers."""
+    """A budget of concurrent streams, `reserved` of them (at most half) for favoured callers: half
+    stays open to anyone, so a node whose callers have no standing yet (a new run) still serves."""
 
     def __init__(self, size: int, reserved: int = 0) -> None:
-        self.size, self.reserved, self.used = size, min(reserved, size), 0
+        self.size, self.reserved, self.used = size, min(reserved, size // 2), 0
 
     def take(self, favoured: bool = False) -> bool:
         if self.used >= self.size - (0 if favoured else self.reserved):
@@ -327,8 +334,8 @@ class TransferService:
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
         self.active = 0  # streams being served, from the first byte to the hang-up
         self._per_peer: dict[object, int] = {}  # open streams by peer: one peer cannot take every slot
-        self.requests = Slots(limits.max_requests)
-        self.fetches = Slots(limits.max_fetch_streams)
+        self.requests = Slots(limits.max_requests, limits.reserved_requests)
+        self.fetches = Slots(limits.max_fetch_streams, limits.reserved_fetch_streams)
         self.submits = Slots(limits.max_submit_streams, limits.reserved_submit_streams)
         self._receiving: set[str] = set()  # message ids whose body is arriving
         self._senders: set[str] = set()  # signers with a body arriving: one each
@@ -367,8 +374,23 @@ class TransferService:
         for name in (FETCH, SUBMIT, REPLICATE):
             await asyncio.wait_for(self.p2p.remove_binary_stream_handler(name), self.limits.open_timeout)
 
+    @cached_property
+    def standing(self) -> Standing:
+        """Peers that may take the reserved send slots (`budget.py`; the node's `Peer` grants them)."""
+        return Standing()
+
+    @cached_property
+    def probes(self) -> ProbeGate:
+        """What link probes may cost this node (`ranges.py`)."""
+        return ProbeGate(self.limits.probes_per_key_per_minute, self.limits.unknown_probe_bytes_per_second)
+
     async def rpc_fetch(self, info: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._serve("fetch", self._fetch, info, reader, writer)
+        standing = info.peer_id in self.standing
+
+        async def fetch(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._fetch(request, reader, writer, standing=standing)
+
+        await self._serve("fetch", fetch, info, reader, writer)
 
     async def rpc_submit(self, info: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._serve("submit", self._submit, info, reader, writer)
@@ -391,7 +413,7 @@ class TransferService:
         writer: asyncio.StreamWriter,
     ) -> None:
         mine = self._per_peer.get(info.peer_id, 0)
-        if mine >= self.limits.max_streams_per_peer or not self.requests.take():
+        if mine >= self.limits.max_streams_per_peer or not self.requests.take(info.peer_id in self.standing):
             busy = f"{self.requests.used} requests pending, {mine} streams yours"
             logger.info("%s from %s: BUSY (%s)", name, info.peer_id, busy)
             if name == "submit":
@@ -421,9 +443,13 @@ class TransferService:
             if (left := self._per_peer.pop(info.peer_id) - 1) > 0:
                 self._per_peer[info.peer_id] = left
 
-    async def _fetch(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _fetch(
+        self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, standing: bool
+    ) -> None:
+        """Whole blobs, ranges and probes alike: checked, then a send slot (`reserved_fetch_streams`
+        of them for peers with standing), then the body within its overall deadline."""
         if is_ranged(request):  # a part of a blob, or a link probe (`ranges.py`)
-            self.counts.served_bytes += await serve_ranged(self.store, request, reader, writer, self.limits)
+            await self._fetch_ranged(request, reader, writer, standing=standing)
             return
         if len(request) != _FETCH_REQUEST.size or request[:1] != b"F":
             await reply(writer, Status.REJECTED, reason="not a fetch request", limits=self.limits)
@@ -437,8 +463,7 @@ class TransferService:
         if size > min(max_size, self.limits.max_blob_bytes):
             await reply(writer, Status.TOO_LARGE, reason=f"{size} bytes", limits=self.limits)
             return
-        if not self.fetches.take():
-            await reply(writer, Status.BUSY, reason=f"sending {self.fetches.used} blobs", limits=self.limits)
+        if not await self._take_send_slot(writer, standing):
             return
         try:
             await reply(writer, Status.OK, size=size, limits=self.limits)
@@ -446,6 +471,36 @@ class TransferService:
             self.counts.served_bytes += size
         finally:
             self.fetches.give()
+
+    async def _fetch_ranged(
+        self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, standing: bool
+    ) -> None:
+        try:
+            ask = parse_ranged(request, self.run_id)
+        except ProtocolError as exc:
+            await reply(writer, Status.REJECTED, reason=str(exc), limits=self.limits)
+            raise
+        if await refuse_ranged(self.store, ask, writer, self.limits):
+            return
+        if (refusal := self._probe_refusal(ask, standing)) is not None:
+            await reply(writer, Status.BUSY, reason=refusal, limits=self.limits)
+            return
+        if not await self._take_send_slot(writer, standing):
+            return
+        try:
+            self.counts.served_bytes += await serve_ranged(self.store, ask, reader, writer, self.limits)
+        finally:
+            self.fetches.give()
+
+    def _probe_refusal(self, ask: Ask, standing: bool) -> str | None:
+        return None if ask.kind == b"R" else self.probes.admit(ask.signer, ask.length, standing=standing)
+
+    async def _take_send_slot(self, writer: asyncio.StreamWriter, standing: bool) -> bool:
+        """A send slot, or a BUSY reply (False)."""
+        if self.fetches.take(standing):
+            return True
+        await reply(writer, Status.BUSY, reason=f"sending {self.fetches.used} blobs", limits=self.limits)
+        return False
 
     async def _replicate(self, origin: str, request: bytes, writer: asyncio.StreamWriter) -> None:
         if self.on_replica is None:

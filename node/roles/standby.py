@@ -191,6 +191,7 @@ class ValidatorRole:
         replica = self.auditor.replica
         assert replica is not None and replica.round == r  # `held` is what the replica holds
         self.intake.open(terms_of(self.setup, self.identity, replica.book, held.state_hash, held.weights))
+        self.peer.grant_standing(list(self.intake.admission.established))  # their send slots are kept here
         await self.peer.heartbeat(r, held.state_hash)  # miners push to every validator announcing the round
         active = self._active()
         self.events.emit(

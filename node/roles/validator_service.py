@@ -199,6 +199,7 @@ class ValidatorService:
         await self.hooks.before_open(r, v.state_hash, self._recent_states(), v.weights)
         self.active = len(self.previous_senders)
         self.intake.open(terms_of(self.setup, self.identity, v.book, v.state_hash, v.weights), opened_at=self.clock())
+        self.peer.grant_standing(list(self.intake.admission.established))  # their send slots are kept here
         self.phase = Phase.COLLECTING
         opened_at, target = self.intake.opened_at, self.deadline.target()
         # the heartbeat's clock starts at its signed sent_at, whole seconds: the target it names counts

@@ -105,12 +105,13 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(
     """An RL swarm (PULSELoCo) with a worker that publishes fabricated rollouts from fresh keys
     ground to sort first, and a miner pushing tiny payloads that declare every weight sent: no
     fabricated batch enters a pool (each one a pool looks at is refused as not sampled from the
-    round's weights) and no tiny payload is aggregated."""
+    round's weights) and no tiny payload is aggregated; announcements of blobs nobody serves do not
+    keep a pool from being built."""
     monkeypatch.setenv("PULSE_CACHE_DIR", str(tmp_path / "cache"))
-    keys = Keys.make(tmp_path / "keys", honest=2, hostile=1)
+    keys = Keys.make(tmp_path / "keys", honest=2, hostile=2)
     m = rl_campaign_manifest(30.0, keys.validator_hex())
     warm_start(m.model.gpt, m.model.seed, m.rl)  # once here, cached for every process of the swarm
-    teams = [Team("tiny", ("tiny-dense",), 1)]
+    teams = [Team("tiny", ("tiny-dense",), 1), Team("unserved", ("rl-unserved",), 1)]
     report = attack_run(tmp_path / "run", keys, teams, rounds=2, deadline=30.0, honest=2, task="rl", fabricators=1)
     ledger = report.ledger
     assert not report.crashes and all(report.checks.values()), (report.crashes, report.checks)
@@ -123,5 +124,7 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(
     assert tiny and not any(o.kind == "aggregated" for o in tiny) and ledger.unaccounted == 0
     pools = read_events(tmp_path / "run" / "events").events(PoolPublished, "validator")
     assert len(pools) == 2 and all(p.batches >= 1 for p in pools)
+    unserved = [o for o in ledger.outcomes if o.attack == "rl-unserved"]
+    assert unserved and all(o.kind == "refused" for o in unserved), unserved  # each play logged as sent
     closed = read_events(tmp_path / "run" / "events").events(RoundClosed, "validator")
     assert [c.round for c in closed] == [0, 1]

@@ -152,6 +152,25 @@ def test_signed_record_is_readable_by_all(swarm: Swarm) -> None:
         assert found[0].sender_hex == author.identity.public_hex
 
 
+def test_a_store_counts_the_peers_other_than_the_writer_that_kept_it(swarm: Swarm) -> None:
+    """An honest record is kept by other peers; one every other peer refuses (a key that takes itself
+    for a validator signs a round result) is kept only by its writer and is not published: before,
+    hivemind's answer or a read of the writer's own storage called it stored."""
+    stored = swarm.honest[1].store_signed(sign_for(swarm.honest[1].identity, header(swarm.honest[1].identity, 40), 120))
+    assert stored.others >= 1 and stored.published
+    rogue_key = Identity.generate()
+    config = NetConfig(host_maddrs=LOOPBACK, initial_peers=tuple(swarm.honest[0].visible_maddrs()), startup_timeout=20)
+    rogue = PulseDHT.start(config, RecordRules(RUN, (rogue_key.public_hex,)), rogue_key)
+    try:
+        refused = rogue.store_signed(sign_for(rogue_key, result(41), 120))
+        # only the attacker's plain hivemind node (it checks nothing) may keep it; no honest peer does
+        assert refused.here and refused.others <= 1 < refused.asked
+        key = dht_key(RUN, RoundResult.KIND, 41)
+        assert all(rogue_key.public_key not in stored_subkeys(peer.dht, key) for peer in swarm.honest)
+    finally:
+        rogue.shutdown()
+
+
 def test_many_senders_share_one_key(swarm: Swarm) -> None:
     for peer in swarm.honest:
         peer.publish(header(peer.identity, round_=2), ttl=120)
@@ -243,6 +262,8 @@ def result(round_: int, rejections: int = 0) -> RoundResult:
 @pytest.mark.parametrize("fault", list(Fault), ids=lambda f: f.name.lower())
 def test_bad_records_are_rejected_by_every_peer(swarm: Swarm, fault: Fault) -> None:
     round_ = 100 + list(Fault).index(fault)
+    if fault is Fault.NONE:  # the validator at this round: open records beyond its head + a few are refused
+        swarm.honest[0].publish(beat(VALIDATOR, round_, "1" * 46), ttl=120)
     key, subkey = _attack(swarm, fault, round_)
     assert subkey in stored_subkeys(swarm.attacker, key)  # it really was created and pushed
     kind = RoundResult if fault is Fault.NOT_A_VALIDATOR else SubmissionHeader

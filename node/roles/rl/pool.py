@@ -16,7 +16,12 @@ Which announcements are looked at first must not be something a worker can choos
 workers whose batches passed before come first, then the rest, each in the order of a hash of the
 validator's secret for the round and the worker's key (key order would let keys ground to sort
 first fill the pool). At most `EXAMINED_PER_BATCH` x `pool_batches` new batches are fetched and
-checked per pool, so a flood of announcements costs a bounded amount of work.
+checked per gathering pass, each fetch within `pool_wait_seconds`, so a flood of announcements
+costs a bounded amount of work per pass; a batch that cannot be fetched leaves its worker out for
+`UNSERVED_PENALTY_ROUNDS` rounds (announcing blobs nobody serves costs a key its place, and the
+next pass examines others). Past `pool_wait_seconds` the pool closes with the batches it has
+(a pass still examining stops at twice that); only with none at all (a pool needs one) does it
+keep looking, a pass at a time.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from validator.scoring import RoundSecret
 
 log = logging.getLogger(__name__)
 PENALTY_ROUNDS = 10
+UNSERVED_PENALTY_ROUNDS = 2  # a batch nobody served: maybe a worker's bad link, so a short penalty
 POLL_SECONDS = 0.5
 EXAMINED_PER_BATCH = 4
 
@@ -70,7 +76,8 @@ class PoolKeeper:
     poll: float = POLL_SECONDS  # seconds between looks for new announcements while the pool is short
     sampling: SamplingCheck | None = None  # None: rollouts are not checked against the weights (tests)
     trusted: dict[str, int] = field(default_factory=dict)  # worker -> last round one of its batches passed
-    examined: int = 0  # batches fetched and checked for the pool being built
+    examined: int = 0  # batches fetched and checked in the current gathering pass
+    closes_at: float = 0.0  # monotonic time past which the pool is built with what it has
     secret: bytes = b""  # the validator's secret for the round being built: the order of candidates
 
     async def build(self, round_: int, states: Mapping[int, str]) -> tuple[RolloutPool, list[Groups]]:
@@ -81,9 +88,8 @@ class PoolKeeper:
             if groups is not None:
                 return published, groups
         self.refused = {}
-        self.examined = 0
         self.secret = RoundSecret.derive(self.peer.identity, self.run_id, round_).key("rollout-pool")
-        deadline = time.monotonic() + self.cfg.pool_wait_seconds
+        deadline = self.closes_at = time.monotonic() + self.cfg.pool_wait_seconds
         waited_long = False
         while True:
             entries = await self._gather(round_, states)
@@ -106,8 +112,9 @@ class PoolKeeper:
 
     async def _gather(self, round_: int, states: Mapping[int, str]) -> list[tuple[PoolEntry, Groups]]:
         entries: list[tuple[PoolEntry, Groups]] = []
+        self.examined = 0  # the budget is per pass: one spent on a flood does not starve later passes
         for verified in await self._candidates(round_):
-            if len(entries) >= self.cfg.pool_batches:
+            if len(entries) >= self.cfg.pool_batches or (entries and time.monotonic() > self._hard_close()):
                 break
             a = verified.message
             groups = await self._checked(verified, states, round_)
@@ -117,6 +124,10 @@ class PoolKeeper:
                 )
                 entries.append((entry, groups))
         return entries
+
+    def _hard_close(self) -> float:
+        """Past this a pass stops examining once it has a batch: slow holders cannot keep a pool open."""
+        return self.closes_at + self.cfg.pool_wait_seconds
 
     async def _candidates(self, round_: int) -> list[Verified[RolloutAnnouncement]]:
         """Announcements for the rounds a pool may draw on, newest round first; within one, workers
@@ -150,9 +161,11 @@ class PoolKeeper:
             return None  # this pool's work is spent; later candidates wait for another round
         self.examined += 1
         try:
-            path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
-        except TransferError as exc:
-            log.info("rollout batch %s from %s not fetched: %s", a.blob_sha256[:12], worker[:12], exc)
+            async with asyncio.timeout(self.cfg.pool_wait_seconds):
+                path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
+        except (TransferError, TimeoutError) as exc:
+            log.info("rollout batch %s from %s not fetched: %s", a.blob_sha256[:12], worker[:12], exc or "timed out")
+            self._refuse(worker, a, f"rollout batch not served: {exc or 'timed out'}", round_, UNSERVED_PENALTY_ROUNDS)
             return None
         batch = vet(path.read_bytes(), a, worker, self.run_id, states, self.cfg)
         if not isinstance(batch, str) and self.sampling is not None:
@@ -173,13 +186,15 @@ class PoolKeeper:
         sample = sorted(order[:CHECKED_GROUPS])
         return await asyncio.get_running_loop().run_in_executor(None, self.sampling.check, batch, sample)
 
-    def _refuse(self, worker: str, a: RolloutAnnouncement, reason: str, round_: int) -> None:
+    def _refuse(
+        self, worker: str, a: RolloutAnnouncement, reason: str, round_: int, rounds: int = PENALTY_ROUNDS
+    ) -> None:
         reason = reason[:MAX_REASON_CHARS]
         self.refused[a.blob_sha256] = PoolRejection(worker=worker, blob_sha256=a.blob_sha256, reason=reason)
-        self.penalized[worker] = round_ + PENALTY_ROUNDS
+        self.penalized[worker] = max(self.penalized.get(worker, -1), round_ + rounds)
         self.events.emit(
             RolloutsRefused(round=round_, worker=worker, reason=reason),
-            f"round {round_}: refused worker {worker[:12]}'s rollouts ({reason}); left out for {PENALTY_ROUNDS} rounds",
+            f"round {round_}: refused worker {worker[:12]}'s rollouts ({reason}); left out for {rounds} rounds",
         )
 
     async def _reload(self, pool: RolloutPool) -> list[Groups] | None:
@@ -196,6 +211,8 @@ class PoolKeeper:
         return groups
 
     def _forget_before(self, oldest: int) -> None:
+        for worker in [w for w, until in self.penalized.items() if until < oldest]:
+            del self.penalized[worker]  # served its penalty: a flood of refused keys does not pile up here
         for worker in [w for w, r in self.trusted.items() if r < oldest - PENALTY_ROUNDS]:
             del self.trusted[worker]  # long silent: a newcomer again
         for sha, (r, _) in list(self.checked.items()):

@@ -78,6 +78,31 @@ ATTACKS: dict[str, Attack] = {
         "request deadline",
         expect="dropped",
     ),
+    "probe-flood": Attack(
+        "download probes of 8 MiB from a fresh key each, 4 streams at once for 10 s",
+        "signed probes; per-key rate; one byte budget for peers without standing",
+        expect="limited",
+    ),
+    "range-flood": Attack(
+        "16 streams ask the validator for the patch as a range and hold it unread",
+        "ranges take send slots; a share kept for peers with standing",
+        expect="limited",
+    ),
+    "dht-future": Attack(
+        "64 fresh keys sign open records (heartbeat, rollouts, submission) for far rounds and 20-hour expiries",
+        "store-time round window and open-kind TTL bound",
+        expect="refused",
+    ),
+    "dht-evict": Attack(
+        "320 fresh keys sign heartbeats of this round, more than a key keeps",
+        "random displacement among signers without standing; per-kind quotas",
+        expect="kept",
+    ),
+    "rl-unserved": Attack(
+        "40 fresh keys announce rollout batches of this round that nobody serves",
+        "pool: a failed fetch penalizes its key; budget per pass; the pool closes",
+        expect="sent",
+    ),
     "push-miner": Attack(
         "pushes a submission to a miner and to a follower (free storage and hosting)",
         "only a validator takes pushes",
@@ -112,13 +137,16 @@ TRAINED = {
 TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "truncated", "slow")
 """Attacks the validator refuses on the stream, before the round sees them."""
 
-NETWORK = tuple(a for a, attack in ATTACKS.items() if attack.expect)
-"""Attacks on the DHT and the streams themselves (`netattacks.py`): no submission reaches a round."""
-
-SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl"}
+SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl", "rl-unserved": "rl", "dht-evict": "lm"}
 """Attacks played in their own swarm (the run's task): against one of them alone the run's figures
 (rounds completed, honest miners aggregated, validator memory and disk) say what it costs. A
-tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run."""
+tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run. An
+eviction flood displaces the heartbeats of miners without standing, which other attacks of a shared
+swarm find their victims by."""
+
+NETWORK = tuple(a for a, attack in ATTACKS.items() if attack.expect and a not in SCENARIOS)
+"""Attacks on the DHT and the streams themselves (`netattacks.py`, `budgetattacks.py`): no
+submission reaches a round."""
 
 PAYLOAD = tuple(
     a for a in ATTACKS if a not in (*TRANSPORT, *NEEDS_HONEST, *TRAINED, *NETWORK, "sybil", *SCENARIOS, *STANDING)

@@ -45,7 +45,7 @@ from node.roles.catchup import Chain, Held
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
-from node.swarm.campaign import crafting, netattacks, standing
+from node.swarm.campaign import budgetattacks, crafting, netattacks, standing
 from node.swarm.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, STANDING, TRAINED
 from node.swarm.campaign.crafting import Forge
 from node.swarm.campaign.push import Answer, Trickle, push
@@ -114,7 +114,7 @@ class Hostile:
         return new
 
     async def _play(self, attack: str, me: Identity, forge: Forge) -> None:
-        if attack in NETWORK:
+        if attack in NETWORK or attack in budgetattacks.PLAYS:
             await self._network(attack, me, forge)
             return
         try:
@@ -137,6 +137,8 @@ class Hostile:
             played = [await netattacks.dht_flood(self.peer, r)]
         elif attack == "dht-pin":
             played = [await netattacks.dht_pin(self.peer, r)]
+        elif attack in budgetattacks.PLAYS:
+            played = [await budgetattacks.PLAYS[attack](self.peer, r)]
         elif attack in ("slot-silent", "slot-trickle"):
             played = [await netattacks.slot_holders(self.peer, trickle=attack == "slot-trickle")]
         else:
