@@ -128,6 +128,18 @@ def collect(
     return cls[:k].copy(), gap[:k].copy(), zs[:k].copy()
 
 
+def value_histogram(cls: np.ndarray, zs: np.ndarray) -> np.ndarray:
+    """(classes x ALPHABET) counts of the value symbols of changes with classes `cls`, values `zs`
+    (what `collect` accumulates, for changes collected elsewhere)."""
+    z = zs.astype(np.int64)
+    length = np.zeros_like(z)
+    big = z >= LITERALS
+    length[big] = np.floor(np.log2(z[big].astype(np.float64))).astype(np.int64) + 1  # exact below 2**52
+    sym = np.where(big, LITERALS + length - 5, z)
+    keys = cls.astype(np.int64) * ALPHABET + sym
+    return np.bincount(keys, minlength=NUM_CONTEXTS * ALPHABET).reshape(NUM_CONTEXTS, ALPHABET)
+
+
 def extra_bits(hist: np.ndarray) -> np.ndarray:
     """Per class, the raw bits its large z carry: symbol s >= LITERALS carries s - LITERALS + 4."""
     per_symbol = np.maximum(np.arange(ALPHABET) - LITERALS + 4, 0)
