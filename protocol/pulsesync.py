@@ -31,6 +31,7 @@ state whose hash is the one the patch names.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +81,7 @@ class PatchStats:
     value_bound_bits: float = 0.0  # empirical entropy per (dtype, exponent) model + uniform extra bits
     order0_position_bits: float = 0.0  # sum over tensors of log2 C(n, k)
     order0_value_bits: float = 0.0  # empirical entropy of the raw bit-pattern differences, one model
+    coder_seconds: float = 0.0  # wall time of the host coder (value models and streams), all cores
     _z_all: list[np.ndarray] = field(default_factory=list, repr=False)
 
 
@@ -150,9 +152,12 @@ def _encode(
         if ch is not None and ch.sparse_bits_estimate() >= 8 * old[name].numel() * old[name].element_size()
     }
     sparse = {name: ch for name, ch in zip(names, found, strict=True) if ch is not None and name not in dense_names}
+    coding = time.perf_counter()  # the host coder sees only the changes: its time grows with them
     keys, counts, rows = _value_models(old, sparse)
     models = Models.from_counts(counts)
     streams = parallel_map(lambda name: _stream(sparse[name], rows[name], models), list(sparse))
+    if stats is not None:
+        stats.coder_seconds = time.perf_counter() - coding
     dense = parallel_map(lambda name: _deflate(new[name], zstd_level), sorted(dense_names))
     head = Writer()
     head.raw(MAGIC)

@@ -1,0 +1,45 @@
+"""`pulse bench gpu` at a tiny size on the CPU: one JSON object with every figure the GPU check reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from node.bench import gpu
+from node.commands.cli import main
+
+KEYS = {
+    "device",
+    "sync_encode_gbps",
+    "sync_decode_gbps",
+    "sync_apply_gbps",
+    "plain_encode_gbps",
+    "plain_decode_gbps",
+    "loco_seconds_per_payload",
+    "validator_seconds_8",
+    "validator_seconds_16",
+    "miner_seconds_per_round",
+    "swarm_rounds",
+    "swarm_hashes_agree",
+}
+
+
+def test_gpu_bench_writes_every_figure_at_a_tiny_size(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny = {**gpu.SMALL, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "vocab_size": 512}
+    monkeypatch.setattr(gpu, "SMALL", tiny)
+    argv = ["bench", "gpu", "--json", "--device", "cpu", "--repeat", "1", "--miners", "1", "--swarm-rounds", "0"]
+    assert main(argv) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s.keys() >= KEYS
+    assert s["device"] == "cpu" and s["small"] and "note" in s
+    assert s["sync_lossless"] and 0 < s["sync_density"] < 0.5
+    for key in ("sync_encode_gbps", "sync_decode_gbps", "sync_apply_gbps", "plain_encode_gbps", "plain_decode_gbps"):
+        assert 0 < s[key] < 1000, key
+    assert set(s["loco_seconds_per_payload"]) == {"sparseloco", "pulseloco", "reference"}
+    for row in s["loco_seconds_per_payload"].values():
+        assert row["compress"] > 0 and row["decompress"] > 0 and row["payload_bytes"] > 0
+    assert s["validator_seconds_8"] > 0 and s["validator_seconds_16"] > 0 and s["miner_seconds_per_round"] > 0
+    assert s["swarm_rounds"] == 0 and s["swarm_hashes_agree"] is None  # skipped here: a swarm is the swarm tier's
