@@ -48,26 +48,14 @@ def collect(old: torch.Tensor, new: torch.Tensor, shift: int, emask: int, width:
     """The changes from `old` to `new` (same dtype and shape, on any one device)."""
     a = old.detach().reshape(-1).view(_INT[width])
     b = new.detach().reshape(-1).view(_INT[width])
-    device = a.device
-    base = torch.zeros(NUM_CONTEXTS, dtype=torch.int64, device=device)  # class members before this slab
-    pos_parts, cls_parts, rank_parts = [], [], []
-    for lo in range(0, a.numel(), SLAB):
-        ca, cb = a[lo : lo + SLAB], b[lo : lo + SLAB]
-        cls = ((ca.to(torch.int32) >> shift) & emask).to(torch.uint8)
-        counts = torch.bincount(cls, minlength=NUM_CONTEXTS)
-        changed = ca != cb
-        if bool(changed.any()):
-            pos, c, rank = _ranked(cls, changed, counts)
-            pos_parts.append(pos + lo)
-            cls_parts.append(c)
-            rank_parts.append(rank + base[c.long()])
-        base += counts
-    n = base.cpu().numpy()
-    if not pos_parts:
+    pos, cls_k, rank, counts = rank_marked(a, a != b, shift, emask)
+    n = counts.cpu().numpy()
+    if not len(pos):
         empty = np.zeros(0, np.int64)
         return DeviceChanges(empty.astype(np.uint8), empty.astype(np.int32), empty.astype(_HOST[width]), n)
-    pos, cls_k, rank = torch.cat(pos_parts), torch.cat(cls_parts), torch.cat(rank_parts)
-    gap = _gaps(cls_k, rank)
+    gap = torch.empty_like(rank)
+    order, class_major = class_major_gaps(cls_k, rank)
+    gap[order] = class_major
     zs = _z(a[pos], b[pos], width)
     gap_dtype = torch.int32 if a.numel() < 1 << 31 else torch.int64
     return DeviceChanges(
@@ -76,6 +64,68 @@ def collect(old: torch.Tensor, new: torch.Tensor, shift: int, emask: int, width:
         zs.cpu().numpy().astype(_HOST[width]),
         n,
     )
+
+
+def classes(raw: torch.Tensor, shift: int, emask: int) -> torch.Tensor:
+    """(n,) uint8 exponent class of each weight, from its bit patterns (a same-width int view)."""
+    return ((raw.to(torch.int32) >> shift) & emask).to(torch.uint8)
+
+
+def rank_marked(
+    raw: torch.Tensor, marked: torch.Tensor, shift: int, emask: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(position, class, rank within the class) of every marked weight in natural order, and every
+    class's size, for the flat bit patterns `raw` (an int view) and a bool mask, slab by slab."""
+    base = torch.zeros(NUM_CONTEXTS, dtype=torch.int64, device=raw.device)  # class members before this slab
+    parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    for lo in range(0, raw.numel(), SLAB):
+        cls = classes(raw[lo : lo + SLAB], shift, emask)
+        counts = torch.bincount(cls, minlength=NUM_CONTEXTS)
+        hit = marked[lo : lo + SLAB]
+        if bool(hit.any()):
+            pos, c, rank = _ranked(cls, hit, counts)
+            parts.append((pos + lo, c, rank + base[c.long()]))
+        base += counts
+    if not parts:
+        none = torch.zeros(0, dtype=torch.int64, device=raw.device)
+        return none, none.to(torch.uint8), none, base
+    pos, c, rank = (torch.cat([p[i] for p in parts]) for i in range(3))
+    return pos, c, rank, base
+
+
+def positions_of(
+    raw: torch.Tensor, cls: torch.Tensor, rank: torch.Tensor, shift: int, emask: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The inverse of `rank_marked`: the flat position of the member of rank `rank` in class
+    `cls` for each entry, and every class's size; None if a rank is past the end of its class."""
+    base = torch.zeros(NUM_CONTEXTS, dtype=torch.int64, device=raw.device)
+    out = torch.full_like(rank, -1)
+    c_long = cls.long()
+    for lo in range(0, raw.numel(), SLAB):
+        slab_cls = classes(raw[lo : lo + SLAB], shift, emask)
+        counts = torch.bincount(slab_cls, minlength=NUM_CONTEXTS)
+        local = rank - base[c_long]
+        here = torch.nonzero((local >= 0) & (local < counts[c_long])).flatten()
+        if here.numel():
+            order = torch.sort(slab_cls, stable=True).indices
+            start = torch.cumsum(counts, 0) - counts
+            out[here] = order[start[c_long[here]] + local[here]] + lo
+        base += counts
+    if bool((out < 0).any()):
+        return None
+    return out, base
+
+
+def class_major_gaps(cls: torch.Tensor, rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, gaps): `order` sorts entries class-major (natural order within a class); the gaps
+    in that order are each rank minus the class's previous rank, minus 1 (the first from -1)."""
+    order = torch.sort(cls, stable=True).indices
+    c, r = cls[order], rank[order]
+    prev = torch.cat([r.new_full((1,), -1), r[:-1]])
+    first = torch.ones_like(c, dtype=torch.bool)
+    first[1:] = c[1:] != c[:-1]
+    prev = torch.where(first, torch.full_like(prev, -1), prev)
+    return order, r - prev - 1
 
 
 def _ranked(
@@ -90,19 +140,6 @@ def _ranked(
     pos = perm[hits]
     order = torch.argsort(pos)
     return pos[order], c[order], rank[order]
-
-
-def _gaps(cls: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-    """Per change (natural order), its rank minus its class's previous change's rank, minus 1."""
-    order = torch.sort(cls, stable=True).indices  # class-major, natural order within a class
-    c, r = cls[order], rank[order]
-    prev = torch.cat([r.new_full((1,), -1), r[:-1]])
-    first = torch.ones_like(c, dtype=torch.bool)
-    first[1:] = c[1:] != c[:-1]
-    prev = torch.where(first, torch.full_like(prev, -1), prev)
-    gap = torch.empty_like(r)
-    gap[order] = r - prev - 1
-    return gap
 
 
 def _z(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
