@@ -53,6 +53,8 @@ SMALL: dict[str, Any] = {  # Qwen2's architecture, small enough for a CPU run in
     "vocab_size": 4096,
     "max_position_embeddings": 2048,
     "max_window_layers": 2,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
 TRACE_MODEL = "qwen2-0.5b"
 SMALL_STEP = 2e-6  # the small pair: one step of this size x sign on seeded weights (a few % of weights change)
