@@ -37,7 +37,7 @@ import torch
 
 from protocol import changes, floatcode, positions, tensorbytes
 from protocol.ans import AnsDecoder, AnsEncoder, require
-from protocol.codec import Codec, CodecStats, State, numel, read_words, require_finite, write_words
+from protocol.codec import Codec, CodecStats, State, f32_zeros, numel, read_words, require_finite, write_words
 from protocol.contexts import EXPONENT, NUM_CONTEXTS, check_full_classes, class_counts, place, take_class_major
 from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.parallel import parallel_map
@@ -237,7 +237,7 @@ def _place_on_device(
     """A tensor's dense update from its class-major gaps and values, as tensor ops where `w` is:
     ranks by a cumulative sum within each class, positions by `changes.positions_of`; the same
     refusals as the host walk (a rank past its class, a fully-sent flag that does not hold)."""
-    out = torch.zeros(w.numel(), dtype=torch.float32, device=w.device)
+    out = f32_zeros(w.numel(), w.device)
     if not table.total:
         return out.reshape(w.shape)
     g = torch.from_numpy(gaps.astype(np.int64)).to(w.device)

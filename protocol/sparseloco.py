@@ -37,7 +37,17 @@ import torch
 
 from protocol import floatcode, positions
 from protocol.ans import AnsDecoder, AnsEncoder, Models, require
-from protocol.codec import Codec, CodecStats, State, f32_tensor, numel, read_words, require_finite, write_words
+from protocol.codec import (
+    Codec,
+    CodecStats,
+    State,
+    f32_tensor,
+    f32_zeros,
+    numel,
+    read_words,
+    require_finite,
+    write_words,
+)
 from protocol.errors import InvalidPositions, MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
 
@@ -231,7 +241,7 @@ class SparseLoCoCodec(Codec):
             )
             if index is None:
                 raise InvalidPositions(f"{name}: a picked position is past the end of its chunk")
-            flat = torch.zeros(weights[name].numel(), dtype=torch.float32, device=device)
+            flat = f32_zeros(weights[name].numel(), device)
             sent = torch.from_numpy(centroids).to(device)[torch.from_numpy(bins.astype(np.int64)).to(device)]
             flat[index] = sent  # finite: centroids are checked in the header
             out[name] = flat.reshape(shape)
@@ -306,9 +316,14 @@ def picked_positions(gaps: torch.Tensor, k: int, n: int, cols: int) -> torch.Ten
     k_tail = min(k, tail)
     if gaps.numel() != n_full * k + k_tail:
         return None
-    steps = gaps + 1  # gaps are >= 0 as decoded: ranks rise within a chunk; 64 x 2**56 fits int64
-    full = torch.cumsum(steps[: n_full * k].view(n_full, k), dim=1) - 1  # (chunks, k) ranks
-    last = torch.cumsum(steps[n_full * k :], dim=0) - 1
+    # gaps are >= 0 as decoded, so ranks rise within a chunk; 4096 chunks' sums of 2**56 fit int64
+    if n_full and int(gaps[: n_full * k].max()) >= CHUNK:
+        return None
+    sums = torch.cumsum(gaps + 1, dim=0)  # one flat scan; each chunk's ranks are its part minus the part before
+    ends = sums[: n_full * k].view(n_full, k)[:, -1]
+    before = torch.cat([sums.new_zeros(1), ends])
+    full = sums[: n_full * k].view(n_full, k) - before[:-1].unsqueeze(1) - 1  # (chunks, k) ranks
+    last = sums[n_full * k :] - before[-1] - 1
     if (n_full and bool((full[:, -1] >= CHUNK).any())) or (k_tail and int(last[-1]) >= tail):
         return None
     starts = torch.arange(n_full, device=gaps.device).unsqueeze(1) * CHUNK
