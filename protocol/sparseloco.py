@@ -316,8 +316,8 @@ def picked_positions(gaps: torch.Tensor, k: int, n: int, cols: int) -> torch.Ten
     k_tail = min(k, tail)
     if gaps.numel() != n_full * k + k_tail:
         return None
-    # gaps are >= 0 as decoded, so ranks rise within a chunk; 4096 chunks' sums of 2**56 fit int64
-    if n_full and int(gaps[: n_full * k].max()) >= CHUNK:
+    # gaps are >= 0 as decoded, so ranks rise within a chunk
+    if gaps.numel() and int(gaps.max()) >= CHUNK:  # no chunk is that large; keeps the sums from overflowing
         return None
     sums = torch.cumsum(gaps + 1, dim=0)  # one flat scan; each chunk's ranks are its part minus the part before
     ends = sums[: n_full * k].view(n_full, k)[:, -1]

@@ -111,3 +111,6 @@ def test_sparseloco_picks_past_a_chunk_are_refused() -> None:
     gaps[-1] = 1  # the tail's fifth pick past its 5 weights
     assert sparseloco.picked_positions(gaps, 64, 4096 + 5, 0) is None
     assert sparseloco.picked_positions(torch.zeros(3, dtype=torch.int64), 64, 4096 + 5, 0) is None
+    gaps = torch.zeros(64 + 5, dtype=torch.int64)
+    gaps[-2:] = 1 << 62  # would wrap a sum around to a valid-looking rank
+    assert sparseloco.picked_positions(gaps, 64, 4096 + 5, 0) is None
