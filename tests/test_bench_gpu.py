@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from node.bench import gpu
 from node.commands.cli import main
@@ -43,3 +46,24 @@ def test_gpu_bench_writes_every_figure_at_a_tiny_size(
         assert row["compress"] > 0 and row["decompress"] > 0 and row["payload_bytes"] > 0
     assert s["validator_seconds_8"] > 0 and s["validator_seconds_16"] > 0 and s["miner_seconds_per_round"] > 0
     assert s["swarm_rounds"] == 0 and s["swarm_hashes_agree"] is None  # skipped here: a swarm is the swarm tier's
+
+
+def test_swarm_figures_come_from_the_demo_summary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The swarm part runs `pulse demo` on the device and reads its summary; no summary (a demo
+    that died or timed out before writing one) reports no rounds and no agreement."""
+    calls: list[list[str]] = []
+
+    def fake_demo(cmd: list[str], **_: object) -> None:
+        calls.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps({"rounds": 5, "hashes_agree": True}))
+
+    monkeypatch.setattr(gpu.subprocess, "run", fake_demo)
+    args = argparse.Namespace(swarm_rounds=5, swarm_timeout=30.0)
+    got = gpu._swarm_figures(args, torch.device("cuda"), False, tmp_path)
+    assert got["swarm_rounds"] == 5 and got["swarm_hashes_agree"] is True
+    assert "--config" in calls[0] and calls[0][calls[0].index("--device") + 1] == "cuda"
+    monkeypatch.setattr(gpu.subprocess, "run", lambda cmd, **_: None)
+    got = gpu._swarm_figures(args, torch.device("cpu"), True, tmp_path / "again")
+    assert got["swarm_rounds"] == 0 and got["swarm_hashes_agree"] is False

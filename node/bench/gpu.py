@@ -41,6 +41,7 @@ from node.bench.trace import HF_MODELS, hf_trace_dir, make_hf_trace, read_manife
 from node.learn.basecache import default_cache_dir
 from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config
 from node.learn.train import bf16_state
+from node.run.presets import preset
 from protocol.state import StateDict
 
 SMALL: dict[str, Any] = {  # Qwen2's architecture, small enough for a CPU run in seconds
@@ -57,6 +58,7 @@ SMALL: dict[str, Any] = {  # Qwen2's architecture, small enough for a CPU run in
     "eos_token_id": 0,
 }
 TRACE_MODEL = "qwen2-0.5b"
+SWARM_PRESET = "qwen2.5-0.5b-seeded"  # the 0.5B swarm on one GPU
 SMALL_STEP = 2e-6  # the small pair: one step of this size x sign on seeded weights (a few % of weights change)
 
 
@@ -198,7 +200,7 @@ def _swarm_figures(args: argparse.Namespace, device: torch.device, small: bool, 
     cmd = [sys.executable, "-m", "node", "demo", "--rounds", str(args.swarm_rounds), "--miners", "2"]
     cmd += ["--out", str(out), "--device", device.type, "--timeout", str(args.swarm_timeout)]
     if not small:
-        cmd += ["--config", str(Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-0.5b-seeded.toml")]
+        cmd += ["--config", str(preset(SWARM_PRESET))]
     started = time.perf_counter()
     with contextlib.suppress(subprocess.TimeoutExpired):  # what it wrote so far still says how far it got
         subprocess.run(cmd, capture_output=True, timeout=args.swarm_timeout + 60, check=False)
