@@ -317,12 +317,13 @@ def walk(
 ) -> int:
     """new = old with the stream's changes, for one slab of a tensor; per-class state carries over.
 
-    The rANS steps are written out here rather than called (ans.dec_cat, positions.dec_gap do
+    `new` may be `old` itself (in place). The rANS steps are written out here rather than called (ans.dec_cat, positions.dec_gap do
     the same): numba's calls in this loop cost as much as the decoding itself.
     """
     x, pos, n_words = state[0], state[1], len(words)
     gpacked = GEOMETRIC_PACKED
     wmask = (1 << width) - 1
+    new[:] = old  # one vectorized copy; the loop then writes only the changed weights
     for i in range(len(old)):
         a = np.int64(old[i])
         c = (a >> shift) & emask
@@ -359,7 +360,7 @@ def walk(
                 z = (np.int64(1) << nb) | extra
             zig = z + 1
             d = -((zig + 1) >> 1) if zig & 1 else zig >> 1
-            a = (a + d) & wmask
+            new[i] = (a + d) & wmask
             rest = left[c] - 1
             left[c] = rest
             t = code_t[c]
@@ -411,6 +412,5 @@ def walk(
                     x = (x << 16) | int(words[pos])
                     pos += 1
                 nxt[c] = r + 1 + g
-        new[i] = a
     state[0], state[1] = x, pos
     return OK
