@@ -17,6 +17,7 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `contexts.py`    the old weight's exponent as coding context; compiled rank passes in natural order
 - `positions.py`   sparse positions as Rice-coded gaps between ranks in a context class, one code byte a class
 - `syncpass.py`    PULSESync's compiled per-weight passes: collect the changes, walk a stream onto the old weights
+- `changes.py`     the per-weight passes as torch ops where the tensors are (a GPU): changes, classes, ranks
 - `pulsesync.py`   PULSESync: lossless sparse BF16 weight patches between two states
 - `assignment.py`  data assignment: a miner's batch seeds from (run id, round, key), and their digest
 - `floatcode.py`   FP32 values as sign + exponent relative to a context exponent (entropy-coded) + raw mantissa

@@ -215,6 +215,14 @@ def require_finite(name: str, t: torch.Tensor, magnitude: torch.Tensor | None = 
         raise NonFiniteUpdate(f"{name}: the error buffer plus pseudo-gradient has NaN or inf values")
 
 
+def f32_zeros(n: int, device: torch.device) -> torch.Tensor:
+    """(n,) FP32 zeros on `device` for a sparse update to be scattered into. On the CPU from numpy's
+    calloc: pages are zeroed as they are first touched, not all in advance (torch.zeros writes them)."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.zeros(n, dtype=np.float32))
+    return torch.zeros(n, dtype=torch.float32, device=device)
+
+
 def f32_tensor(flat: np.ndarray, like: torch.Tensor, name: str, *, owned: bool = False) -> torch.Tensor:
     """A finite FP32 tensor shaped like `like` from decoded values (copied unless `owned`: a fresh
     array nothing else refers to)."""

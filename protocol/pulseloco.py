@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from protocol import floatcode, positions, tensorbytes
+from protocol import changes, floatcode, positions, tensorbytes
 from protocol.ans import AnsDecoder, AnsEncoder, require
-from protocol.codec import Codec, CodecStats, State, numel, read_words, require_finite, write_words
+from protocol.codec import Codec, CodecStats, State, f32_zeros, numel, read_words, require_finite, write_words
 from protocol.contexts import EXPONENT, NUM_CONTEXTS, check_full_classes, class_counts, place, take_class_major
 from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.parallel import parallel_map
@@ -54,16 +54,17 @@ def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (w.float() - s.reshape(-1)).to(w.dtype) != w
 
 
-def largest(mask: np.ndarray, s: torch.Tensor, fraction: float) -> np.ndarray:
+def largest(mask: torch.Tensor, s: torch.Tensor, fraction: float) -> torch.Tensor:
     """`mask` narrowed to its `fraction` (rounded up) of largest |s|: a smaller payload, the rest kept
-    in the buffer. Any subset of the gated positions is a valid payload, so receivers need no rule."""
-    where = np.flatnonzero(mask)
-    keep = int(np.ceil(fraction * where.size))
-    if keep >= where.size:
+    in the buffer. Any subset of the gated positions is a valid payload, so receivers need no rule.
+    Tensor ops where the tensors are."""
+    where = torch.nonzero(mask).flatten()
+    keep = int(np.ceil(fraction * where.numel()))
+    if keep >= where.numel():
         return mask
-    magnitude = s.abs().cpu().numpy()[where]
-    narrowed = np.zeros_like(mask)
-    narrowed[where[np.argpartition(magnitude, where.size - keep)[where.size - keep :]]] = True
+    top = torch.topk(s.reshape(-1)[where].abs(), keep).indices
+    narrowed = torch.zeros_like(mask)
+    narrowed[where[top]] = True
     return narrowed
 
 
@@ -75,6 +76,17 @@ class _Part:
     gaps: np.ndarray  # per sent position, class-major
     ctx: np.ndarray  # W's exponent per sent position
     values: np.ndarray  # FP32 value per sent position
+
+
+_INT_VIEW = {2: torch.int16, 4: torch.int32}
+
+
+def _part(gaps: np.ndarray, values: np.ndarray, counts: np.ndarray, k_all: np.ndarray) -> _Part:
+    """A tensor's part from its class-major gaps and values, class sizes and sent counts per class."""
+    codes, _ = positions.choose_codes(None, gaps, counts, k_all)
+    classes = np.flatnonzero(k_all)
+    table = positions.ClassTable(classes, k_all[classes], codes[classes])
+    return _Part(table, gaps, np.repeat(classes, k_all[classes]).astype(np.uint8), values)
 
 
 class PulseLoCoCodec(Codec):
@@ -133,19 +145,36 @@ class PulseLoCoCodec(Codec):
         buffer: s itself, with the sent values taken out of it in one compiled walk."""
         flat = s.reshape(-1)
         require_finite("pulseloco", flat)
-        mask = largest(gate(weights, flat).cpu().numpy(), flat, fraction).view(np.uint8)
+        marked = largest(gate(weights, flat), flat, fraction)
+        if not tensorbytes.on_host(flat):
+            part, e_new = self._sparsify_on_device(weights, flat, marked)
+            return part, e_new.reshape(s.shape)
+        mask = marked.numpy().view(np.uint8)
         raw = bits(weights)
         shift, emask = EXPONENT[dtype_name(weights.dtype)]
         counts, k_all = class_counts(raw, mask, shift, emask)
-        host = flat.numpy() if tensorbytes.on_host(flat) else flat.cpu().numpy()
+        host = flat.numpy()
         offsets = np.zeros(0, np.int32 if len(raw) < 1 << 31 else np.int64)
         gaps, values = take_class_major(raw, mask, host, shift, emask, k_all, self.value_format == "bf16", offsets)
-        codes, _ = positions.choose_codes(None, gaps, counts, k_all)
-        classes = np.flatnonzero(k_all)
-        table = positions.ClassTable(classes, k_all[classes], codes[classes])
-        e_new = flat if tensorbytes.on_host(flat) else torch.from_numpy(host).to(flat.device)
-        part = _Part(table, gaps, np.repeat(classes, k_all[classes]).astype(np.uint8), values)
-        return part, e_new.reshape(s.shape)
+        return _part(gaps, values, counts, k_all), flat.reshape(s.shape)
+
+    def _sparsify_on_device(
+        self, weights: torch.Tensor, flat: torch.Tensor, marked: torch.Tensor
+    ) -> tuple[_Part, torch.Tensor]:
+        """`_sparsify` as tensor ops where the tensors are (a GPU): classes, ranks, values and the
+        buffer update stay there; only the sent entries (gaps, values) cross to the host coder."""
+        shift, emask = EXPONENT[dtype_name(weights.dtype)]
+        raw = weights.detach().reshape(-1).view(_INT_VIEW[weights.element_size()])
+        pos, cls, rank, counts = changes.rank_marked(raw, marked, shift, emask)
+        order, gaps = changes.class_major_gaps(cls, rank)
+        at = pos[order]
+        values = flat[at]
+        if self.value_format == "bf16":
+            values = values.to(torch.bfloat16).float()  # round to nearest even, as the host walk does
+        flat[at] = flat[at] - values  # the buffer is ours: the sent part taken out in place
+        k_all = torch.bincount(cls, minlength=NUM_CONTEXTS).cpu().numpy()
+        gap_dtype = torch.int32 if raw.numel() < 1 << 31 else torch.int64
+        return _part(gaps.to(gap_dtype).cpu().numpy(), values.cpu().numpy(), counts.cpu().numpy(), k_all), flat
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         code = r.u8()
@@ -185,6 +214,8 @@ class PulseLoCoCodec(Codec):
         def place_tensor(job: tuple[str, positions.ClassTable, int, int]) -> torch.Tensor:
             name, table, start, end = job
             w = weights[name]
+            if not tensorbytes.on_host(w):
+                return _place_on_device(name, w, table, gaps[start:end], values[start:end])
             flat = np.zeros(w.numel(), dtype=np.float32)
             if table.total:
                 k = np.zeros(NUM_CONTEXTS, np.int64)
@@ -198,3 +229,31 @@ class PulseLoCoCodec(Codec):
 
         # tensors place independently (a compiled walk without the GIL); errors come in name order
         return dict(zip(names, parallel_map(place_tensor, jobs), strict=True))
+
+
+def _place_on_device(
+    name: str, w: torch.Tensor, table: positions.ClassTable, gaps: np.ndarray, values: np.ndarray
+) -> torch.Tensor:
+    """A tensor's dense update from its class-major gaps and values, as tensor ops where `w` is:
+    ranks by a cumulative sum within each class, positions by `changes.positions_of`; the same
+    refusals as the host walk (a rank past its class, a fully-sent flag that does not hold)."""
+    out = f32_zeros(w.numel(), w.device)
+    if not table.total:
+        return out.reshape(w.shape)
+    g = torch.from_numpy(gaps.astype(np.int64)).to(w.device)
+    if int(g.max()) >= w.numel():  # no class is that large; also keeps the sums below from overflowing
+        raise InvalidPositions(f"{name}: a rank is past the end of its exponent class")
+    k = torch.from_numpy(table.k.astype(np.int64)).to(w.device)
+    cls = torch.repeat_interleave(torch.from_numpy(table.classes.astype(np.int64)).to(w.device), k)
+    steps = torch.cumsum(g + 1, 0)
+    before = torch.repeat_interleave(torch.cumsum(k, 0) - k, k)  # index of each class's first entry
+    rank = steps - torch.cat([steps.new_zeros(1), steps])[before] - 1
+    shift, emask = EXPONENT[dtype_name(w.dtype)]
+    raw = w.detach().reshape(-1).view(_INT_VIEW[w.element_size()])
+    found = changes.positions_of(raw, cls.to(torch.uint8), rank, shift, emask)
+    if found is None:
+        raise InvalidPositions(f"{name}: a rank is past the end of its exponent class")
+    where, counts = found
+    check_full_classes(name, table.classes, table.k, table.code == positions.FULL, counts.cpu().numpy())
+    out[where] = torch.from_numpy(values).to(w.device)
+    return out.reshape(w.shape)

@@ -31,13 +31,14 @@ state whose hash is the one the patch names.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import zstandard
 
-from protocol import positions, syncpass, tensorbytes
+from protocol import changes, positions, syncpass, tensorbytes
 from protocol.ans import Models, read_histograms, require, write_histograms
 from protocol.contexts import EXPONENT, NUM_CONTEXTS
 from protocol.errors import (
@@ -66,7 +67,6 @@ _WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32}
 SAME, SPARSE, DENSE = 0, 1, 2
 _HEADER_SLACK = 1 << 16
 _SLAB_BYTES = CHUNK_BYTES  # decode and hash this much of a tensor at a time: both slabs stay in cache
-_HOST_SLAB = 1 << 24  # elements of a non-CPU tensor copied to the host at a time when encoding
 
 
 @dataclass
@@ -81,6 +81,7 @@ class PatchStats:
     value_bound_bits: float = 0.0  # empirical entropy per (dtype, exponent) model + uniform extra bits
     order0_position_bits: float = 0.0  # sum over tensors of log2 C(n, k)
     order0_value_bits: float = 0.0  # empirical entropy of the raw bit-pattern differences, one model
+    coder_seconds: float = 0.0  # wall time of the host coder (value models and streams), all cores
     _z_all: list[np.ndarray] = field(default_factory=list, repr=False)
 
 
@@ -151,9 +152,12 @@ def _encode(
         if ch is not None and ch.sparse_bits_estimate() >= 8 * old[name].numel() * old[name].element_size()
     }
     sparse = {name: ch for name, ch in zip(names, found, strict=True) if ch is not None and name not in dense_names}
+    coding = time.perf_counter()  # the host coder sees only the changes: its time grows with them
     keys, counts, rows = _value_models(old, sparse)
     models = Models.from_counts(counts)
     streams = parallel_map(lambda name: _stream(sparse[name], rows[name], models), list(sparse))
+    if stats is not None:
+        stats.coder_seconds = time.perf_counter() - coding
     dense = parallel_map(lambda name: _deflate(new[name], zstd_level), sorted(dense_names))
     head = Writer()
     head.raw(MAGIC)
@@ -187,20 +191,21 @@ def _encode(
 
 
 def _collect(old: torch.Tensor, new: torch.Tensor) -> _Changes | None:
-    """One walk over the tensor (host slab by host slab when it is not on the CPU)."""
+    """One pass over the tensor: the compiled walk on the host, torch ops on any other device
+    (changes.py), which send the host only the changes."""
     if old.numel() == 0:
         return None
     dtype = dtype_name(old.dtype)
     shift, emask = EXPONENT[dtype]
-    offsets = np.zeros(0, np.int32 if old.numel() < 1 << 31 else np.int64)
-    n, last = np.zeros(NUM_CONTEXTS, np.int64), np.full(NUM_CONTEXTS, -1, np.int64)
-    hist = np.zeros((NUM_CONTEXTS, syncpass.ALPHABET), np.int64)
-    slab = old.numel() if tensorbytes.on_host(old) else _HOST_SLAB
-    parts = [
-        syncpass.collect(a, b, shift, emask, _WIDTH[dtype], offsets, n, last, hist)
-        for a, b in zip(host_slabs(old, 0, old.numel(), slab), host_slabs(new, 0, new.numel(), slab), strict=True)
-    ]
-    cls, gap, zs = parts[0] if len(parts) == 1 else (np.concatenate([p[i] for p in parts]) for i in range(3))
+    if tensorbytes.on_host(old):
+        offsets = np.zeros(0, np.int32 if old.numel() < 1 << 31 else np.int64)
+        n, last = np.zeros(NUM_CONTEXTS, np.int64), np.full(NUM_CONTEXTS, -1, np.int64)
+        hist = np.zeros((NUM_CONTEXTS, syncpass.ALPHABET), np.int64)
+        cls, gap, zs = syncpass.collect(bits(old), bits(new), shift, emask, _WIDTH[dtype], offsets, n, last, hist)
+    else:
+        found = changes.collect(old, new, shift, emask, _WIDTH[dtype])
+        cls, gap, zs, n = found.cls, found.gap, found.zs, found.n
+        hist = syncpass.value_histogram(cls, zs)
     if not len(cls):
         return None
     k = hist.sum(axis=1)
@@ -491,11 +496,16 @@ def _sink(new: torch.Tensor) -> tuple[np.ndarray | None, torch.Tensor]:
     return (bits(new) if tensorbytes.on_host(new) else None), flat
 
 
-def _store(view: np.ndarray | None, flat: torch.Tensor, lo: int, out: np.ndarray) -> None:
-    """Put a decoded host slab into the new tensor (a no-op when it was decoded in place)."""
+def _store(view: np.ndarray | None, flat: torch.Tensor, lo: int, out: np.ndarray, old: np.ndarray) -> None:
+    """Put a decoded host slab into the new tensor: a no-op when it was decoded in place; on
+    another device, where `flat` starts as a copy of the old tensor, only the changed entries
+    cross (a gather on the host, a scatter on the device)."""
     if view is None:
-        signed = out.view(out.dtype.str.replace("u", "i"))
-        flat[lo : lo + len(out)].copy_(torch.from_numpy(signed).view(flat.dtype))
+        where = np.flatnonzero(out != old)
+        if len(where):
+            values = out[where].view(out.dtype.str.replace("u", "i"))
+            index = torch.from_numpy(where + lo).to(flat.device)
+            flat[index] = torch.from_numpy(values).view(flat.dtype).to(flat.device)
 
 
 def _walk_tensor(
@@ -503,7 +513,8 @@ def _walk_tensor(
 ) -> tuple[torch.Tensor, list[bytes]]:
     assert e.words is not None and e.table is not None and models is not None
     shift, emask = EXPONENT[e.dtype]
-    new = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    on_host = tensorbytes.on_host(tensor)
+    new = (torch.empty_like if on_host else torch.clone)(tensor, memory_format=torch.contiguous_format)
     view, flat = _sink(new)
     left = plan.left.copy()
     state = np.array([0, 0], np.int64)
@@ -519,7 +530,7 @@ def _walk_tensor(
             plan.code_b, plan.code_t, plan.row, models.packed,
         )  # fmt: skip
         _check(status, e.name)
-        _store(view, flat, lo, out)
+        _store(view, flat, lo, out, a)
         if hashing:
             digests += digest_bytes(out)
     _finish(e, left, cnt, state)
@@ -579,7 +590,8 @@ def _inflate(e: _Entry, tensor: torch.Tensor, hashing: bool) -> tuple[torch.Tens
     if view is not None:
         view[:] = raw
     else:
-        _store(None, flat, 0, raw)
+        signed = raw.view(raw.dtype.str.replace("u", "i"))
+        flat.copy_(torch.from_numpy(signed).view(flat.dtype))
     return new, digest_bytes(raw) if hashing else []
 
 

@@ -32,13 +32,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
 from protocol import floatcode, positions
 from protocol.ans import AnsDecoder, AnsEncoder, Models, require
-from protocol.codec import Codec, CodecStats, State, f32_tensor, numel, read_words, require_finite, write_words
+from protocol.codec import (
+    Codec,
+    CodecStats,
+    State,
+    f32_tensor,
+    f32_zeros,
+    numel,
+    read_words,
+    require_finite,
+    write_words,
+)
 from protocol.errors import InvalidPositions, MalformedPayload, NonFiniteValues
 from protocol.wire import Reader, Writer
 
@@ -225,12 +234,17 @@ class SparseLoCoCodec(Codec):
             offset += total
             if not np.array_equal(np.bincount(bins, minlength=BINS), c):
                 raise MalformedPayload(f"{name}: decoded bins disagree with their counts")
-            shape = weights[name].shape
-            flat = np.zeros(weights[name].numel(), dtype=np.float32)
+            shape, device = weights[name].shape, weights[name].device
             cols = shape[1] if is_tiled(shape) else 0
-            if not _scatter(flat, tensor_gaps, min(k, CHUNK), cols, bins, centroids):
+            index = picked_positions(
+                torch.from_numpy(tensor_gaps.astype(np.int64)).to(device), k, weights[name].numel(), cols
+            )
+            if index is None:
                 raise InvalidPositions(f"{name}: a picked position is past the end of its chunk")
-            out[name] = torch.from_numpy(flat).reshape(shape)  # finite: centroids are checked in the header
+            flat = f32_zeros(weights[name].numel(), device)
+            sent = torch.from_numpy(centroids).to(device)[torch.from_numpy(bins.astype(np.int64)).to(device)]
+            flat[index] = sent  # finite: centroids are checked in the header
+            out[name] = flat.reshape(shape)
         dense = floatcode.decode(
             dec, np.full(n_dense, DENSE_CTX, dtype=np.uint8), dense_models, floatcode.BF16_MANTISSA
         )
@@ -294,34 +308,31 @@ def _back_to_tensor_order(co: torch.Tensor, acc: torch.Tensor, shape: torch.Size
         )
 
 
-@numba.njit(nogil=True, cache=True)
-def _scatter(flat: np.ndarray, gaps: np.ndarray, k: int, cols: int, bins: np.ndarray, centroids: np.ndarray) -> bool:
-    """flat[position of pick j] = centroids[bins[j]]: picks are gaps inside chunks of CHUNK
-    (k a chunk; the last chunk smaller and fully sent when it has at most k weights), 64x64 tiles
-    when cols > 0. False if a pick falls past its chunk."""
-    n = len(flat)
-    tiles_per_row = cols // TILE if cols else 0
-    j = 0
-    start = 0
-    while start < n:
-        size = min(CHUNK, n - start)
-        rank = -1
-        for _ in range(min(k, size)):
-            rank += int(gaps[j]) + 1
-            if rank >= size:
-                return False
-            sidx = start + rank
-            if cols:
-                tile, inner = sidx // CHUNK, sidx % CHUNK
-                sidx = (
-                    ((tile // tiles_per_row) * TILE + inner // TILE) * cols
-                    + (tile % tiles_per_row) * TILE
-                    + inner % TILE
-                )
-            flat[sidx] = centroids[bins[j]]
-            j += 1
-        start += size
-    return True
+def picked_positions(gaps: torch.Tensor, k: int, n: int, cols: int) -> torch.Tensor | None:
+    """Flat index of every pick (tensor ops where `gaps` is): picks are gaps inside chunks of
+    CHUNK (k a chunk; the last chunk smaller, fully sent when it has at most k weights), 64x64
+    tiles when cols > 0. None if a pick falls past its chunk or the gaps do not fill the chunks."""
+    n_full, tail = n // CHUNK, n % CHUNK
+    k_tail = min(k, tail)
+    if gaps.numel() != n_full * k + k_tail:
+        return None
+    # gaps are >= 0 as decoded, so ranks rise within a chunk
+    if gaps.numel() and int(gaps.max()) >= CHUNK:  # no chunk is that large; keeps the sums from overflowing
+        return None
+    sums = torch.cumsum(gaps + 1, dim=0)  # one flat scan; each chunk's ranks are its part minus the part before
+    ends = sums[: n_full * k].view(n_full, k)[:, -1]
+    before = torch.cat([sums.new_zeros(1), ends])
+    full = sums[: n_full * k].view(n_full, k) - before[:-1].unsqueeze(1) - 1  # (chunks, k) ranks
+    last = sums[n_full * k :] - before[-1] - 1
+    if (n_full and bool((full[:, -1] >= CHUNK).any())) or (k_tail and int(last[-1]) >= tail):
+        return None
+    starts = torch.arange(n_full, device=gaps.device).unsqueeze(1) * CHUNK
+    sidx = torch.cat([(full + starts).reshape(-1), last + n_full * CHUNK])
+    if not cols:
+        return sidx
+    tile, inner = sidx // CHUNK, sidx % CHUNK
+    per_row = cols // TILE
+    return ((tile // per_row) * TILE + inner // TILE) * cols + (tile % per_row) * TILE + inner % TILE
 
 
 def _chunk_codes(part: _Sparse) -> np.ndarray:

@@ -55,6 +55,18 @@ def _z_of(a: int, b: int, width: int) -> int:
 # -- encoding ---------------------------------------------------------------------------------
 
 
+@_inline
+def _take(
+    a: int, b: int, c: int, r: int, width: int, last: np.ndarray, hist: np.ndarray,
+    cls: np.ndarray, gap: np.ndarray, zs: np.ndarray, k: int,
+) -> None:  # fmt: skip
+    """Record change k: class c, rank r in it, value z of old a to new b."""
+    z = _z_of(a, b, width)
+    cls[k], gap[k], zs[k] = c, r - last[c] - 1, z
+    last[c] = r
+    hist[c, z if z < LITERALS else LITERALS + _bit_length(z) - 5] += 1
+
+
 @_jit
 def _collect_into(
     old: np.ndarray,
@@ -63,7 +75,7 @@ def _collect_into(
     shift: int,
     emask: int,
     width: int,
-    cnt: np.ndarray,
+    lanes: np.ndarray,
     last: np.ndarray,
     hist: np.ndarray,
     cls: np.ndarray,
@@ -71,25 +83,47 @@ def _collect_into(
     zs: np.ndarray,
     k: int,
 ) -> tuple[int, int]:
-    """Walk from `start` until the end or until the output arrays are full: (next i, changes).
+    """Walk from `start` until the end or until the output arrays are nearly full: (next i, changes).
 
     Per change: its class, the gap from its class's previous change (ranks; the first counts from
-    -1), its z; per class: its size (cnt), its last changed rank, its value symbols (hist)."""
-    cap = len(cls)
-    for i in range(start, len(old)):
+    -1), its z; per class: its last changed rank, its value symbols (hist). Class sizes are
+    counted in 4 lanes (lanes[j] counts the weights at i % 4 == j of each group of 4), so that
+    consecutive weights of one class do not wait on each other's counter; a weight's rank is the
+    sum of the lanes, needed only where it changed."""
+    cap = len(cls) - 4
+    i = start
+    end4 = start + (len(old) - start) // 4 * 4
+    while i < end4:
+        if k > cap:
+            return i, k
+        a0, a1, a2, a3 = old[i], old[i + 1], old[i + 2], old[i + 3]
+        if a0 == new[i] and a1 == new[i + 1] and a2 == new[i + 2] and a3 == new[i + 3]:
+            lanes[0, (a0 >> shift) & emask] += 1
+            lanes[1, (a1 >> shift) & emask] += 1
+            lanes[2, (a2 >> shift) & emask] += 1
+            lanes[3, (a3 >> shift) & emask] += 1
+        else:
+            for j in range(4):
+                a = old[i + j]
+                c = (a >> shift) & emask
+                b = new[i + j]
+                if a != b:
+                    r = lanes[0, c] + lanes[1, c] + lanes[2, c] + lanes[3, c]
+                    _take(int(a), int(b), c, r, width, last, hist, cls, gap, zs, k)
+                    k += 1
+                lanes[j, c] += 1
+        i += 4
+    for i in range(end4, len(old)):  # the last few, lane 0
+        if k > cap:
+            return i, k
         a = old[i]
         c = (a >> shift) & emask
-        r = cnt[c]
-        cnt[c] = r + 1
         b = new[i]
         if a != b:
-            z = _z_of(int(a), int(b), width)
-            cls[k], gap[k], zs[k] = c, r - last[c] - 1, z
-            last[c] = r
-            hist[c, z if z < LITERALS else LITERALS + _bit_length(z) - 5] += 1
+            r = lanes[0, c] + lanes[1, c] + lanes[2, c] + lanes[3, c]
+            _take(int(a), int(b), c, r, width, last, hist, cls, gap, zs, k)
             k += 1
-            if k == cap:
-                return i + 1, k
+        lanes[0, c] += 1
     return len(old), k
 
 
@@ -116,16 +150,31 @@ def collect(
         sampled += old[i] != new[i]
     cap = 1024 + sampled * _SAMPLE * 5 // 4
     cls, gap, zs = np.empty(cap, np.uint8), np.empty(cap, offsets.dtype), np.empty(cap, old.dtype)
-    i, k = _collect_into(old, new, 0, shift, emask, width, cnt, last, hist, cls, gap, zs, 0)
+    lanes = np.zeros((4, len(cnt)), np.int64)
+    lanes[0] = cnt
+    i, k = _collect_into(old, new, 0, shift, emask, width, lanes, last, hist, cls, gap, zs, 0)
     while i < len(old):  # full after all: grow by half (amortized linear)
         cap += cap // 2
         cls2, gap2, zs2 = np.empty(cap, np.uint8), np.empty(cap, offsets.dtype), np.empty(cap, old.dtype)
         cls2[:k], gap2[:k], zs2[:k] = cls[:k], gap[:k], zs[:k]
         cls, gap, zs = cls2, gap2, zs2
-        i, k = _collect_into(old, new, i, shift, emask, width, cnt, last, hist, cls, gap, zs, k)
+        i, k = _collect_into(old, new, i, shift, emask, width, lanes, last, hist, cls, gap, zs, k)
+    cnt[:] = lanes.sum(axis=0)
     if 5 * k >= 4 * cap:  # little unused: keep the arrays rather than hold both while copying
         return cls[:k], gap[:k], zs[:k]
     return cls[:k].copy(), gap[:k].copy(), zs[:k].copy()
+
+
+def value_histogram(cls: np.ndarray, zs: np.ndarray) -> np.ndarray:
+    """(classes x ALPHABET) counts of the value symbols of changes with classes `cls`, values `zs`
+    (what `collect` accumulates, for changes collected elsewhere)."""
+    z = zs.astype(np.int64)
+    length = np.zeros_like(z)
+    big = z >= LITERALS
+    length[big] = np.floor(np.log2(z[big].astype(np.float64))).astype(np.int64) + 1  # exact below 2**52
+    sym = np.where(big, LITERALS + length - 5, z)
+    keys = cls.astype(np.int64) * ALPHABET + sym
+    return np.bincount(keys, minlength=NUM_CONTEXTS * ALPHABET).reshape(NUM_CONTEXTS, ALPHABET)
 
 
 def extra_bits(hist: np.ndarray) -> np.ndarray:
@@ -268,12 +317,13 @@ def walk(
 ) -> int:
     """new = old with the stream's changes, for one slab of a tensor; per-class state carries over.
 
-    The rANS steps are written out here rather than called (ans.dec_cat, positions.dec_gap do
+    `new` may be `old` itself (in place). The rANS steps are written out here rather than called (ans.dec_cat, positions.dec_gap do
     the same): numba's calls in this loop cost as much as the decoding itself.
     """
     x, pos, n_words = state[0], state[1], len(words)
     gpacked = GEOMETRIC_PACKED
     wmask = (1 << width) - 1
+    new[:] = old  # one vectorized copy; the loop then writes only the changed weights
     for i in range(len(old)):
         a = np.int64(old[i])
         c = (a >> shift) & emask
@@ -310,7 +360,7 @@ def walk(
                 z = (np.int64(1) << nb) | extra
             zig = z + 1
             d = -((zig + 1) >> 1) if zig & 1 else zig >> 1
-            a = (a + d) & wmask
+            new[i] = (a + d) & wmask
             rest = left[c] - 1
             left[c] = rest
             t = code_t[c]
@@ -362,6 +412,5 @@ def walk(
                     x = (x << 16) | int(words[pos])
                     pos += 1
                 nxt[c] = r + 1 + g
-        new[i] = a
     state[0], state[1] = x, pos
     return OK

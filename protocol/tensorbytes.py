@@ -60,15 +60,42 @@ def host_slabs(tensor: torch.Tensor, lo: int, hi: int, slab: int) -> Iterator[np
     """Little-endian bit-pattern views of elements [lo, hi) of the flat tensor, `slab` at a time.
 
     On the CPU these are views (no copy); a tensor on another device is copied to the host one
-    slab at a time, so the host never holds more than one slab of it.
+    slab at a time, so the host never holds more than two slabs of it. On CUDA the slabs go
+    through two pinned buffers and the next slab's copy runs while the caller works on this
+    one, so a view is valid only until the next one is asked for.
     """
     _, int_dtype, np_dtype, _ = _DTYPES[dtype_name(tensor.dtype)]
-    flat = tensor.detach().reshape(-1)
+    flat = tensor.detach().reshape(-1).view(int_dtype)
     le = np.dtype(np_dtype).newbyteorder("<")
+    if flat.device.type == "cuda":
+        yield from _pinned_slabs(flat, lo, hi, slab, le)
+        return
     for start in range(lo, hi, slab):
         piece = flat[start : min(start + slab, hi)]
-        raw = piece.to("cpu").contiguous().view(int_dtype).numpy().view(np_dtype)
+        raw = piece.to("cpu").contiguous().numpy().view(np_dtype)
         yield raw.astype(le, copy=False)
+
+
+def _pinned_slabs(flat: torch.Tensor, lo: int, hi: int, slab: int, le: np.dtype) -> Iterator[np.ndarray]:
+    """`host_slabs` for a CUDA tensor: double-buffered copies into pinned memory, overlapped."""
+    size = min(slab, max(hi - lo, 0))
+    buffers = [torch.empty(size, dtype=flat.dtype, pin_memory=True) for _ in range(2)]
+    done = [torch.cuda.Event(), torch.cuda.Event()]
+
+    def issue(start: int, which: int) -> None:
+        piece = flat[start : min(start + slab, hi)]
+        buffers[which][: piece.numel()].copy_(piece, non_blocking=True)
+        done[which].record()
+
+    starts = list(range(lo, hi, slab))
+    if starts:
+        issue(starts[0], 0)
+    for i, start in enumerate(starts):
+        if i + 1 < len(starts):
+            issue(starts[i + 1], (i + 1) % 2)
+        done[i % 2].synchronize()
+        n = min(start + slab, hi) - start
+        yield buffers[i % 2][:n].numpy().view(le)
 
 
 def from_bits(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> torch.Tensor:

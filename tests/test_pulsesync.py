@@ -435,7 +435,7 @@ def test_device_paths_stream_through_host_slabs(monkeypatch: pytest.MonkeyPatch)
     old["z"], new["z"] = torch.zeros(300, dtype=torch.bfloat16), torch.full((300,), 1e-3, dtype=torch.bfloat16)
     patch = pulsesync.encode(old, new)
     monkeypatch.setattr(pulsesync.tensorbytes, "on_host", lambda t: False)
-    monkeypatch.setattr(pulsesync, "_HOST_SLAB", 7_000)  # the encoder's walk in 9 pieces
+    monkeypatch.setattr(pulsesync.changes, "SLAB", 7_000)  # the encoder's device pass in 9 pieces
     assert pulsesync.encode(old, new) == patch
     assert same_bits(pulsesync.apply(old, patch), new)
     monkeypatch.setattr(pulsesync, "_SLAB_BYTES", 2 * 5_000)  # and the decoder's in 6

@@ -12,6 +12,11 @@ computed in Python from them, and the sum of the updates is elementwise (a produ
 addition, each correctly rounded) in float64 in the given order, so norms and mean have the same
 bytes on every CPU and thread count. An auditor recomputes all of it (`audit.py`).
 
+On any device: every step runs where the decoded updates are (a GPU when the codec decodes into
+one), and because each is a separate elementwise IEEE float64 operation (no reduction whose
+order follows the hardware, no fused multiply-add: a product and a sum are separate kernels),
+a GPU gets the bytes a CPU gets; an auditor on another device recomputes the same decision.
+
 Payloads reaching this point were already validated (decoded once by the round logic); a decode
 error here propagates as the `ProtocolError` it is.
 """
@@ -68,14 +73,14 @@ def sum_of_squares(t: torch.Tensor) -> float:
     flat = t.detach().reshape(-1)
     flat = flat[flat != 0]
     full = flat.numel() // BLOCK
-    acc = torch.zeros(BLOCK, dtype=torch.float64)
+    acc = torch.zeros(BLOCK, dtype=torch.float64, device=flat.device)
     rows = flat[: full * BLOCK].view(full, BLOCK)
     for start in range(0, full, GROUP):
         group = rows[start : start + GROUP].double()
         acc.add_(_halve(group.mul_(group)))
     rest = flat[full * BLOCK :]
     if rest.numel():
-        tail = torch.zeros(BLOCK, dtype=torch.float64)
+        tail = torch.zeros(BLOCK, dtype=torch.float64, device=flat.device)
         tail[: rest.numel()] = rest.double()
         acc.add_(tail.mul_(tail))
     return float(_halve(acc.view(BLOCK, 1)).item())

@@ -13,7 +13,8 @@ Bit-reproducible on any CPU and any thread count, because anyone may recompute i
 every operation is elementwise and separate (a product, then a sum: never `add_(alpha=...)`,
 whose vectorized body may fuse a multiply-add that its scalar tail does not, so the bytes would
 depend on where a thread's chunk ends), carried out in float64 and rounded to float32 once at
-the end. Elementwise IEEE operations are correctly rounded, so every machine gets the same bytes.
+the end. Elementwise IEEE operations are correctly rounded, so every machine gets the same bytes,
+a GPU included (each operation a separate kernel, so none is fused): the master may live on one.
 
 `fp32_state()` is what the step reads (the master, and the momentum buffers when momentum is
 on); its `state_hash` is the FP32 state hash a round result commits to before and after its step.
@@ -68,7 +69,8 @@ class OuterOptimizer:
                 raise IncompatibleStates(f"{name}: update {tuple(g.shape)}, master {tuple(self.master[name].shape)}")
         mu, lr = self.cfg.momentum, self.cfg.lr
         for name in sorted(self.master):
-            g = update[name].to(torch.float32).double()  # the update as FP32, as a payload carries it
+            # the update as FP32, as a payload carries it, where the master is (it may be decoded elsewhere)
+            g = update[name].to(self.master[name].device, torch.float32).double()
             if mu == 0:
                 direction = g
             else:

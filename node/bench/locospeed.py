@@ -207,7 +207,13 @@ def _decompress(codec: Codec, payload: bytes, *, weights: State) -> dict[str, to
 def run_speed(args: argparse.Namespace) -> BenchResult:
     device = torch.device(args.device)
     weights = speed_weights(args.speed_model, args, device)
-    gen = torch.Generator().manual_seed(args.seed)
+    rows = speed_rows(weights, device, args.repeat, args.seed)
+    return _speed_result(args, sum(t.numel() for t in weights.values()), rows)
+
+
+def speed_rows(weights: State, device: torch.device, repeat: int, seed: int) -> dict[str, dict[str, float]]:
+    """`measure` of every codec of SPEED_CODECS and of the reference on `weights` (on `device`)."""
+    gen = torch.Generator().manual_seed(seed)
     delta = {n: (torch.randn(t.shape, generator=gen) * DELTA_STD).to(device) for n, t in weights.items()}
     n = sum(t.numel() for t in weights.values())
     rows: dict[str, dict[str, float]] = {}
@@ -220,7 +226,7 @@ def run_speed(args: argparse.Namespace) -> BenchResult:
             functools.partial(_decompress, codec, weights=weights),
             len,
             n,
-            args.repeat,
+            repeat,
             device,
         )
         del error
@@ -230,10 +236,10 @@ def run_speed(args: argparse.Namespace) -> BenchResult:
         lambda p: reference_decompress(p, weights),
         reference_bytes,
         n,
-        args.repeat,
+        repeat,
         device,
     )
-    return _speed_result(args, n, rows)
+    return rows
 
 
 def _speed_result(args: argparse.Namespace, n: int, rows: dict[str, dict[str, float]]) -> BenchResult:

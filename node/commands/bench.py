@@ -25,6 +25,7 @@ BENCHES = {
     "attacks": "node.bench.attacks",
     "failover": "node.bench.failover",
     "links": "node.bench.links",
+    "gpu": "node.bench.gpu",
 }
 
 

@@ -1,0 +1,244 @@
+"""gpu: every figure of the device data path in one prepared run, on the best device here.
+
+One command for a lent GPU: `pulse bench gpu --json` measures, on CUDA when there is one,
+
+- PULSESync on a pair of 0.5B states (the first pair of the cached `pulse bench sync --model
+  qwen2-0.5b` trace, made with one AdamW step on the device if it is missing): encode, decode and
+  `apply` with both hash checks, the plain encoding's encode and decode, in GB of BF16 state per
+  second (sync.py's `measure_pair`, each phase the fastest of `--repeat`);
+- PULSELoCo and SparseLoCo compress and decompress of one payload on the same weights, and the
+  plain torch device reference (locospeed.py's `speed_rows`), in seconds;
+- a validator round of 8 and of 16 submissions and a miner's round at the home-GPU preset's
+  settings (scale.py: real miners, `Validator.run_round`, scaled to the preset where smaller);
+- a swarm of `--swarm-rounds` rounds on this one device (`pulse demo --device ...`, separate
+  processes on loopback): how many rounds closed and whether every node ended on one state hash.
+
+Without a GPU (or with `--small`) the same run measures a clearly smaller model of the same
+architecture on the CPU (`SMALL`, about 1.6M parameters, seeded; the swarm is the embedded
+default) and says so in `note`: the figures then check the machinery, not the targets.
+The JSON object holds at least `device`, `sync_*_gbps`, `plain_*_gbps`,
+`loco_seconds_per_payload`, `validator_seconds_8`, `validator_seconds_16`,
+`miner_seconds_per_round`, `swarm_rounds` and `swarm_hashes_agree`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.bench import locospeed, scale, sync
+from node.bench.report import BenchResult, table
+from node.bench.trace import HF_MODELS, hf_trace_dir, make_hf_trace, read_manifest, trace_pairs
+from node.learn.basecache import default_cache_dir
+from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config
+from node.learn.train import bf16_state
+from node.run.presets import preset
+from protocol.state import StateDict
+
+SMALL: dict[str, Any] = {  # Qwen2's architecture, small enough for a CPU run in seconds
+    **QWEN2_5_0_5B,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+    "max_position_embeddings": 2048,
+    "max_window_layers": 2,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+TRACE_MODEL = "qwen2-0.5b"
+SWARM_PRESET = "qwen2.5-0.5b-seeded"  # the 0.5B swarm on one GPU
+SMALL_STEP = 2e-6  # the small pair: one step of this size x sign on seeded weights (a few % of weights change)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if there is one)")
+    parser.add_argument("--small", action="store_true", help="the small model even on a GPU (implied on a CPU)")
+    parser.add_argument("--repeat", type=int, default=2, help="timing repeats of the codecs; the fastest counts")
+    parser.add_argument("--swarm-rounds", type=int, default=5, help="rounds of the one-device swarm (0: skip it)")
+    parser.add_argument("--swarm-timeout", type=float, default=240.0, help="give the swarm up after this many s")
+    parser.add_argument("--miners", type=int, default=2, help="miners that train in the validator rounds")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="trace cache ($PULSE_CACHE_DIR)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the pseudo-gradient")
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("pulse bench gpu: --device cuda, but this torch build sees no CUDA device")
+    small = args.small or device.type != "cuda"
+    started = time.perf_counter()
+    summary: dict[str, Any] = {"device": _device_name(device), "small": small}
+    if small:
+        summary["note"] = "small model on this device: checks the machinery, the targets are for one GPU at 0.5B"
+    with tempfile.TemporaryDirectory(prefix="pulse-gpu-") as tmp:
+        old, new, source = _sync_pair(args, device, small, Path(tmp))
+        summary["sync_states"] = source
+        summary.update(_sync_figures(old, new, args.repeat))
+        summary["loco_seconds_per_payload"] = _loco_figures(old, device, args.repeat, args.seed)
+        del old, new
+        summary.update(_scale_figures(args, device, small, Path(tmp)))
+        summary.update(_swarm_figures(args, device, small, Path(tmp)))
+    summary["seconds"] = time.perf_counter() - started
+    return BenchResult(summary, _tables(summary))
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
+def _sync_pair(
+    args: argparse.Namespace, device: torch.device, small: bool, tmp: Path
+) -> tuple[StateDict, StateDict, str]:
+    """(old, new) BF16 states on `device`, and where they come from."""
+    if small:
+        model = build_hf_from_config(SMALL, args.seed)
+        master = {n: p.detach().float() for n, p in model.state_dict().items()}
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        old = bf16_state(model)
+        new = {
+            n: (master[n] - SMALL_STEP * torch.randn(t.shape, generator=gen).sign()).bfloat16() for n, t in old.items()
+        }
+        return _on(old, device), _on(new, device), f"small seeded model, one step of {SMALL_STEP:g} x sign"
+    trace = hf_trace_dir(args.cache_dir or default_cache_dir(), TRACE_MODEL, 1e-6)
+    try:
+        read_manifest(trace)
+    except (OSError, ValueError, KeyError):
+        trace = tmp / "trace"
+        make_hf_trace(trace, TRACE_MODEL, 1e-6, 1, device=str(device))
+    old, new = next(trace_pairs(trace, 1))
+    return (
+        _on(old, device),
+        _on(new, device),
+        f"{TRACE_MODEL} trace, lr 1e-6, first pair ({HF_MODELS[TRACE_MODEL]['hidden_size']} wide)",
+    )
+
+
+def _on(state: StateDict, device: torch.device) -> StateDict:
+    return {n: t.to(device) for n, t in state.items()}
+
+
+def _sync_figures(old: StateDict, new: StateDict, repeat: int) -> dict[str, Any]:
+    device = next(iter(old.values())).device
+    sync.warm_up(device)
+    totals, times, peaks = sync.new_tallies()
+    sync.measure_pair(old, new, repeat, totals, times, peaks)
+    gb = 2 * totals["elements"] / 1e9
+    state_bytes = 2 * totals["elements"]
+    return {
+        "params": int(totals["elements"]),
+        "sync_density": totals["changed"] / max(totals["elements"], 1.0),
+        "sync_lossless": totals["lossless"] == 1,
+        "sync_encode_gbps": gb / times["enc"],
+        "sync_decode_gbps": gb / times["dec"],
+        "sync_apply_gbps": gb / times["apply"],
+        "plain_encode_gbps": gb / times["base_enc"],
+        "plain_decode_gbps": gb / times["base_dec"],
+        "memcpy_gbps": gb / times["memcpy"],
+        "sync_bits_per_changed": 8 * totals["bytes"] / max(totals["changed"], 1.0),
+        "sync_coder_seconds_per_million_changed": 1e6 * totals["coder_seconds"] / max(totals["changed"], 1.0),
+        "sync_host_peak_extra_share": max(peaks["encode"], peaks["apply"]) / state_bytes,
+        "sync_device_peak_extra_share": peaks["device"] / state_bytes,
+    }
+
+
+def _loco_figures(weights: StateDict, device: torch.device, repeat: int, seed: int) -> dict[str, dict[str, float]]:
+    rows = locospeed.speed_rows(weights, device, repeat, seed)
+    return {
+        name: {
+            "compress": r["compress_seconds"],
+            "decompress": r["decompress_seconds"],
+            "payload_bytes": r["payload_bytes"],
+        }
+        for name, r in rows.items()
+    }
+
+
+def _scale_figures(args: argparse.Namespace, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
+    """Validator rounds of 8 and 16 and a miner's round (scale.py), at the preset's settings on a GPU."""
+    model_dir = None
+    if small:
+        model_dir = tmp / "small-model"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(SMALL))
+    parser = argparse.ArgumentParser()
+    scale.configure(parser)
+    argv = ["--device", device.type, "--miners", str(args.miners), "--submissions", "8,16"]
+    argv += ["--model-dir", str(model_dir)] if model_dir else []
+    result = scale.run(parser.parse_args(argv))
+    s = result.summary
+    by_size = {r["submissions"]: r for r in s["rounds"]}
+    return {
+        "validator_seconds_8": by_size[8]["seconds_at_preset"],
+        "validator_seconds_16": by_size[16]["seconds_at_preset"],
+        "validator_seconds_run": {n: r["seconds_run"] for n, r in by_size.items()},
+        "miner_seconds_per_round": s["miner_seconds_per_round"],
+        "validator_keeps_up": by_size[8]["seconds_at_preset"] < s["miner_seconds_per_round"],
+        "rounds_scaled_to_preset": s["scaled"],
+        "validator_device_peak_mb": s["validator_device_peak_mb"],
+    }
+
+
+def _swarm_figures(args: argparse.Namespace, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
+    """`pulse demo` on this device for `--swarm-rounds` rounds: rounds closed, hashes agree."""
+    if args.swarm_rounds <= 0:
+        return {"swarm_rounds": 0, "swarm_hashes_agree": None, "swarm_skipped": True}
+    out = tmp / "swarm"
+    cmd = [sys.executable, "-m", "node", "demo", "--rounds", str(args.swarm_rounds), "--miners", "2"]
+    cmd += ["--out", str(out), "--device", device.type, "--timeout", str(args.swarm_timeout)]
+    if not small:
+        cmd += ["--config", str(preset(SWARM_PRESET))]
+    started = time.perf_counter()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # what it wrote so far still says how far it got
+        subprocess.run(cmd, capture_output=True, timeout=args.swarm_timeout + 60, check=False)
+    seconds = time.perf_counter() - started
+    try:
+        report = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {"swarm_rounds": 0, "swarm_hashes_agree": False, "swarm_seconds": seconds}
+    return {
+        "swarm_rounds": int(report.get("rounds", 0)),
+        "swarm_hashes_agree": bool(report.get("hashes_agree", False)),
+        "swarm_seconds": seconds,
+    }
+
+
+def _tables(s: dict[str, Any]) -> list[Any]:
+    sync_rows = [
+        ["PULSESync", s["sync_encode_gbps"], s["sync_decode_gbps"], s["sync_apply_gbps"]],
+        ["plain", s["plain_encode_gbps"], s["plain_decode_gbps"], ""],
+        ["memcpy (both states once)", s["memcpy_gbps"], s["memcpy_gbps"], ""],
+    ]
+    loco = [
+        [name, r["compress"], r["decompress"], r["payload_bytes"]] for name, r in s["loco_seconds_per_payload"].items()
+    ]
+    rounds = [
+        ["validator, round of 8", s["validator_seconds_8"]],
+        ["validator, round of 16", s["validator_seconds_16"]],
+        ["miner, one round", s["miner_seconds_per_round"]],
+        ["swarm rounds closed", s["swarm_rounds"]],
+        ["swarm hashes agree", s["swarm_hashes_agree"]],
+    ]
+    title = f"Device data path on {s['device']}, {s['params'] / 1e6:.1f}M parameters" + (
+        " (small)" if s["small"] else ""
+    )
+    return [
+        table(
+            title + ": PULSESync, GB/s of BF16 state", ["codec", "encode", "decode", "apply (both hashes)"], sync_rows
+        ),
+        table("Pseudo-gradient codecs, seconds per payload", ["codec", "compress", "decompress", "bytes"], loco),
+        table("Rounds (seconds at the preset's settings)", ["what", "value"], rounds),
+    ]
