@@ -317,9 +317,8 @@ def walk(
 ) -> int:
     """new = old with the stream's changes, for one slab of a tensor; per-class state carries over.
 
-    `new` may be `old` itself (in place). The rANS steps are written out here rather than called
-    (ans.dec_cat, positions.dec_gap do the same): numba's calls in this loop cost as much as the
-    decoding itself.
+    The rANS steps are written out here rather than called (ans.dec_cat, positions.dec_gap do
+    the same): numba's calls in this loop cost as much as the decoding itself.
     """
     x, pos, n_words = state[0], state[1], len(words)
     gpacked = GEOMETRIC_PACKED
