@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 import urllib.error
 import urllib.request
@@ -178,6 +179,26 @@ def test_watcher_reads_validator_records_only_and_catches_late_metrics(tmp_path:
     put(VALIDATOR, result(3))
     asyncio.run(watcher.poll())
     assert [(r.round, r.loss) for r in watcher.board(now=110.2).rounds] == [(1, None), (2, 3.0), (3, None)]
+
+
+def test_the_watcher_follows_the_first_chain_and_names_a_fork(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A second process signing with the validator's key publishes a round that starts elsewhere:
+    the page stays on the chain it read, says so in one line, and goes on once the chain does."""
+    network = MemoryNetwork(RunRecords(RUN.run_id, tuple(RUN.validators), record_ttl_seconds=3600, checkpoint_every=5))
+    for r in range(2):
+        assert network.store(sign_for(VALIDATOR, result(r, base=h(f"w{r}")), 3600))
+    assert network.store(sign_for(VALIDATOR, result(2, base=h("elsewhere")), 3600))
+    watcher = Watcher(network.join(Identity.generate(), tmp_path, role="follower"), RUN)
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(watcher.poll())
+        asyncio.run(watcher.poll())
+    board = watcher.board(now=0.0)
+    assert [r.round for r in board.rounds] == [0, 1] and board.chain_ok
+    forks = [rec.getMessage() for rec in caplog.records if "fork" in rec.getMessage()]
+    assert len(forks) == 1 and "round 2" in forks[0] and h("elsewhere")[:12] in forks[0], forks
+    assert network.store(sign_for(VALIDATOR, result(2, base=h("w2")), 3600))  # the first chain goes on
+    asyncio.run(watcher.poll())
+    assert [r.round for r in watcher.board(now=0.0).rounds] == [0, 1, 2] and watcher.board(now=0.0).chain_ok
 
 
 def test_server_serves_the_page_the_json_and_nothing_else() -> None:

@@ -34,6 +34,7 @@ class Watcher:
         self.next_round: int | None = None  # the first round whose result has not been read
         self.lock = threading.Lock()
         self._cached: tuple[tuple[int, int], RunBoard] | None = None
+        self._fork_named: int | None = None  # the round whose fork was last logged (once per round)
 
     def board(self, now: float | None = None) -> RunBoard:
         """The board now; rebuilt only when a record arrived or a second passed (pages refresh often)."""
@@ -55,7 +56,7 @@ class Watcher:
         new: list[int] = []
         while len(new) < MAX_ROUNDS_PER_POLL:
             result = await self._from_validator(RoundResult, self.next_round)
-            if result is None:
+            if result is None or self._forks(result):
                 break
             with self.lock:
                 self.seen.add_result(result)
@@ -72,6 +73,25 @@ class Watcher:
         with self.lock:
             for header in headers:
                 self.seen.add_header(header.message)
+
+    def _forks(self, result: RoundResult) -> bool:
+        """Whether `result` starts from another state than the round before it ended on: two chains
+        signed by one validator key (a second process with that key). The page stays on the first
+        chain it read, and names the fork in one line (once per round)."""
+        before = self.seen.results.get(result.round - 1)
+        if before is None or before.new_state_hash == result.base_state_hash:
+            return False
+        if self._fork_named != result.round:
+            self._fork_named = result.round
+            log.warning(
+                "fork at round %d: its signed result starts from state %s, not from %s where round %d "
+                "ended (two chains signed by one validator key); following the first",
+                result.round,
+                result.base_state_hash[:12],
+                before.new_state_hash[:12],
+                result.round - 1,
+            )
+        return True
 
     async def _metrics(self, new: list[int]) -> None:
         """Metrics of the rounds just read, and again of the last few that still lack them (a validator

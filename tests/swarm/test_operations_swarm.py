@@ -1,0 +1,122 @@
+"""Operations on one running swarm, as a person running nodes for days meets them.
+
+A miner and then the validator are killed with kill -9 (SIGKILL to the role's own process only, as
+the OOM killer does: its DHT process and libp2p daemon are left to notice), each leaves no process
+behind and is restarted with the same command on the same state folder; a few rounds in, with
+checkpoints taken every 2 rounds and only 2 kept, `pulse audit` and a late miner join the run: the
+auditor recomputes rounds and the miner contributes from the round that is open when its state is
+ready. Every node ends on the validator's state hash.
+
+(`test_lifetime_swarm.py` plays kill -9 of `pulse dht` and the busy port; `test_round_swarm.py`
+kills whole process groups.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.commands.roles import DEFAULT_CONFIG
+from node.events import EventLog
+from node.events.audit import Audited
+from node.events.models import Event, Joined, Received, RoundClosed, Started, Submitted
+from node.run.manifest import Manifest, parse_manifest
+from node.swarm.demo import Proc, Swarm, prepare
+from tests.helpers import events, wait_exits, wait_for
+from tests.swarm import procs
+
+pytestmark = pytest.mark.swarm
+ROUNDS = 11
+JOIN_AFTER = 4  # the round whose close starts the auditor and the late miner: 3 checkpoints taken, 2 kept
+WAIT = 150.0
+
+
+def _manifest() -> Manifest:
+    data: dict[str, Any] = tomllib.loads(DEFAULT_CONFIG.read_text())
+    data["round"].update(deadline_seconds=12.0, min_seconds=2.5, checkpoint_every=2, keep_checkpoints=2)
+    data["selection"]["held_out_batches"] = 2
+    return parse_manifest(data)
+
+
+@pytest.fixture
+def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
+    manifest, validator_key, miner_keys = prepare(tmp_path, _manifest(), 3)
+    swarm = Swarm(tmp_path, manifest, ROUNDS)
+    try:
+        swarm.start_bootstrap()
+        yield swarm, validator_key, miner_keys
+    finally:
+        swarm.stop_all()
+
+
+def _wait(swarm: Swarm, what: str, found: Callable[[EventLog], bool]) -> None:
+    wait_for(lambda: found(events(swarm.out)), WAIT, what, logs=swarm.out / "logs")
+
+
+def _has(name: str, kind: type[Event], round_: int | None = None) -> Callable[[EventLog], bool]:
+    return lambda log: log.has(kind, name, round_)
+
+
+def _closed(log: EventLog, name: str) -> int:
+    """The last round `name` closed (-1: none)."""
+    return max((e.round for e in log.events(RoundClosed, name)), default=-1)
+
+
+def _kill_9(proc: Proc) -> None:
+    """SIGKILL the role's own process (not its group) and check that its children followed it."""
+    children = procs.descendants(proc.popen.pid)
+    assert len(children) >= 2, [procs.describe(p) for p in children]  # its DHT process and libp2p daemon
+    os.kill(proc.popen.pid, signal.SIGKILL)
+    proc.popen.wait()
+    survivors = procs.wait_gone(children, timeout=15.0)
+    described = [procs.describe(p) for p in survivors]
+    procs.kill(survivors)
+    assert not survivors, f"orphans of the killed {proc.name}: {described}"
+
+
+def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[Path]]) -> None:
+    s, validator_key, miner_keys = swarm
+    validator = s.start_role("validator", "validator", validator_key)
+    miners = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys[:2])]
+
+    _wait(s, "miner1's first submission", _has("miner1", Submitted))
+    _kill_9(miners[1])
+    # the same command but for the events file (the test's reading of it): same key, same state folder
+    again = s.start_role("miner1-again", "miner", miner_keys[1], state="miner1")
+
+    _wait(s, "the restarted miner's first submission", _has("miner1-again", Submitted))
+    _kill_9(validator)
+    s.start_role("validator-again", "validator", validator_key, state="validator")
+
+    _wait(s, f"round {JOIN_AFTER} closing", lambda log: _closed(log, "validator-again") >= JOIN_AFTER)
+    # the last round's payloads leave with the validator, so the auditor stops a round short of the run
+    audit = s.start_role("audit", "audit", None, extra=["--stop-on-mismatch", "--rounds", str(ROUNDS - 1)])
+    late = s.start_role("late", "miner", miner_keys[2])
+
+    wait_exits([proc.popen for proc in (miners[0], again, late, audit)], WAIT)
+    for proc in (miners[0], again, late, audit):
+        assert proc.popen.returncode == 0, proc.log.read_text(errors="replace")[-2000:]
+    log = events(s.out)
+    starts = log.events(Started, "validator-again")
+    assert starts and (starts[0].round or 0) >= 1  # resumed from its state folder, not from round 0
+    finals = log.final_hashes()
+    assert set(finals) >= {"validator-again", "miner0", "miner1-again", "late"}, finals
+    assert len(set(finals.values())) == 1, finals
+
+    audited = log.events(Audited, "audit")
+    assert audited and audited[-1].round == ROUNDS - 2, audited
+    closed = {e.round: e.state_hash for e in log.events(RoundClosed, "validator-again")}
+    assert all(e.state_hash == closed[e.round] for e in audited), (audited, closed)
+
+    joined = log.events(Joined, "late")
+    first = min(e.round for e in log.events(Submitted, "late"))
+    assert joined and first <= joined[0].round + 1, (joined, first)  # no round lost after its state was ready
+    late_key = log.keys()["late"]
+    taken = {e.round for e in log.events(Received, "validator-again") if e.sender == late_key}
+    assert first in taken, (first, taken)
