@@ -10,10 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from google.protobuf.message import DecodeError
 from hivemind.proto import crypto_pb2
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -83,9 +81,6 @@ class NetConfig(BaseModel):
             kwargs["announce_maddrs"] = list(self.announce_maddrs)
         if self.identity_path is not None:
             kwargs["identity_path"] = str(self.identity_path)
-            # hivemind's "identity already taken" check derives the peer id as if every key were RSA
-            # and fails on an Ed25519 file; the libp2p daemon itself reads both kinds
-            kwargs["check_if_identity_free"] = not _is_ed25519(self.identity_path)
         return kwargs
 
 
@@ -93,18 +88,13 @@ def prepare_identity(config: NetConfig) -> None:
     """Create the libp2p identity file, if one is named and missing, with mode 0600 from the start.
 
     hivemind would write it with the process umask and tighten it afterwards, leaving a moment in
-    which others may read the key. An Ed25519 key in libp2p's protobuf, so the peer id reads
-    12D3KooW... (hivemind writes RSA keys, whose ids read Qm...; such files keep working).
+    which others may read the key. Same format as hivemind's (an RSA key in libp2p's protobuf).
     The file appears whole or not at all: temp file (O_EXCL, 0600), fsync, then a hard link.
     """
     path = config.identity_path
     if path is None or path.exists():
         return
-    secret = Ed25519PrivateKey.generate()
-    raw_format = serialization.Encoding.Raw
-    raw = secret.private_bytes(raw_format, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-    public = secret.public_key().public_bytes(raw_format, serialization.PublicFormat.Raw)
-    key = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.Ed25519, data=raw + public)  # libp2p's layout
+    key = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=RSAPrivateKey().to_bytes())
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -120,15 +110,6 @@ def prepare_identity(config: NetConfig) -> None:
         pass  # another process made it first: use theirs
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _is_ed25519(path: Path) -> bool:
-    """Whether the identity file at `path` holds an Ed25519 key (False: RSA, or unreadable, which the
-    daemon then reports)."""
-    try:
-        return crypto_pb2.PrivateKey.FromString(path.read_bytes()).key_type == crypto_pb2.KeyType.Ed25519
-    except (OSError, DecodeError):
-        return False
 
 
 def _parse(addr: str) -> Multiaddr:

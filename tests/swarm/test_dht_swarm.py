@@ -27,7 +27,6 @@ import hivemind
 import pytest
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DictionaryDHTValue
-from hivemind.p2p import P2P, PeerID
 from hivemind.utils.timed_storage import get_dht_time
 
 from node.net.dht import PulseDHT, dht_key, sign_for
@@ -455,19 +454,6 @@ def test_libp2p_identity_survives_restart(tmp_path: Path) -> None:
         finally:
             peer.shutdown()
     assert peer_ids[0] == peer_ids[1]
-    assert str(peer_ids[0]).startswith("12D3KooW")  # an Ed25519 key, the id the README shows
-
-
-def test_an_rsa_libp2p_identity_file_keeps_its_peer_id(tmp_path: Path) -> None:
-    """Files written before pulse wrote Ed25519 keys (hivemind's RSA format) keep working."""
-    path = tmp_path / "p2p.id"
-    P2P.generate_identity(str(path))
-    expected = PeerID.from_identity(path.read_bytes())
-    peer = PulseDHT.start(NetConfig(host_maddrs=LOOPBACK, identity_path=path), RULES, Identity.generate())
-    try:
-        assert str(peer.peer_id) == str(expected) and str(expected).startswith("Qm")
-    finally:
-        peer.shutdown()
 
 
 def test_libp2p_identity_file_is_private_from_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
