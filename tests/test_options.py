@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import types
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
+from node.commands import keygen
 from node.commands.options import options_from
 from node.commands.receipt import ReceiptOptions, register
 from protocol.errors import ConfigError
@@ -49,3 +52,24 @@ def test_a_bad_value_is_one_line_naming_the_flag(argv: list[str], message: str) 
     with pytest.raises(ConfigError) as caught:
         options_from(ReceiptOptions, parse(argv))
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def _help_of(command: str, module: types.ModuleType) -> str:
+    parser = argparse.ArgumentParser(prog="pulse")
+    module.register(parser.add_subparsers())
+    return " ".join(parser._subparsers._group_actions[0].choices[command].format_help().split())  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "model"),
+    [
+        ("keygen", keygen, keygen.KeygenOptions),
+    ],
+)
+def test_each_converted_command_takes_its_flags_from_its_model(
+    command: str, module: types.ModuleType, model: type[BaseModel]
+) -> None:
+    text = _help_of(command, module)
+    for name, field in model.model_fields.items():
+        assert "--" + (field.alias or name).replace("_", "-") in text
+        assert field.description and field.description.split("(")[0].strip()[:30] in text
