@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if (started := start_run_reader(args, "dashboard")) is None:
+    if (started := start_run_reader(args.config, args, "dashboard")) is None:
         return 2
     manifest, dht = started
     try:

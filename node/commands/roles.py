@@ -120,12 +120,12 @@ def register(subparsers: Any) -> None:
         parser.set_defaults(func=lambda args, role=name: run(role, args))
 
 
-def start_run_reader(args: argparse.Namespace, command: str) -> tuple[Manifest, PulseDHT] | None:
-    """`--config`'s manifest and a DHT peer that reads the run's records under a throwaway key (it signs
-    and announces nothing), for the commands that only look at a run; None once the reason it could
-    not start is printed."""
+def start_run_reader(config: Path, args: argparse.Namespace, command: str) -> tuple[Manifest, PulseDHT] | None:
+    """`config`'s manifest and a DHT peer (on `args`' network flags) that reads the run's records under a
+    throwaway key (it signs and announces nothing), for the commands that only look at a run; None once
+    the reason it could not start is printed."""
     try:
-        manifest = load_manifest(args.config)
+        manifest = load_manifest(config)
         dht = PulseDHT.start(net_config_from_args(args), run_records(manifest).rules(), Identity.generate())
     except (ConfigError, NetworkError) as exc:
         print(f"pulse {command}: {exc}", file=sys.stderr)
