@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from node.commands import keygen, runid, status
+from node.commands import dashboard, keygen, runid, status
 from node.commands.options import options_from
 from node.commands.receipt import ReceiptOptions, register
 from protocol.errors import ConfigError
@@ -66,6 +66,7 @@ def _help_of(command: str, module: types.ModuleType) -> str:
         ("keygen", keygen, keygen.KeygenOptions),
         ("run-id", runid, runid.RunIdOptions),
         ("status", status, status.StatusOptions),
+        ("dashboard", dashboard, dashboard.DashboardOptions),
     ],
 )
 def test_each_converted_command_takes_its_flags_from_its_model(
