@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from node.commands import dashboard, keygen, runid, status
+from node.commands import dashboard, export, keygen, runid, status
 from node.commands.options import options_from
 from node.commands.receipt import ReceiptOptions, register
 from protocol.errors import ConfigError
@@ -67,6 +67,7 @@ def _help_of(command: str, module: types.ModuleType) -> str:
         ("run-id", runid, runid.RunIdOptions),
         ("status", status, status.StatusOptions),
         ("dashboard", dashboard, dashboard.DashboardOptions),
+        ("export", export, export.ExportOptions),
     ],
 )
 def test_each_converted_command_takes_its_flags_from_its_model(
@@ -76,3 +77,33 @@ def test_each_converted_command_takes_its_flags_from_its_model(
     for name, field in model.model_fields.items():
         assert "--" + (field.alias or name).replace("_", "-") in text
         assert field.description and field.description.split("(")[0].strip()[:30] in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "give one of --state-dir, --checkpoint or --verify"),
+        (["--state-dir", "s", "--verify", "v"], "give one of --state-dir, --checkpoint or --verify"),
+        (["--state-dir", "s"], "--out: the folder to write is required"),
+        (["--checkpoint", "blob", "--out", "o"], "--checkpoint FILE needs --state-hash"),
+    ],
+)
+def test_a_rule_across_flags_is_one_line_without_a_made_up_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="pulse")
+    export.register(parser.add_subparsers())
+    args = parser.parse_args(["export", *argv])
+    with pytest.raises(ConfigError) as caught:
+        options_from(export.ExportOptions, args)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    assert args.func(args) == 2 and capsys.readouterr().err == f"pulse export: {caught.value}\n"
+
+
+def test_export_sources_that_need_no_more_flags() -> None:
+    parser = argparse.ArgumentParser(prog="pulse")
+    export.register(parser.add_subparsers())
+    verify = options_from(export.ExportOptions, parser.parse_args(["export", "--verify", "d", "--json"]))
+    assert verify.verify == Path("d") and verify.print_json and verify.out is None
+    latest = options_from(export.ExportOptions, parser.parse_args(["export", "--checkpoint", "latest", "--out", "o"]))
+    assert latest.from_run and latest.state_hash is None

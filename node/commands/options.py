@@ -61,8 +61,8 @@ def options_from(model: type[M], args: argparse.Namespace) -> M:
     try:
         return model.model_validate({key: getattr(args, key) for key in keys if hasattr(args, key)})
     except ValidationError as exc:
-        where, _, message = one_line(exc, "options").partition(": ")
-        raise ConfigError(f"--{where.replace('_', '-')}: {message}") from exc
+        where, _, message = one_line(exc, "").partition(": ")  # where is "" for a rule across flags
+        raise ConfigError(f"--{where.replace('_', '-')}: {message}" if where else message) from exc
 
 
 def _value_type(name: str, field: FieldInfo) -> Any:
