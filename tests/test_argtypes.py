@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from node.commands.cli import main
-from node.commands.roles import start_metrics
+from node.commands.roles import MetricsOptions, start_metrics
 
 
 @pytest.mark.parametrize(
@@ -25,6 +25,7 @@ from node.commands.roles import start_metrics
         (["dashboard", "--poll", "inf"], "--poll"),
         (["dashboard", "--history", "0"], "--history"),
         (["dht", "--run-id", "0" * 64, "--metrics-port", "70000"], "--metrics-port"),
+        (["miner", "--metrics-port", "70000"], "--metrics-port"),
         (["doctor", "--threads", "-1"], "--threads"),
     ],
 )
@@ -62,7 +63,7 @@ def test_a_taken_metrics_port_names_its_holder() -> None:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        args = type("Args", (), {"metrics_port": port, "metrics_bind": "127.0.0.1"})()
+        options = MetricsOptions(metrics_port=port, metrics_bind="127.0.0.1")
         with pytest.raises(OSError, match=r"by pid \d+ \(") as err:
-            start_metrics(args, "miner", "miner", "0" * 64, "0" * 64)  # type: ignore[arg-type]
+            start_metrics(options, "miner", "miner", "0" * 64, "0" * 64)
     assert "in use" in str(err.value)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from node.commands import dashboard, export, keygen, runid, status
+from node.commands import dashboard, dht, export, keygen, runid, status
 from node.commands.options import options_from
 from node.commands.receipt import ReceiptOptions, register
 from protocol.errors import ConfigError
@@ -68,6 +68,7 @@ def _help_of(command: str, module: types.ModuleType) -> str:
         ("status", status, status.StatusOptions),
         ("dashboard", dashboard, dashboard.DashboardOptions),
         ("export", export, export.ExportOptions),
+        ("dht", dht, dht.DhtOptions),
     ],
 )
 def test_each_converted_command_takes_its_flags_from_its_model(
@@ -107,3 +108,16 @@ def test_export_sources_that_need_no_more_flags() -> None:
     assert verify.verify == Path("d") and verify.print_json and verify.out is None
     latest = options_from(export.ExportOptions, parser.parse_args(["export", "--checkpoint", "latest", "--out", "o"]))
     assert latest.from_run and latest.state_hash is None
+
+
+def test_a_list_flag_takes_several_values_each_validated() -> None:
+    parser = argparse.ArgumentParser(prog="pulse")
+    dht.register(parser.add_subparsers())
+    keys = ["a" * 64, "b" * 64]
+    options = options_from(dht.DhtOptions, parser.parse_args(["dht", "--run-id", "c" * 64, "--validators", *keys]))
+    assert options.validators == keys and options.config is None and options.metrics_port is None
+    assert options_from(dht.DhtOptions, parser.parse_args(["dht", "--run-id", "c" * 64])).validators == []
+    with pytest.raises(ConfigError, match=r"^--validators: String should match pattern"):
+        options_from(dht.DhtOptions, parser.parse_args(["dht", "--run-id", "c" * 64, "--validators", "a" * 64, "B"]))
+    with pytest.raises(ConfigError, match=r"^--validators goes with --run-id"):
+        options_from(dht.DhtOptions, parser.parse_args(["dht", "--config", "run.toml", "--validators", "a" * 64]))

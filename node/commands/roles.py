@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
-from node.commands.argtypes import at_least, key_file, port
+from node.commands.argtypes import Port, at_least, key_file
 from node.commands.keygen import DEFAULT_KEY_PATH
+from node.commands.options import OPTIONS, add_options, options_from
 from node.events import Events
 from node.net.dht import PulseDHT
 from node.net.keyfile import load_key_file
@@ -115,7 +117,7 @@ def register(subparsers: Any) -> None:
                 help=f"exit with status {AUDIT_MISMATCH_EXIT} at the first round that does not recompute "
                 "(default: report it and keep waiting on the last verified state)",
             )
-        add_metrics_arguments(parser)
+        add_options(parser, MetricsOptions)
         add_net_arguments(parser)
         parser.set_defaults(func=lambda args, role=name: run(role, args))
 
@@ -133,27 +135,25 @@ def start_run_reader(config: Path, args: argparse.Namespace, command: str) -> tu
     return manifest, dht
 
 
-def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--metrics-port",
-        type=port,
-        help="serve Prometheus metrics at http://BIND:PORT/metrics (0: any free port, printed; default: off)",
-    )
-    parser.add_argument(
-        "--metrics-bind",
-        default="127.0.0.1",
-        help="address the metrics server listens on (%(default)s: this machine only; 0.0.0.0 for every interface)",
-    )
+class MetricsOptions(BaseModel):
+    """The metrics server's options, shared by the roles and `pulse dht`."""
+
+    model_config = OPTIONS
+
+    metrics_port: Port | None = None
+    """serve Prometheus metrics at http://BIND:PORT/metrics (0: any free port, printed; default: off)"""
+    metrics_bind: str = "127.0.0.1"
+    """address the metrics server listens on; 0.0.0.0 for every interface"""
 
 
-def start_metrics(args: argparse.Namespace, command: str, role: str, run_id: str, key: str) -> NodeMetrics | None:
+def start_metrics(options: MetricsOptions, command: str, role: str, run_id: str, key: str) -> NodeMetrics | None:
     """The metrics server `--metrics-port` asks for (None without it); `OSError` if the port is taken."""
-    if args.metrics_port is None:
+    if options.metrics_port is None:
         return None
     try:
-        metrics = NodeMetrics.serve(args.metrics_port, args.metrics_bind, role=role, run_id=run_id, key=key)
+        metrics = NodeMetrics.serve(options.metrics_port, options.metrics_bind, role=role, run_id=run_id, key=key)
     except OSError as exc:  # name what holds the port: often the orphan of an older crash
-        holder = holder_of(args.metrics_port) if args.metrics_port else None
+        holder = holder_of(options.metrics_port) if options.metrics_port else None
         raise OSError(exc.errno, f"{exc.strerror}, by {holder}" if holder else exc.strerror) from exc
     print(f"pulse {command}: metrics at {metrics.url}", flush=True)
     return metrics
@@ -161,6 +161,7 @@ def start_metrics(args: argparse.Namespace, command: str, role: str, run_id: str
 
 def run(role: str, args: argparse.Namespace) -> int:
     try:
+        metrics_options = options_from(MetricsOptions, args)
         if (missing := no_cuda(args.device)) is not None:
             raise ConfigError(missing)
         if args.threads > 0:
@@ -181,9 +182,9 @@ def run(role: str, args: argparse.Namespace) -> int:
         return 2
     events = Events(role, args.events)
     try:
-        metrics = start_metrics(args, role, PEER_ROLES[role], setup.run_id, identity.public_hex)
+        metrics = start_metrics(metrics_options, role, PEER_ROLES[role], setup.run_id, identity.public_hex)
     except OSError as exc:
-        print(f"pulse {role}: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
+        print(f"pulse {role}: --metrics-port {metrics_options.metrics_port}: {exc}", file=sys.stderr)
         return 2
     if metrics is not None and metrics.events is not None:
         events.add_sink(metrics.events.record)
