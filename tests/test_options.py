@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from node.commands import dashboard, dht, export, keygen, runid, status
+from node.commands import dashboard, dht, export, keygen, roles, runid, status
 from node.commands.options import options_from
 from node.commands.receipt import ReceiptOptions, register
 from protocol.errors import ConfigError
@@ -69,6 +69,10 @@ def _help_of(command: str, module: types.ModuleType) -> str:
         ("dashboard", dashboard, dashboard.DashboardOptions),
         ("export", export, export.ExportOptions),
         ("dht", dht, dht.DhtOptions),
+        ("miner", roles, roles.SigningRoleOptions),
+        ("validator", roles, roles.SigningRoleOptions),
+        ("follow", roles, roles.FollowOptions),
+        ("audit", roles, roles.AuditOptions),
     ],
 )
 def test_each_converted_command_takes_its_flags_from_its_model(
@@ -121,3 +125,18 @@ def test_a_list_flag_takes_several_values_each_validated() -> None:
         options_from(dht.DhtOptions, parser.parse_args(["dht", "--run-id", "c" * 64, "--validators", "a" * 64, "B"]))
     with pytest.raises(ConfigError, match=r"^--validators goes with --run-id"):
         options_from(dht.DhtOptions, parser.parse_args(["dht", "--config", "run.toml", "--validators", "a" * 64]))
+
+
+def test_each_role_gets_its_own_options() -> None:
+    parser = argparse.ArgumentParser(prog="pulse")
+    roles.register(parser.add_subparsers())
+    miner = options_from(roles.SigningRoleOptions, parser.parse_args(["miner", "--device", "cuda", "--rounds", "2"]))
+    assert (miner.device, miner.rounds, miner.threads, miner.key) == ("cuda", 2, 0, roles.DEFAULT_KEY_PATH)
+    follow = options_from(roles.FollowOptions, parser.parse_args(["follow", "--audit"]))
+    assert follow.audit and follow.key is None
+    audit = options_from(roles.AuditOptions, parser.parse_args(["audit", "--stop-on-mismatch"]))
+    assert audit.stop_on_mismatch and audit.key is None
+    with pytest.raises(SystemExit):  # a choice is argparse's to refuse, and a role's flag is its own
+        parser.parse_args(["miner", "--device", "tpu"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["miner", "--audit"])
