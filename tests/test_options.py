@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from node.commands import dashboard, dht, export, keygen, roles, runid, status
+from node.commands import dashboard, demo, dht, export, keygen, roles, runid, status
 from node.commands.options import options_from
 from node.commands.receipt import ReceiptOptions, register
 from protocol.errors import ConfigError
@@ -73,6 +73,7 @@ def _help_of(command: str, module: types.ModuleType) -> str:
         ("validator", roles, roles.SigningRoleOptions),
         ("follow", roles, roles.FollowOptions),
         ("audit", roles, roles.AuditOptions),
+        ("demo", demo, demo.DemoOptions),
     ],
 )
 def test_each_converted_command_takes_its_flags_from_its_model(
