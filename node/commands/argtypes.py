@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 MAX_PORT = 65535
 
@@ -70,3 +70,10 @@ def key_file(text: str) -> Path:
 
 KeyFile = Annotated[Path, AfterValidator(_not_a_folder)]
 """`key_file` for a typed options model (`node/commands/options.py`)."""
+
+
+Port = Annotated[int, Field(ge=0, le=MAX_PORT)]
+"""`port` for a typed options model."""
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""`positive_seconds` for a typed options model."""

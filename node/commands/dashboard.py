@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from node.commands.argtypes import at_least, port, positive_seconds
+from pydantic import BaseModel, Field
+
+from node.commands.argtypes import Port, PositiveSeconds
+from node.commands.options import OPTIONS, add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG, start_run_reader, until_signal
 from node.net.netconfig import add_net_arguments
 from node.net.p2ppeer import DHTView
@@ -23,27 +26,47 @@ from node.roles.dashboard.server import DashboardServer
 from node.roles.dashboard.watch import Watcher
 from node.roles.records import run_records
 from node.run.manifest import Manifest
+from protocol.errors import ConfigError
+
+
+class DashboardOptions(BaseModel):
+    """`pulse dashboard`'s own options (the network's are `add_net_arguments`')."""
+
+    model_config = OPTIONS
+
+    config: Path = DEFAULT_CONFIG
+    """run manifest TOML"""
+    port: Port = 8470
+    """HTTP port, 0 for any free port"""
+    bind: str = "127.0.0.1"
+    """HTTP address to listen on"""
+    poll: PositiveSeconds = 2.0
+    """seconds between DHT reads"""
+    refresh: PositiveSeconds = 3.0
+    """seconds between page reloads"""
+    history: int = Field(default=1000, ge=1)
+    """rounds read back at start-up"""
 
 
 def register(subparsers: Any) -> None:
     text = "serve a live web page for the run: rounds, loss, leaderboard, bytes, nodes online"
     parser = subparsers.add_parser("dashboard", help=text, description=text)
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-    parser.add_argument("--port", type=port, default=8470, help="HTTP port (%(default)s; 0: any free port)")
-    parser.add_argument("--bind", default="127.0.0.1", help="HTTP address to listen on (%(default)s)")
-    parser.add_argument("--poll", type=positive_seconds, default=2.0, help="seconds between DHT reads (%(default)s)")
-    parser.add_argument("--refresh", type=positive_seconds, default=3.0, help="seconds between page reloads")
-    parser.add_argument("--history", type=at_least(1), default=1000, help="rounds read back at start-up (%(default)s)")
+    add_options(parser, DashboardOptions)
     add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if (started := start_run_reader(args, "dashboard")) is None:
+    try:
+        options = options_from(DashboardOptions, args)
+    except ConfigError as exc:
+        print(f"pulse dashboard: {exc}", file=sys.stderr)
+        return 2
+    if (started := start_run_reader(options.config, args, "dashboard")) is None:
         return 2
     manifest, dht = started
     try:
-        return asyncio.run(_main(DHTView(dht, run_records(manifest)), manifest, args))
+        return asyncio.run(_main(DHTView(dht, run_records(manifest)), manifest, options))
     except OSError as exc:  # the port is taken
         print(f"pulse dashboard: {exc}", file=sys.stderr)
         return 2
@@ -51,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         dht.shutdown()
 
 
-async def _main(view: RunView, manifest: Manifest, args: argparse.Namespace) -> int:
+async def _main(view: RunView, manifest: Manifest, options: DashboardOptions) -> int:
     facts = RunFacts(
         name=manifest.name,
         run_id=manifest.run_id,
@@ -59,11 +82,11 @@ async def _main(view: RunView, manifest: Manifest, args: argparse.Namespace) -> 
         deadline_seconds=manifest.round.deadline_seconds,
         task=manifest.task,
     )
-    watcher = Watcher(view, facts, history=args.history)
-    server = DashboardServer(watcher.board, host=args.bind, port=args.port, refresh=args.refresh)
+    watcher = Watcher(view, facts, history=options.history)
+    server = DashboardServer(watcher.board, host=options.bind, port=options.port, refresh=options.refresh)
     print(f"pulse dashboard: run {manifest.run_id[:16]}... at {server.start()}", flush=True)
     try:
-        await until_signal(watcher.run_forever(args.poll))
+        await until_signal(watcher.run_forever(options.poll))
     finally:
         server.stop()
     return 0

@@ -12,54 +12,66 @@ With `--metrics-port` it serves Prometheus metrics too: the peers it knows and i
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from node.commands.roles import add_metrics_arguments, start_metrics
+from pydantic import Field, model_validator
+
+from node.commands.options import add_options, options_from
+from node.commands.roles import MetricsOptions, start_metrics
 from node.net.dht import PulseDHT
 from node.net.netconfig import add_net_arguments, net_config_from_args
 from node.net.records import RecordRules
 from node.run.manifest import load_manifest
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
+from protocol.messages import PublicKeyHex
 
 WATCH_SECONDS = 5.0
 
 
+class DhtOptions(MetricsOptions):
+    """`pulse dht`'s own options (the network's are `add_net_arguments`'): --config or --run-id."""
+
+    config: Path | None = None
+    """the run manifest (gives the run id and its validators)"""
+    run_id: PublicKeyHex | None = None
+    """the run's id (64 hex, hash of its manifest)"""
+    validators: list[PublicKeyHex] = Field(default_factory=list)
+    """with --run-id: the validators' public keys"""
+
+    @model_validator(mode="after")
+    def _one_run(self) -> DhtOptions:
+        if (self.config is None) == (self.run_id is None):
+            raise ValueError("give one of --config or --run-id")
+        if self.config is not None and self.validators:
+            raise ValueError("--validators goes with --run-id; --config names the validators itself")
+        return self
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("dht", help="run a bootstrap DHT peer and print its multiaddrs")
-    run = parser.add_mutually_exclusive_group(required=True)
-    run.add_argument("--config", type=Path, help="the run manifest (gives the run id and its validators)")
-    run.add_argument("--run-id", type=_hex64, help="the run's id (64 hex, hash of its manifest)")
-    parser.add_argument("--validators", nargs="*", default=[], type=_hex64, metavar="KEY", help="with --run-id")
-    add_metrics_arguments(parser)
+    add_options(parser, DhtOptions)
     add_net_arguments(parser)
     parser.set_defaults(func=run_dht)
 
 
-def _hex64(text: str) -> str:
-    if not re.fullmatch(r"[0-9a-f]{64}", text):
-        raise argparse.ArgumentTypeError("expected 64 lowercase hex characters")
-    return text
-
-
-def rules_from_args(args: argparse.Namespace) -> RecordRules:
-    if args.config is not None:
-        if args.validators:
-            raise ConfigError("--validators goes with --run-id; --config names the validators itself")
-        manifest = load_manifest(args.config)
+def rules_from(options: DhtOptions) -> RecordRules:
+    """The record rules of the run `--config` (or `--run-id` and `--validators`) names."""
+    if options.config is not None:
+        manifest = load_manifest(options.config)
         return RecordRules(manifest.run_id, tuple(manifest.validators))
-    return RecordRules(args.run_id, tuple(args.validators))
+    return RecordRules(str(options.run_id), tuple(options.validators))
 
 
 def run_dht(args: argparse.Namespace) -> int:
     try:
+        options = options_from(DhtOptions, args)
         config = net_config_from_args(args)
-        rules = rules_from_args(args)
+        rules = rules_from(options)
         # The bootstrap signs nothing; it only stores and serves records, so any key will do.
         identity = Identity.generate()
         dht = PulseDHT.start(config, rules, identity)
@@ -67,9 +79,9 @@ def run_dht(args: argparse.Namespace) -> int:
         print(f"pulse dht: {exc}", file=sys.stderr)
         return 2
     try:
-        metrics = start_metrics(args, "dht", "bootstrap", rules.run_id, identity.public_hex)
+        metrics = start_metrics(options, "dht", "bootstrap", rules.run_id, identity.public_hex)
     except OSError as exc:
-        print(f"pulse dht: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
+        print(f"pulse dht: --metrics-port {options.metrics_port}: {exc}", file=sys.stderr)
         dht.shutdown()
         return 2
     if metrics is not None:

@@ -16,6 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, model_validator
+
+from node.commands.options import OPTIONS, add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG
 from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
@@ -26,50 +29,82 @@ from protocol.errors import ConfigError, CorruptState, NetworkError, ProtocolErr
 from protocol.identity import Identity
 
 
+class ExportOptions(BaseModel):
+    """`pulse export`'s own options (the network's are `add_net_arguments`'): one source of three."""
+
+    model_config = OPTIONS
+
+    state_dir: Path | None = None
+    """a validator's state folder (its --state-dir)"""
+    checkpoint: str | None = None
+    """`latest` or a round: the run's checkpoint of that round, fetched (with --initial-peers); or a checkpoint
+    blob on disk (with --state-hash)"""
+    verify: Path | None = None
+    """check an exported folder instead"""
+    state_hash: str | None = None
+    """with --checkpoint: the state hash it must have (64 hex)"""
+    round: int | None = None
+    """with --checkpoint: the round whose state it is"""
+    config: Path = DEFAULT_CONFIG
+    """run manifest TOML"""
+    out: Path | None = None
+    """the folder to write (new or empty)"""
+    print_json: bool = Field(default=False, alias="json")
+    """with --verify: print one JSON object"""
+
+    @property
+    def from_run(self) -> bool:
+        """`--checkpoint latest` or `--checkpoint ROUND`: fetched from the run, not read from a file."""
+        return self.checkpoint is not None and (self.checkpoint == "latest" or self.checkpoint.isdigit())
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExportOptions:
+        sources = [self.state_dir, self.checkpoint, self.verify]
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError("give one of --state-dir, --checkpoint or --verify")
+        if self.verify is None and self.out is None:
+            raise ValueError("--out: the folder to write is required")
+        if self.checkpoint is not None and not self.from_run and not self.state_hash:
+            raise ValueError("--checkpoint FILE needs --state-hash (or give `latest` or a round)")
+        return self
+
+
 def register(subparsers: Any) -> None:
     text = "write the run's current model as a Hugging Face folder, with the signed ledger of who trained it"
     parser = subparsers.add_parser("export", help=text, description=text)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--state-dir", type=Path, help="a validator's state folder (its --state-dir)")
-    source.add_argument(
-        "--checkpoint",
-        help="`latest` or a round: the run's checkpoint of that round, fetched (with --initial-peers); "
-        "or a checkpoint blob on disk (with --state-hash)",
-    )
-    source.add_argument("--verify", type=Path, metavar="DIR", help="check an exported folder instead")
-    parser.add_argument("--state-hash", help="with --checkpoint: the state hash it must have (64 hex)")
-    parser.add_argument("--round", type=int, help="with --checkpoint: the round whose state it is")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-    parser.add_argument("--out", type=Path, help="the folder to write (new or empty)")
-    parser.add_argument("--json", action="store_true", help="with --verify: print one JSON object")
+    add_options(parser, ExportOptions)
     add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.verify is not None:
-            return _verify(args.verify, args.json)
-        if args.out is None:
+        options = options_from(ExportOptions, args)
+        if options.verify is not None:
+            return _verify(options.verify, options.print_json)
+        if options.out is None:  # the model refuses this already; here for the type checker
             raise ConfigError("--out: the folder to write is required")
-        manifest = load_manifest(args.config)
-        if args.checkpoint is not None and (args.checkpoint == "latest" or args.checkpoint.isdigit()):
-            wanted = None if args.checkpoint == "latest" else int(args.checkpoint)
-            source = asyncio.run(_from_run(manifest, net_config_from_args(args), wanted))
-        elif args.checkpoint is not None:
-            if not args.state_hash:
-                raise ConfigError("--checkpoint FILE needs --state-hash (or give `latest` or a round)")
-            source = from_checkpoint(Path(args.checkpoint), args.state_hash, args.round)
-        else:
-            source = from_state_dir(args.state_dir)
-        results = write_export(source, manifest, args.out)
+        manifest = load_manifest(options.config)
+        source = _source(options, manifest, args)
+        results = write_export(source, manifest, options.out)
     except (ConfigError, CorruptState, ProtocolError, NetworkError) as exc:
         print(f"pulse export: {exc}", file=sys.stderr)
         return 2
     rounds = f"{len(results)} signed round results" if results else "no ledger"
     which = f"round {source.round}" if source.round is not None else "a checkpoint of unknown round"
-    print(f"exported {which} (state {source.state_hash[:12]}..., {rounds}) to {args.out}")
+    print(f"exported {which} (state {source.state_hash[:12]}..., {rounds}) to {options.out}")
     return 0
+
+
+def _source(options: ExportOptions, manifest: Manifest, args: argparse.Namespace) -> Source:
+    """The state to export: a state folder's, the run's (fetched on `args`' network flags) or a blob's."""
+    if options.state_dir is not None:
+        return from_state_dir(options.state_dir)
+    checkpoint = options.checkpoint or "latest"  # the model holds exactly one source
+    if options.from_run:
+        wanted = None if checkpoint == "latest" else int(checkpoint)
+        return asyncio.run(_from_run(manifest, net_config_from_args(args), wanted))
+    return from_checkpoint(Path(checkpoint), options.state_hash or "", options.round)
 
 
 async def _from_run(manifest: Manifest, config: NetConfig, round_: int | None) -> Source:

@@ -9,10 +9,11 @@
     options = options_from(ReceiptOptions, args)   # validated; ConfigError: one line naming the flag
 
 Each field is one flag (`state_dir` -> `--state-dir`; an alias names it otherwise); its docstring is
-its help, its default is shown, a field without one is a required flag, `bool` is a switch, and
-`X | None` an optional value. argparse only splits the command line: the values are checked by the
-model (strict types, bounds), so a bad value fails the same way whether it came from a flag or a
-test, and the `argparse.Namespace` stays in `node/commands/`.
+its help, its default is shown, a field without one is a required flag, `bool` is a switch,
+`Literal[...]` of strings a choice, `X | None` an optional value and `list[X]` a flag taking
+several (`--flag A B`). argparse only splits the command line: the values are checked by the model
+(strict types, bounds, its rules across flags), so a bad value fails the same way whether it came
+from a flag or a test, and the `argparse.Namespace` stays in `node/commands/`.
 
 Why a helper and not typer: `pulse` is one argparse tree whose commands are imported lazily (`cli.py`)
 and share network flags (`add_net_arguments`); this puts one command's options on a model without a
@@ -24,7 +25,7 @@ from __future__ import annotations
 import argparse
 import types
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
@@ -45,14 +46,24 @@ def add_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None
         key = field.alias or name
         flag = "--" + key.replace("_", "-")
         help_text = field.description or ""
-        kind = _value_type(name, field)
+        kind, many, choices = _value_type(name, field)
         if kind is bool:
             parser.add_argument(flag, dest=key, action="store_true", default=argparse.SUPPRESS, help=help_text)
             continue
         required = field.is_required()
-        if not required and field.default is not None:
+        if not required and field.default is not None and not many:
             help_text += f" ({field.default})"
-        parser.add_argument(flag, dest=key, type=kind, required=required, default=argparse.SUPPRESS, help=help_text)
+        nargs = "*" if many else None
+        parser.add_argument(
+            flag,
+            dest=key,
+            type=kind,
+            nargs=nargs,
+            choices=choices,
+            required=required,
+            default=argparse.SUPPRESS,
+            help=help_text,
+        )
 
 
 def options_from(model: type[M], args: argparse.Namespace) -> M:
@@ -61,17 +72,28 @@ def options_from(model: type[M], args: argparse.Namespace) -> M:
     try:
         return model.model_validate({key: getattr(args, key) for key in keys if hasattr(args, key)})
     except ValidationError as exc:
-        where, _, message = one_line(exc, "options").partition(": ")
-        raise ConfigError(f"--{where.replace('_', '-')}: {message}") from exc
+        where, _, message = one_line(exc, "").partition(": ")  # where is "" for a rule across flags
+        flag = where.partition(".")[0].replace("_", "-")  # `validators.2`: the flag, not the item
+        raise ConfigError(f"--{flag}: {message}" if flag else message) from exc
 
 
-def _value_type(name: str, field: FieldInfo) -> Any:
-    """The type a flag's text is parsed to: the annotation, without `| None`."""
+def _value_type(name: str, field: FieldInfo) -> tuple[Any, bool, tuple[Any, ...] | None]:
+    """The type a flag's text is parsed to (the annotation, without `| None`), whether the flag takes
+    several values (`list[X]`: `--flag A B C`), and its choices (`Literal["a", "b"]`)."""
     annotation = field.annotation
     if get_origin(annotation) in (Union, types.UnionType):
         annotation = next(a for a in get_args(annotation) if a is not type(None))
+    many = get_origin(annotation) is list
+    if many:
+        annotation = get_args(annotation)[0]
     if get_origin(annotation) is Annotated:  # a constrained type: the text parses to its base type
         annotation = get_args(annotation)[0]
+    if get_origin(annotation) is Literal and all(isinstance(choice, str) for choice in get_args(annotation)):
+        return str, many, get_args(annotation)
+    if annotation is bool and many:
+        raise TypeError(f"option {name}: no flag for a list of switches")
     if annotation is bool or (isinstance(annotation, type) and issubclass(annotation, _SCALARS)):
-        return annotation
-    raise TypeError(f"option {name}: no flag for {annotation!r} (int, float, str, Path, bool, or X | None)")
+        return annotation, many, None
+    raise TypeError(
+        f"option {name}: no flag for {annotation!r} (int, float, str, Path, bool, Literal of str, X | None, list[X])"
+    )

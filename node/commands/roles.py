@@ -18,12 +18,14 @@ import sys
 import tempfile
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, Field
 
-from node.commands.argtypes import at_least, key_file, port
+from node.commands.argtypes import KeyFile, Port
 from node.commands.keygen import DEFAULT_KEY_PATH
+from node.commands.options import OPTIONS, add_options, options_from
 from node.events import Events
 from node.net.dht import PulseDHT
 from node.net.keyfile import load_key_file
@@ -72,60 +74,19 @@ def no_cuda(device: str) -> str | None:
 
 
 def register(subparsers: Any) -> None:
-    roles = {
-        "validator": "run the validator: collect, score, aggregate and publish each round",
-        "miner": "train on assigned data each round and submit compressed pseudo-gradients",
-        "follow": "keep bit-identical BF16 weights through PULSESync patches (an inference worker)",
-        "audit": "recompute every round from the published payloads on an FP32 replica; report any mismatch",
-    }
-    for name, text in roles.items():
+    for name, (text, model) in ROLES.items():
         parser = subparsers.add_parser(name, help=text, description=text)
-        parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-        key_help = "Ed25519 key file from `pulse keygen`"
-        if name in ("follow", "audit"):
-            parser.add_argument("--key", type=key_file, help=key_help + " (default: a throwaway key)")
-        else:
-            parser.add_argument("--key", type=key_file, default=DEFAULT_KEY_PATH, help=key_help + " (%(default)s)")
-        parser.add_argument(
-            "--state-dir",
-            type=Path,
-            help="folder for blobs (and the validator's state); "
-            "default: a temporary folder (validator: ./pulse-validator-state)",
-        )
-        parser.add_argument(
-            "--device",
-            choices=["cpu", "cuda"],
-            default="cpu",
-            help="where miners train and the validator evaluates (%(default)s); cuda needs a CUDA torch",
-        )
-        parser.add_argument("--threads", type=at_least(0), default=0, help="torch CPU threads (0: torch's default)")
-        parser.add_argument("--rounds", type=at_least(0), help="stop after the run reaches this round (default: never)")
-        parser.add_argument("--events", type=Path, help="also append machine-readable JSON lines here")
-        if name == "follow":
-            parser.add_argument(
-                "--audit",
-                action="store_true",
-                help="hold only states this node recomputed from the published payloads (an FP32 replica in "
-                "--state-dir); a result that does not recompute is reported and not applied",
-            )
-        if name == "audit":
-            parser.add_argument(
-                "--stop-on-mismatch",
-                action="store_true",
-                help=f"exit with status {AUDIT_MISMATCH_EXIT} at the first round that does not recompute "
-                "(default: report it and keep waiting on the last verified state)",
-            )
-        add_metrics_arguments(parser)
+        add_options(parser, model)
         add_net_arguments(parser)
         parser.set_defaults(func=lambda args, role=name: run(role, args))
 
 
-def start_run_reader(args: argparse.Namespace, command: str) -> tuple[Manifest, PulseDHT] | None:
-    """`--config`'s manifest and a DHT peer that reads the run's records under a throwaway key (it signs
-    and announces nothing), for the commands that only look at a run; None once the reason it could
-    not start is printed."""
+def start_run_reader(config: Path, args: argparse.Namespace, command: str) -> tuple[Manifest, PulseDHT] | None:
+    """`config`'s manifest and a DHT peer (on `args`' network flags) that reads the run's records under a
+    throwaway key (it signs and announces nothing), for the commands that only look at a run; None once
+    the reason it could not start is printed."""
     try:
-        manifest = load_manifest(args.config)
+        manifest = load_manifest(config)
         dht = PulseDHT.start(net_config_from_args(args), run_records(manifest).rules(), Identity.generate())
     except (ConfigError, NetworkError) as exc:
         print(f"pulse {command}: {exc}", file=sys.stderr)
@@ -133,73 +94,128 @@ def start_run_reader(args: argparse.Namespace, command: str) -> tuple[Manifest, 
     return manifest, dht
 
 
-def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--metrics-port",
-        type=port,
-        help="serve Prometheus metrics at http://BIND:PORT/metrics (0: any free port, printed; default: off)",
-    )
-    parser.add_argument(
-        "--metrics-bind",
-        default="127.0.0.1",
-        help="address the metrics server listens on (%(default)s: this machine only; 0.0.0.0 for every interface)",
-    )
+class MetricsOptions(BaseModel):
+    """The metrics server's options, shared by the roles and `pulse dht`."""
+
+    model_config = OPTIONS
+
+    metrics_port: Port | None = None
+    """serve Prometheus metrics at http://BIND:PORT/metrics (0: any free port, printed; default: off)"""
+    metrics_bind: str = "127.0.0.1"
+    """address the metrics server listens on; 0.0.0.0 for every interface"""
 
 
-def start_metrics(args: argparse.Namespace, command: str, role: str, run_id: str, key: str) -> NodeMetrics | None:
+def start_metrics(options: MetricsOptions, command: str, role: str, run_id: str, key: str) -> NodeMetrics | None:
     """The metrics server `--metrics-port` asks for (None without it); `OSError` if the port is taken."""
-    if args.metrics_port is None:
+    if options.metrics_port is None:
         return None
     try:
-        metrics = NodeMetrics.serve(args.metrics_port, args.metrics_bind, role=role, run_id=run_id, key=key)
+        metrics = NodeMetrics.serve(options.metrics_port, options.metrics_bind, role=role, run_id=run_id, key=key)
     except OSError as exc:  # name what holds the port: often the orphan of an older crash
-        holder = holder_of(args.metrics_port) if args.metrics_port else None
+        holder = holder_of(options.metrics_port) if options.metrics_port else None
         raise OSError(exc.errno, f"{exc.strerror}, by {holder}" if holder else exc.strerror) from exc
     print(f"pulse {command}: metrics at {metrics.url}", flush=True)
     return metrics
 
 
+class RoleOptions(MetricsOptions):
+    """The options every role takes (the network's are `add_net_arguments`')."""
+
+    config: Path = DEFAULT_CONFIG
+    """run manifest TOML"""
+    state_dir: Path | None = None
+    """folder for blobs (and the validator's state); default: a temporary folder (validator:
+    ./pulse-validator-state)"""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """where miners train and the validator evaluates; cuda needs a CUDA torch"""
+    threads: int = Field(default=0, ge=0)
+    """torch CPU threads, 0 for torch's default"""
+    rounds: int | None = Field(default=None, ge=0)
+    """stop after the run reaches this round (default: never)"""
+    events: Path | None = None
+    """also append machine-readable JSON lines here"""
+
+
+class SigningRoleOptions(RoleOptions):
+    """`pulse miner` and `pulse validator`: they sign, so their key is their standing."""
+
+    key: KeyFile = DEFAULT_KEY_PATH
+    """Ed25519 key file from `pulse keygen`"""
+
+
+class FollowOptions(RoleOptions):
+    """`pulse follow`: an inference worker."""
+
+    key: KeyFile | None = None
+    """Ed25519 key file from `pulse keygen` (default: a throwaway key)"""
+    audit: bool = False
+    """hold only states this node recomputed from the published payloads (an FP32 replica in --state-dir);
+    a result that does not recompute is reported and not applied"""
+
+
+class AuditOptions(RoleOptions):
+    """`pulse audit`: recomputes every round."""
+
+    key: KeyFile | None = None
+    """Ed25519 key file from `pulse keygen` (default: a throwaway key)"""
+    stop_on_mismatch: bool = False
+    """exit with status 3 (a mismatch) at the first round that does not recompute (default: report it and
+    keep waiting on the last verified state)"""
+
+
+AnyRoleOptions = SigningRoleOptions | FollowOptions | AuditOptions
+ROLES: dict[str, tuple[str, type[AnyRoleOptions]]] = {
+    "validator": ("run the validator: collect, score, aggregate and publish each round", SigningRoleOptions),
+    "miner": ("train on assigned data each round and submit compressed pseudo-gradients", SigningRoleOptions),
+    "follow": ("keep bit-identical BF16 weights through PULSESync patches (an inference worker)", FollowOptions),
+    "audit": (
+        "recompute every round from the published payloads on an FP32 replica; report any mismatch",
+        AuditOptions,
+    ),
+}
+"""name -> (its help, its options)"""
+
+
 def run(role: str, args: argparse.Namespace) -> int:
     try:
-        if (missing := no_cuda(args.device)) is not None:
+        options = options_from(ROLES[role][1], args)
+        if (missing := no_cuda(options.device)) is not None:
             raise ConfigError(missing)
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
-        setup = RunSetup.from_manifest(load_manifest(args.config))
+        if options.threads > 0:
+            torch.set_num_threads(options.threads)
+        setup = RunSetup.from_manifest(load_manifest(options.config))
         if role in ("miner", "validator") and setup.manifest.task == "lm":
             setup.corpus  # noqa: B018  # bad data fails here, in one line, before the network starts
-        identity = load_key_file(args.key) if args.key is not None else Identity.generate()
+        identity = load_key_file(options.key) if options.key is not None else Identity.generate()
         config = net_config_from_args(args)
     except (ConfigError, KeyFileError) as exc:
         print(f"pulse {role}: {exc}", file=sys.stderr)
         return 2
     if role == "validator" and not setup.manifest.validators:
         print(
-            f"pulse validator: {args.config} names no validator: put {identity.public_hex} in `validators`",
+            f"pulse validator: {options.config} names no validator: put {identity.public_hex} in `validators`",
             file=sys.stderr,
         )
         return 2
-    events = Events(role, args.events)
+    events = Events(role, options.events)
     try:
-        metrics = start_metrics(args, role, PEER_ROLES[role], setup.run_id, identity.public_hex)
+        metrics = start_metrics(options, role, PEER_ROLES[role], setup.run_id, identity.public_hex)
     except OSError as exc:
-        print(f"pulse {role}: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
+        print(f"pulse {role}: --metrics-port {options.metrics_port}: {exc}", file=sys.stderr)
         return 2
     if metrics is not None and metrics.events is not None:
         events.add_sink(metrics.events.record)
     with contextlib.ExitStack() as stack:
         if metrics is not None:
             stack.callback(metrics.close)
-        folder = args.state_dir
+        folder = options.state_dir
         if folder is None:
             if role == "validator":
                 folder = Path("pulse-validator-state")
             else:
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"pulse-{role}-")))
         try:
-            return asyncio.run(
-                _main(role, setup, identity, folder, config, events, args.rounds, args.device, metrics, args)
-            )
+            return asyncio.run(_main(role, setup, identity, folder, config, events, options, metrics))
         except (ConfigError, NetworkError) as exc:
             print(f"pulse {role}: {exc}", file=sys.stderr)
             return 1
@@ -216,12 +232,11 @@ async def _main(
     folder: Path,
     config: NetConfig,
     events: Events,
-    rounds: int | None,
-    device: str,
+    options: AnyRoleOptions,
     metrics: NodeMetrics | None = None,
-    args: argparse.Namespace | None = None,
 ) -> int:
     task = task_for(setup)
+    device = options.device
     # a validator's pushed submissions end in its round intake (`node/roles/intake.py`)
     intake = RoundIntake(setup, events, folder / "inbox") if role == "validator" else None
     records = run_records(setup.manifest)
@@ -239,13 +254,13 @@ async def _main(
             )
         elif role == "miner":
             service = miner_for(setup, task, identity, peer, events, device=device)
-        elif role == "audit":
-            stop = bool(args is not None and args.stop_on_mismatch)
+        elif isinstance(options, AuditOptions):
+            stop = options.stop_on_mismatch
             service = Auditor(setup, peer, events, folder, task.initial_master, stop_on_mismatch=stop)
         else:
-            audit = folder if args is not None and args.audit else None
+            audit = folder if isinstance(options, FollowOptions) and options.audit else None
             service = follower_for(setup, task, identity, peer, events, device=device, audit=audit)
-        await until_signal(service.run(rounds))
+        await until_signal(service.run(options.rounds))
         if isinstance(service, Auditor) and service.mismatches:
             return AUDIT_MISMATCH_EXIT
     finally:

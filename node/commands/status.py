@@ -11,25 +11,42 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from node.commands.options import OPTIONS, add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG, start_run_reader
 from node.net.netconfig import add_net_arguments
 from node.net.p2ppeer import DHTView
 from node.roles.records import run_records
 from node.roles.status import RunStatus, read_status
+from protocol.errors import ConfigError
+
+
+class StatusOptions(BaseModel):
+    """`pulse status`'s own options (the network's are `add_net_arguments`')."""
+
+    model_config = OPTIONS
+
+    config: Path = DEFAULT_CONFIG
+    """run manifest TOML"""
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("status", help="show the run's current round, active nodes and latest scores")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
+    add_options(parser, StatusOptions)
     add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if (started := start_run_reader(args, "status")) is None:
+    try:
+        options = options_from(StatusOptions, args)
+    except ConfigError as exc:
+        print(f"pulse status: {exc}", file=sys.stderr)
+        return 2
+    if (started := start_run_reader(options.config, args, "status")) is None:
         return 2
     manifest, dht = started
     try:

@@ -2,6 +2,7 @@
 
 - `demo.py`        `Swarm`: a bootstrap peer, a validator, miners and a follower as processes on
                    loopback, their event logs, the demo's summary and plots
+- `demorun.py`     `run_demo(options)`: the swarm `pulse demo` runs, from its `DemoOptions` to its summary
 - `netns.py`       `ShapedNetwork`: hosts in network namespaces behind one switch, `tc tbf` per link
 - `frozenrun.py`   a run frozen on disk (checkpoint, piece index, patches, records) to serve and join
 - `links.py`       joins, fetches and whole rounds on a shaped network (`pulse bench links`, swarm tier)
