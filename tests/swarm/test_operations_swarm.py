@@ -27,9 +27,10 @@ from node.events import EventLog
 from node.events.audit import Audited
 from node.events.models import Event, Joined, Received, RoundClosed, Started, Submitted
 from node.run.manifest import Manifest, parse_manifest
-from node.swarm.demo import Proc, Swarm, prepare
+from node.swarm.demo import Proc, Swarm
 from tests.helpers import events, wait_exits, wait_for
 from tests.swarm import procs
+from tests.swarm.runs import bootstrapped
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 11
@@ -46,13 +47,8 @@ def _manifest() -> Manifest:
 
 @pytest.fixture
 def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
-    manifest, validator_key, miner_keys = prepare(tmp_path, _manifest(), 3)
-    swarm = Swarm(tmp_path, manifest, ROUNDS)
-    try:
-        swarm.start_bootstrap()
-        yield swarm, validator_key, miner_keys
-    finally:
-        swarm.stop_all()
+    with bootstrapped(tmp_path, _manifest(), miners=3, rounds=ROUNDS) as started:
+        yield started
 
 
 def _wait(swarm: Swarm, what: str, found: Callable[[EventLog], bool]) -> None:

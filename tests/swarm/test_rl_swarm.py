@@ -18,8 +18,9 @@ import pytest
 from node.commands.roles import RL_CONFIG
 from node.events.models import PoolPublished, RolloutsPublished, RolloutsRefused, Submitted
 from node.run.manifest import parse_manifest
-from node.swarm.demo import Proc, Swarm, prepare, summarize
+from node.swarm.demo import Proc, Swarm, summarize
 from tests.helpers import events, wait_exits
+from tests.swarm.runs import bootstrapped
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3
@@ -33,13 +34,8 @@ def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
     data["train"]["inner_steps"] = 4
     data["rl"].update(warm_start_steps=40, held_out_prompts=16, prompts_per_batch=4, group_size=4)
     data["rl"].update(min_pool_batches=2, pool_wait_seconds=60.0)
-    manifest, validator_key, miner_keys = prepare(tmp_path, parse_manifest(data), 2)
-    swarm = Swarm(tmp_path, manifest, ROUNDS)
-    try:
-        swarm.start_bootstrap()
-        yield swarm, validator_key, miner_keys
-    finally:
-        swarm.stop_all()
+    with bootstrapped(tmp_path, parse_manifest(data), miners=2, rounds=ROUNDS) as started:
+        yield started
 
 
 def start_liar(swarm: Swarm, name: str, lie: str) -> Proc:

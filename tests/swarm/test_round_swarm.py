@@ -31,8 +31,9 @@ from node.events.models import (
     Submitted,
 )
 from node.run.manifest import Manifest, parse_manifest
-from node.swarm.demo import Proc, Swarm, prepare, summarize
+from node.swarm.demo import Proc, Swarm, summarize
 from tests.helpers import events, wait_exits, wait_for
+from tests.swarm.runs import bootstrapped
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3
@@ -48,13 +49,8 @@ def _manifest() -> Manifest:
 
 @pytest.fixture
 def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
-    manifest, validator_key, miner_keys = prepare(tmp_path, _manifest(), 4)
-    swarm = Swarm(tmp_path, manifest, ROUNDS)
-    try:
-        swarm.start_bootstrap()
-        yield swarm, validator_key, miner_keys
-    finally:
-        swarm.stop_all()
+    with bootstrapped(tmp_path, _manifest(), miners=4, rounds=ROUNDS) as started:
+        yield started
 
 
 def _events(swarm: Swarm) -> EventLog:
