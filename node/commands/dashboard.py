@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from node.commands.argtypes import Port, PositiveSeconds
-from node.commands.options import OPTIONS, add_options, options_from
+from node.commands.options import OPTIONS, add_options, parsed
 from node.commands.roles import DEFAULT_CONFIG, start_run_reader, until_signal
 from node.net.netconfig import add_net_arguments
 from node.net.p2ppeer import DHTView
@@ -26,7 +26,6 @@ from node.roles.dashboard.server import DashboardServer
 from node.roles.dashboard.watch import Watcher
 from node.roles.records import run_records
 from node.run.manifest import Manifest
-from protocol.errors import ConfigError
 
 
 class DashboardOptions(BaseModel):
@@ -57,10 +56,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        options = options_from(DashboardOptions, args)
-    except ConfigError as exc:
-        print(f"pulse dashboard: {exc}", file=sys.stderr)
+    if (options := parsed(DashboardOptions, args, "dashboard")) is None:
         return 2
     if (started := start_run_reader(options.config, args, "dashboard")) is None:
         return 2

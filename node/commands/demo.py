@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from node.commands.options import add_options, options_from
+from node.commands.options import add_options, parsed
 from node.commands.roles import DEFAULT_CONFIG, RL_CONFIG, no_cuda
 from node.events import EventLog
 from node.events.models import Baseline, RoundClosed
@@ -35,10 +35,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        options = options_from(DemoOptions, args)
-    except ConfigError as exc:
-        print(f"pulse demo: {exc}", file=sys.stderr)
+    if (options := parsed(DemoOptions, args, "demo")) is None:
         return 2
     config = options.config or (RL_CONFIG if options.task == "rl" else DEFAULT_CONFIG)
     try:

@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from node.commands.options import OPTIONS, add_options, options_from
+from node.commands.options import OPTIONS, add_options, parsed
 from node.net.keyfile import DEFAULT_KEY_PATH, write_key_file
-from protocol.errors import ConfigError, KeyFileError
+from protocol.errors import KeyFileError
 from protocol.identity import Identity
 
 
@@ -31,10 +31,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        options = options_from(KeygenOptions, args)
-    except ConfigError as exc:
-        print(f"pulse keygen: {exc}", file=sys.stderr)
+    if (options := parsed(KeygenOptions, args, "keygen")) is None:
         return 2
     return keygen(options)
 

@@ -23,6 +23,7 @@ second CLI framework beside it, and the model (not click's types) does the valid
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
@@ -75,6 +76,16 @@ def options_from(model: type[M], args: argparse.Namespace) -> M:
         where, _, message = one_line(exc, "").partition(": ")  # where is "" for a rule across flags
         flag = where.partition(".")[0].replace("_", "-")  # `validators.2`: the flag, not the item
         raise ConfigError(f"--{flag}: {message}" if flag else message) from exc
+
+
+def parsed(model: type[M], args: argparse.Namespace, command: str) -> M | None:
+    """`options_from`, or None after printing its one line (`pulse COMMAND: --flag: ...`): the caller
+    returns exit status 2."""
+    try:
+        return options_from(model, args)
+    except ConfigError as exc:
+        print(f"pulse {command}: {exc}", file=sys.stderr)
+        return None
 
 
 def _value_type(name: str, field: FieldInfo) -> tuple[Any, bool, tuple[Any, ...] | None]:

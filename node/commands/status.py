@@ -15,13 +15,12 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from node.commands.options import OPTIONS, add_options, options_from
+from node.commands.options import OPTIONS, add_options, parsed
 from node.commands.roles import DEFAULT_CONFIG, start_run_reader
 from node.net.netconfig import add_net_arguments
 from node.net.p2ppeer import DHTView
 from node.roles.records import run_records
 from node.roles.status import RunStatus, read_status
-from protocol.errors import ConfigError
 
 
 class StatusOptions(BaseModel):
@@ -41,10 +40,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        options = options_from(StatusOptions, args)
-    except ConfigError as exc:
-        print(f"pulse status: {exc}", file=sys.stderr)
+    if (options := parsed(StatusOptions, args, "status")) is None:
         return 2
     if (started := start_run_reader(options.config, args, "status")) is None:
         return 2
