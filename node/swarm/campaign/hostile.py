@@ -26,6 +26,7 @@ import hashlib
 import logging
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +73,7 @@ class Hostile:
         self.trainers: dict[tuple[str, str], Miner] = {}
         self.history: list[tuple[int, Submission]] = []  # (round sent, submission) of stored pushes
         self.previous: tuple[State, str] | None = None
+        self.training = threading.Lock()  # `_trained`
         self.deadline = 0.0
         self.tasks: list[asyncio.Task[None]] = []
         self.mine = {k.public_hex for k in keys}
@@ -224,6 +226,12 @@ class Hostile:
         return [_malformed(attack, forge, me, seed)]
 
     def _trained(self, attack: str, me: Identity, forge: Forge) -> Submission:
+        # one at a time: a round that closes abandons its push, not the executor thread still training
+        # for it, and the next round's run of the same attack must not step the same model meanwhile
+        with self.training:
+            return self._train(attack, me, forge)
+
+    def _train(self, attack: str, me: Identity, forge: Forge) -> Submission:
         kind = TRAINED[attack]
         miner = self.trainers.get((attack, me.public_hex))
         if miner is None:
