@@ -153,6 +153,11 @@ def _open_records(run_id: str, round_: int, me: Identity) -> list[WireModel]:
 
 
 async def dht_future(peer: P2PPeer, round_: int) -> Played:
+    # a storage bounds rounds by the head it learnt from a validator's records; before it holds one it
+    # keeps far rounds but evicts them first (`node/net/records.py`): the eviction order, not this refusal
+    beats = await peer.get(Heartbeat, round_)
+    if not any(v.sender_hex in peer.run.validators for v in beats):
+        return Played("dht", "skipped", "no validator record of this round yet: the storages know no head")
     records: list[tuple[str, bytes, float, bytes]] = []
     for i in range(FUTURE_KEYS):
         me = Identity.generate()
