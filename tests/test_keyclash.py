@@ -65,3 +65,22 @@ def test_a_second_validator_with_the_same_key_stops_in_one_line(tmp_path: Path) 
             await first.key_watch.check(first.peer, first.round, first.validator.state_hash)
 
     asyncio.run(main())
+
+
+def test_the_head_refreshed_while_a_round_closes_is_not_a_half_stepped_state(tmp_path: Path) -> None:
+    """The state steps in a thread, its round before its hash: a head refreshed in between named the
+    next round with the old state, and the validator stopped itself as "another validator" (seen
+    under load)."""
+    service = _service(MemoryNetwork(run_records(SETUP.manifest)), tmp_path)
+    v, seen = service.validator, []
+    before = (service.round, v.state_hash)
+
+    def half_stepped(submissions: object) -> None:
+        v.book = v.book.model_copy(update={"round": v.book.round + 1})  # the round moved, the hash not yet
+        seen.append(service._where())
+        raise RuntimeError("stop in the middle")
+
+    v.run_round = half_stepped  # type: ignore[method-assign,assignment]
+    with pytest.raises(RuntimeError, match="stop in the middle"):
+        asyncio.run(service._close())
+    assert seen == [before]

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from node.events import Events
-from node.events.models import Event, Late
+from node.events.models import Event, Late, Training
 from node.net.memory import MemoryNetwork
+from node.roles.catchup import Held
 from node.roles.miner import finishes_late
 from node.roles.records import run_records
 from node.roles.tasks import miner_for
@@ -21,6 +22,7 @@ from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.identity import Identity
+from protocol.statehash import state_hash
 
 
 def test_training_that_would_end_after_the_target_is_late_only_once_measured() -> None:
@@ -51,3 +53,32 @@ def test_a_late_miner_trains_the_next_round_at_once(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert [e.round for e in seen if isinstance(e, Late)] == [4]
+
+
+def test_a_first_late_join_times_a_step_and_trains_the_next_round(tmp_path: Path) -> None:
+    """A miner that never trained, its state ready just before round 4's target: it times one inner
+    step, sees its steps would end after the target, and trains round 5 at once (it trained round 4,
+    guessing, and lost it to "round 4 is not open")."""
+    validator = Identity.generate()
+    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "late", "validators": [validator.public_hex]}))
+    net = MemoryNetwork(run_records(setup.manifest))
+    me = Identity.from_seed(hashlib.sha256(b"late miner").digest())
+    seen: list[Event] = []
+    events = Events("miner")
+    events.add_sink(seen.append)
+    miner = miner_for(setup, task_for(setup), me, net.join(me, tmp_path / "miner", role="miner"), events)
+    weights = {k: v.to(torch.bfloat16) for k, v in task_for(setup).initial_master().items()}
+    announcer = net.join(validator, tmp_path / "validator", role="validator")
+
+    async def main() -> None:
+        now = int(time.time())
+        # round 4 opened 2 s ago with a 1 s target (past), its deadline still ahead: any measured time is late
+        await announcer.heartbeat(4, state_hash(weights), target_seconds=1.0, sent_at=now - 2)
+        await miner._mine(Held(4, weights, state_hash(weights)))
+        assert miner.last_train_seconds is not None
+        assert miner.ahead is not None and miner.ahead[0] == 5
+        await miner.ahead[1]
+
+    asyncio.run(main())
+    assert [e.round for e in seen if isinstance(e, Late)] == [4]
+    assert not [e for e in seen if isinstance(e, Training)]  # round 4 was not trained

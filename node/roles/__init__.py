@@ -6,6 +6,7 @@ Files (in import order):
 - `joinplan.py`   which checkpoint a joiner starts from: every recent one priced by bytes still to fetch
 - `joinreport.py` what a node catching up shows: a join's progress, a fetch's bar, a run not found
 - `chainstate.py` the CPU side of the chain: a checkpoint made the live state, a patch applied
+- `forks.py`      whether a round's result continues the state the round before ended on (one line if not)
 - `catchup.py`    BF16 global weights kept in step: `Chain`, one loop over checkpoints and patches
                   (a join fetches the checkpoint piecewise from every holder, patches meanwhile)
 - `uplink.py`     a miner's measured uplink: the share of a payload that arrives by the round's target

@@ -20,7 +20,10 @@ validators or any holder), recomputes the step (`validator/audit.py`, in an exec
 every check passes commits the next state, appends the result to its ledger and re-serves what it
 fetched for `keep_payload_rounds` rounds. A round whose result fails is reported once (`AuditMismatch`,
 with what differs) and the replica stays on the last verified state: `pulse follow --audit` serves
-only verified weights. Inputs nobody serves yet are not a verdict: the round is tried again later.
+only verified weights. Inputs nobody serves yet are not a verdict: the round is tried again later,
+until (`run`) no later round has been published for `give_up_seconds` either: the run ended and its
+validator left with them. `run` announces each round it holds (a heartbeat, as a follower), so a
+validator ending the run lingers until an auditor that kept up holds the final state.
 """
 
 from __future__ import annotations
@@ -67,9 +70,11 @@ class Auditor:
         *,
         poll: float = POLL_SECONDS,
         stop_on_mismatch: bool = False,
+        give_up_seconds: float | None = None,
     ) -> None:
         """`initial`: W_0 in FP32 (the task's `initial_master`), called only if the replica starts there;
-        `stop_on_mismatch`: `run` returns at the first result that does not recompute."""
+        `stop_on_mismatch`: `run` returns at the first result that does not recompute; `give_up_seconds`:
+        how long `run` waits for a round's inputs once no later round is published (default: two deadlines)."""
         manifest = setup.manifest
         self.setup, self.peer, self.events, self.poll, self.initial = setup, peer, events, poll, initial
         self.stop_on_mismatch = stop_on_mismatch
@@ -83,6 +88,9 @@ class Auditor:
         self.refused: set[str] = set()  # statement ids of results that failed their audit
         self.mismatches: list[AuditMismatch] = []
         self.kept: dict[int, list[str]] = {}  # round -> payload and evidence blobs re-served
+        deadline = manifest.round.deadline_seconds
+        self.give_up_seconds = 2 * deadline if give_up_seconds is None else give_up_seconds
+        self.unfetched: tuple[int, float] | None = None  # (round, since when) its inputs are not fetchable
 
     # -- where the replica starts ------------------------------------------------------------------
 
@@ -215,11 +223,34 @@ class Auditor:
     async def run(self, rounds: int | None = None) -> Held:
         """`pulse audit`: follow and recompute until holding W_rounds (None: forever), or until the first
         mismatch with `stop_on_mismatch`."""
-        held = await self.sync(rounds)
+        held, announced = await self.sync(rounds), None
         while (rounds is None or held.round < rounds) and not (self.stop_on_mismatch and self.mismatches):
+            if announced != held.round:  # lists what it re-serves; a validator that ends lingers until the last
+                await self.peer.heartbeat(held.round, held.state_hash)
+                announced = held.round
+            if await self._run_ended(held.round):
+                break
             await asyncio.sleep(self.poll)
             held = await self.sync(rounds)
+        await self.peer.heartbeat(held.round, held.state_hash)
         return held
+
+    async def _run_ended(self, round_: int) -> bool:
+        """Whether round `round_`'s inputs went unserved for `give_up_seconds` with no later round
+        published: the run ended and its validator left with them (an audit would retry forever)."""
+        if self.unfetched is None or self.unfetched[0] != round_:
+            return False
+        waited = time.monotonic() - self.unfetched[1]
+        if waited < self.give_up_seconds or await self.peer.round_result(round_ + 1) is not None:
+            return False
+        log.warning(
+            "round %d: no holder served its inputs for %.0f s and no later round was published: the run has "
+            "ended; stopping at the audited state of round %d",
+            round_,
+            waited,
+            round_,
+        )
+        return True
 
     async def _audit(self, verified: Verified[RoundResult]) -> bool:
         """Fetch a round's inputs and recompute it; commit and re-serve on success. False: stay here."""
@@ -229,6 +260,8 @@ class Auditor:
             inputs = await self._inputs(result)
         except TransferError as exc:
             log.info("round %d: inputs not fetchable yet (%s); trying again later", result.round, exc)
+            if self.unfetched is None or self.unfetched[0] != result.round:
+                self.unfetched = (result.round, time.monotonic())
             return False
         evidence, payloads, patch = inputs
         computing = time.monotonic()

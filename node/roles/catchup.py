@@ -32,6 +32,7 @@ from node.net.peer import Peer
 from node.net.pieces import STREAMS_PER_HOLDER, Piece
 from node.net.streams import DEFAULT_LIMITS
 from node.roles.chainstate import apply_patch, load_checkpoint, load_pieces
+from node.roles.forks import ForkWatch
 from node.roles.joinplan import JoinPlan, plan_join
 from node.roles.joinreport import JoinReport, QuietWatch, fetch_showing
 from protocol.errors import ProtocolError, TransferError
@@ -62,6 +63,7 @@ class Held:
     round: int  # this node holds W_round
     weights: State  # BF16
     state_hash: str
+    linked: bool = False  # reached by applying a signed round result (not a checkpoint or a state from disk)
 
 
 async def _cpu(fn: Callable[..., State], *args: object) -> State:
@@ -74,6 +76,7 @@ class Chain:
         holding nothing --join--> holding W_c (the newest checkpoint, hash-checked)
         holding W_r --patch r applies and verifies--> holding W_{r+1}
         holding W_r --result r starts from another state, or its patch fails its checks--> holding nothing
+        holding W_r reached by a patch --result r starts from another state--> a fork: named, W_r kept
         holding W_r, no result for r yet (or its patch not fetchable yet) --> done for now
 
     `sync()` runs the loop until the last case and returns what it holds. `me` (a miner's public
@@ -94,6 +97,7 @@ class Chain:
         self.behind = 0  # patches to apply after the last join
         self.joining: tuple[float, int, int] | None = None  # (started, round it reaches, bytes planned)
         self.unusable: set[str] = set()  # checkpoints no holder delivered: not planned again (but the head's)
+        self.fork_watch = ForkWatch()
 
     async def sync(self) -> Held:
         """Join if holding nothing, then apply every published patch; a broken chain rejoins."""
@@ -231,6 +235,8 @@ class Chain:
             return None
         result = next((v.message for v in results if v.message.base_state_hash == held.state_hash), None)
         if result is None:
+            if held.linked and self.fork_watch.forks(results[0].message, held.state_hash):
+                return None  # a second chain signed by the key of the one followed: stay on the first
             log.warning("round %d result starts from another state than ours: rejoining", held.round)
             return BROKEN
         try:
@@ -255,7 +261,7 @@ class Chain:
             f"patch of round {held.round} applied ({mb(result.patch_size)}), "
             f"state hash {result.new_state_hash[:12]} verified",
         )
-        return Held(held.round + 1, weights, result.new_state_hash)
+        return Held(held.round + 1, weights, result.new_state_hash, linked=True)
 
 
 def _check_piece(piece: Piece, data: bytes) -> bool:

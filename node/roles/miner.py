@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -166,6 +167,7 @@ class Miner:
             )
         else:
             await self._drop_ahead()
+            await self._time_first_step(r, held.weights)
             if self._train_ahead_instead(r, target, held.weights):
                 return
             steps = self.setup.manifest.train.inner_steps
@@ -194,6 +196,22 @@ class Miner:
         text = f"round {r} closes in {max(target - time.time(), 0):.1f}s, before {self.last_train_seconds:.1f}s of "
         self.events.emit(Late(round=r), text + f"training end: training round {r + 1} now")
         return True
+
+    async def _time_first_step(self, r: int, weights: State) -> None:
+        """A miner that has trained no round yet times one inner step now (x H steps): whether a joiner
+        whose state is ready late ends its steps before round r's target is then known, not guessed
+        (guessing "in time", a first late join lost its round to "round not open")."""
+        if self.last_train_seconds is not None or not self.setup.manifest.train.overlap:
+            return
+        trainer, spec = self.trainer, self.trainer.spec
+        trainer.spec = dataclasses.replace(spec, steps=1)  # nothing else trains now: the ahead task was dropped
+        start = time.monotonic()
+        try:
+            with self.clock.busy():
+                await asyncio.get_running_loop().run_in_executor(None, trainer.train, r, weights)
+        finally:
+            trainer.spec = spec
+        self.last_train_seconds = (time.monotonic() - start) * spec.steps
 
     async def _train(self, round_: int, weights: State) -> State:
         start = time.monotonic()

@@ -115,6 +115,7 @@ class ValidatorService:
         self.publisher = ChainPublisher(setup, peer, events, clock=self.clock)
         self.deadline = RoundClock(setup.manifest.round)
         self.phase = Phase.STARTING
+        self.closing = (self.round, self.validator.state_hash)  # where the head stays while a round closes
         # another process signing with this key stops this one before it writes anything
         self.key_watch = KeyClashWatch(identity.public_hex, peer.peer_id, int(self.clock()))
         self.previous_senders: set[str] = set()
@@ -186,6 +187,8 @@ class ValidatorService:
         await self._close()
 
     def _where(self) -> tuple[int, str]:
+        if self.phase is Phase.CLOSING:  # the state steps in a thread: its round moves before its hash
+            return self.closing
         return self.round, self.validator.state_hash
 
     async def _open(self, *, checkpoint: bool) -> None:
@@ -228,6 +231,7 @@ class ValidatorService:
         log.info("round %d: deadline reached with %d submissions", self.round, len(intake.received))
 
     async def _close(self) -> None:
+        self.closing = self._where()  # what the head says until the next round opens (the refresher reads it)
         self.phase = Phase.CLOSING
         intake = self.intake
         intake.close()

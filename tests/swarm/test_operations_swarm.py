@@ -91,8 +91,8 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     s.start_role("validator-again", "validator", validator_key, state="validator")
 
     _wait(s, f"round {JOIN_AFTER} closing", lambda log: _closed(log, "validator-again") >= JOIN_AFTER)
-    # the last round's payloads leave with the validator, so the auditor stops a round short of the run
-    audit = s.start_role("audit", "audit", None, extra=["--stop-on-mismatch", "--rounds", str(ROUNDS - 1)])
+    # the validator lingers until the auditor (announcing its rounds) holds the final state
+    audit = s.start_role("audit", "audit", None, extra=["--stop-on-mismatch", "--rounds", str(ROUNDS)])
     late = s.start_role("late", "miner", miner_keys[2])
 
     wait_exits([proc.popen for proc in (miners[0], again, late, audit)], WAIT)
@@ -106,7 +106,7 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     assert len(set(finals.values())) == 1, finals
 
     audited = log.events(Audited, "audit")
-    assert audited and audited[-1].round == ROUNDS - 2, audited
+    assert audited and audited[-1].round == ROUNDS - 1, audited
     closed = {e.round: e.state_hash for e in log.events(RoundClosed, "validator-again")}
     assert all(e.state_hash == closed[e.round] for e in audited), (audited, closed)
 

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from node.net.peer import RunView
 from node.roles.dashboard.board import RunBoard, RunFacts, Seen, build_board
+from node.roles.forks import ForkWatch
 from protocol.messages import Heartbeat, RoundMetrics, RoundResult, SubmissionHeader, WireModel
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class Watcher:
         self.next_round: int | None = None  # the first round whose result has not been read
         self.lock = threading.Lock()
         self._cached: tuple[tuple[int, int], RunBoard] | None = None
-        self._fork_named: int | None = None  # the round whose fork was last logged (once per round)
+        self._fork_watch = ForkWatch()
 
     def board(self, now: float | None = None) -> RunBoard:
         """The board now; rebuilt only when a record arrived or a second passed (pages refresh often)."""
@@ -75,23 +76,9 @@ class Watcher:
                 self.seen.add_header(header.message)
 
     def _forks(self, result: RoundResult) -> bool:
-        """Whether `result` starts from another state than the round before it ended on: two chains
-        signed by one validator key (a second process with that key). The page stays on the first
-        chain it read, and names the fork in one line (once per round)."""
+        """Whether `result` forks from the chain read so far (`forks.py`): the page stays on the first."""
         before = self.seen.results.get(result.round - 1)
-        if before is None or before.new_state_hash == result.base_state_hash:
-            return False
-        if self._fork_named != result.round:
-            self._fork_named = result.round
-            log.warning(
-                "fork at round %d: its signed result starts from state %s, not from %s where round %d "
-                "ended (two chains signed by one validator key); following the first",
-                result.round,
-                result.base_state_hash[:12],
-                before.new_state_hash[:12],
-                result.round - 1,
-            )
-        return True
+        return self._fork_watch.forks(result, None if before is None else before.new_state_hash)
 
     async def _metrics(self, new: list[int]) -> None:
         """Metrics of the rounds just read, and again of the last few that still lack them (a validator
