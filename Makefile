@@ -42,8 +42,10 @@ $(TORCH_STAMP):
 	rm -f $(VENV)/.torch-* $(STAMP)
 	@printf '%s\n' '$(TORCH_SPEC) $(TORCH_INDEX)' > $(TORCH_STAMP)
 
-$(STAMP): pyproject.toml $(TORCH_STAMP)
+# then the red team (tests/redteam, its own package): `pulse bench attacks` and `failover` come from it
+$(STAMP): pyproject.toml tests/redteam/pyproject.toml $(TORCH_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-deps -e tests/redteam
 	touch $(STAMP)
 
 # The main job: a whole swarm (bootstrap, validator, 3 miners, a follower) on loopback with

@@ -1,5 +1,5 @@
 """Auditing rounds from public data (`validator/audit.py`): an honest validator's rounds recompute to
-the same bytes; each lie of the lying validator (`node/swarm/lying.py`) is found.
+the same bytes; each lie of the lying validator (`tests/redteam/pulse_redteam/lying.py`) is found.
 
 One honest run of three rounds with fake miners; each lie replays its round 1 from the honest
 state of round 1 with the same signed submissions, so the only difference is the lie.
@@ -19,9 +19,9 @@ from safetensors.torch import load as load_tensors
 
 from node.bench.arena import Arena
 from node.swarm.fakeminers import identity_for
-from node.swarm.lying import LIES, lying_validator
 from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import open_signed, sign
+from pulse_redteam.lying import LIES, lying_validator
 from tests.fakeswarm import Swarm, make_swarm
 from validator.audit import AuditContext, AuditReport, Replica, audit_round, refuted_rejection
 from validator.core import RoundReport, initial_snapshot

@@ -4,7 +4,7 @@ while a follower that only checks hashes applies the liar's patch.
 
 A miner's receipt of round 0 (`pulse receipt`'s library call) is taken over the network too.
 
-The validator is the real service with the lying `Validator` of `node/swarm/lying.py` (honest in
+The validator is the real service with the lying `Validator` of `tests/redteam/pulse_redteam/lying.py` (honest in
 round 0, adding an update of its own from round 1).
 """
 
@@ -30,7 +30,7 @@ from node.roles.tasks import follower_for, miner_for, validator_for
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
-from node.swarm.lying import lying_validator
+from pulse_redteam.lying import lying_validator
 from tests.helpers import apoll
 from tests.rounds import (
     SELECTION,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from node.bench.attacks import _result
-from node.swarm.campaign.ledger import Ledger, Outcome
-from node.swarm.campaign.swarms import RunReport
+from pulse_redteam.bench.attacks import _result
+from pulse_redteam.campaign.ledger import Ledger, Outcome
+from pulse_redteam.campaign.swarms import RunReport
 
 
 def _run(name: str, outcomes: list[Outcome]) -> RunReport:

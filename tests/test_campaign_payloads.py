@@ -15,10 +15,10 @@ from node.commands.roles import DEFAULT_CONFIG
 from node.run.manifest import parse_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
-from node.swarm.campaign import crafting
-from node.swarm.campaign.crafting import Forge
 from protocol.identity import Identity
 from protocol.state import State
+from pulse_redteam.campaign import crafting
+from pulse_redteam.campaign.crafting import Forge
 from validator.core import Validator
 from validator.intake import Submission
 

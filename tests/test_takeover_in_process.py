@@ -26,9 +26,9 @@ from node.roles.records import run_records
 from node.roles.tasks import follower_for, miner_for, validator_role_for
 from node.run.setup import RunSetup
 from node.run.task import task_for
-from node.swarm.lying import lying_validator
 from protocol.messages import RoundResult
 from protocol.signing import open_signed
+from pulse_redteam.lying import lying_validator
 from tests.helpers import apoll
 from tests.rounds import (
     key,

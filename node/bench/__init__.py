@@ -13,12 +13,13 @@
 - `rlsim.py`, `rl.py` decentralized GRPO with the real pieces (the miner's `RLTrainer`, the validator's
                    rollout checks) against single-process GRPO
 - `links.py`       joins, fetches, fixed vs adaptive deadlines, busy miners and `pulse doctor` on a shaped network
-- `attacks.py`     the attack and fault campaign (`node/swarm/campaign/`) against real loopback swarms
-- `failover.py`    standby takeover after kills at five points of a round, and each lie against `--audit`
 - `phases.py`      seconds and peak memory (host and CUDA) of named, nested phases; timing library steps
 - `footprint.py`   what a miner holds, counted on its live tensors; activations kept for backward
 - `memory.py`      the miner's memory options (BF16 moments, checkpointing, BF16 error feedback): loss, bytes
 - `projection.py`  each role's memory at 1.5B, 7B, 72B from per-parameter and per-token measurements
 - `scale.py`, `scalereport.py` a 0.5B-parameter architecture through whole rounds: each role's time and
                    memory, scaled to the home-GPU preset where the run is smaller, and the projection
+
+`pulse bench attacks` and `pulse bench failover` (the red team, `tests/redteam/`) are found through
+the `pulse.bench` entry points, beside these built-ins.
 """

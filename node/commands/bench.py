@@ -1,7 +1,8 @@
 """`pulse bench NAME`: benchmarks that print a table, or one JSON object with `--json`.
 
-Each benchmark module in `BENCHES` exposes `configure(parser)` (its flags) and
-`run(args) -> BenchResult`.
+Each benchmark module exposes `configure(parser)` (its flags) and `run(args) -> BenchResult`: the
+built-ins of `BENCHES`, then those other installed packages register in the entry-point group
+`pulse.bench` (pulse's red team, `tests/redteam/`, adds `attacks` and `failover` there).
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sys
+from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 from node.bench.report import BenchResult
@@ -22,22 +26,46 @@ BENCHES = {
     "scale": "node.bench.scale",
     "memory": "node.bench.memory",
     "rl": "node.bench.rl",
-    "attacks": "node.bench.attacks",
-    "failover": "node.bench.failover",
     "links": "node.bench.links",
     "gpu": "node.bench.gpu",
 }
+GROUP = "pulse.bench"
+"""The entry-point group of benchmarks from other packages: each entry's value is a module, as above."""
 
 
 def register(subparsers: Any) -> None:
     bench = subparsers.add_parser("bench", help="measure pulse: codecs, transfer, training, validator")
     names = bench.add_subparsers(dest="bench", metavar="NAME", required=True)
-    for name, module_path in BENCHES.items():
-        module = importlib.import_module(module_path)
+    for name, module in benches().items():
+        if isinstance(module, str):  # an installed benchmark that does not import: say so when asked for
+            sub = names.add_parser(name, help=f"(cannot load: {module})")
+            sub.set_defaults(func=lambda args, why=module, n=name: _unloadable(n, why))
+            continue
         sub = names.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         sub.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
         module.configure(sub)
         sub.set_defaults(func=lambda args, m=module: _run(m, args))
+
+
+def benches() -> dict[str, ModuleType | str]:
+    """The built-ins, then the installed `pulse.bench` entry points (a built-in's name is kept for it);
+    an entry point that fails to load maps to why, so one broken package never hides the others."""
+    found: dict[str, ModuleType | str] = {name: importlib.import_module(path) for name, path in BENCHES.items()}
+    for entry in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+        if entry.name in found:
+            continue
+        try:
+            loaded = entry.load()
+        except Exception as exc:  # a broken plugin: its name stays listed with the reason
+            found[entry.name] = f"{entry.value}: {type(exc).__name__}: {exc}"
+            continue
+        found[entry.name] = loaded if isinstance(loaded, ModuleType) else f"{entry.value} is not a module"
+    return found
+
+
+def _unloadable(name: str, why: str) -> int:
+    print(f"pulse bench {name}: cannot load the benchmark ({why})", file=sys.stderr)
+    return 2
 
 
 def _run(module: Any, args: argparse.Namespace) -> int:

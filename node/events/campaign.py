@@ -1,4 +1,4 @@
-"""The events of a hostile miner process (`node/swarm/campaign/hostile.py`), read by the campaign ledger."""
+"""The events of a hostile miner process (the red team's, `tests/redteam/`), read by its campaign ledger."""
 
 from __future__ import annotations
 

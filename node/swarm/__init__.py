@@ -1,4 +1,4 @@
-"""Local swarms of real `pulse` processes, and the adversaries they are tested against.
+"""Local swarms of real `pulse` processes, and the fake miners the Gauntlet is measured against.
 
 - `demo.py`        `Swarm`: a bootstrap peer, a validator, miners and a follower as processes on
                    loopback, their event logs, the demo's summary and plots
@@ -7,10 +7,9 @@
 - `frozenrun.py`   a run frozen on disk (checkpoint, piece index, patches, records) to serve and join
 - `links.py`       joins, fetches and whole rounds on a shaped network (`pulse bench links`, swarm tier)
 - `fakeminers.py`  in-process fake miners for the Gauntlet (the real miner's step), and one class per attack
-- `lying.py`       a lying `Validator` (adds, drops, scales, mismatched patch): the audit's test double
-- `faults.py`      a validator process that tells one of those lies (`python -m node.swarm.faults`)
-- `campaign/`      the attack and fault campaign: hostile miner processes, faults, the ledger
-                   (`pulse bench attacks`, and the swarm tier's campaign test)
+
+The attack campaign, the lying validator and the faults are the red team, outside the product
+(`tests/redteam/`).
 
 `demo-loss-60.png` is the held-out loss of a 60-round `pulse demo`, shown in the README.
 """

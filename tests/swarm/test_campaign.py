@@ -20,7 +20,7 @@ import pytest
 from node.events import read_events
 from node.events.models import PoolPublished, RoundClosed
 from node.learn.rl.warmstart import warm_start
-from node.swarm.campaign.attacks import (
+from pulse_redteam.campaign.attacks import (
     ATTACKS,
     FLOOD,
     NEEDS_HONEST,
@@ -31,7 +31,7 @@ from node.swarm.campaign.attacks import (
     TRAINED,
     TRANSPORT,
 )
-from node.swarm.campaign.swarms import Keys, Team, attack_run, rl_campaign_manifest
+from pulse_redteam.campaign.swarms import Keys, Team, attack_run, rl_campaign_manifest
 
 pytestmark = pytest.mark.swarm
 

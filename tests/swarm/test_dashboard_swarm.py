@@ -17,7 +17,7 @@ import pytest
 
 from node.events.models import RoundClosed
 from node.run.manifest import parse_manifest
-from node.swarm.campaign.swarms import CampaignSwarm, Keys, Team, campaign_manifest, has, write_manifest
+from pulse_redteam.campaign.swarms import CampaignSwarm, Keys, Team, campaign_manifest, has, write_manifest
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3

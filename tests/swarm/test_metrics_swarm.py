@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from node.events.metrics import REASON_CLASSES
 from node.events.models import Done, PatchApplied, Scored
 from node.run.manifest import parse_manifest
-from node.swarm.campaign.swarms import CampaignSwarm, Keys, Team, campaign_manifest, has, write_manifest
 from node.swarm.demo import Proc
+from pulse_redteam.campaign.swarms import CampaignSwarm, Keys, Team, campaign_manifest, has, write_manifest
 from tests.helpers import events, poll, wait_for
 
 pytestmark = pytest.mark.swarm

@@ -1,4 +1,4 @@
-"""A hostile miner process: `python -m node.swarm.campaign.hostile --attacks a,b --keys K1 K2 ...`.
+"""A hostile miner process: `python -m pulse_redteam.campaign.hostile --attacks a,b --keys K1 K2 ...`.
 
 It joins a run like a miner (DHT peer, checkpoint and patch chain, a heartbeat as a miner each
 round, so the validator waits for it) and in every round pushes one hostile submission per key
@@ -46,16 +46,16 @@ from node.roles.catchup import Chain, Held
 from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
-from node.swarm.campaign import budgetattacks, crafting, netattacks, standing
-from node.swarm.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, STANDING, TRAINED
-from node.swarm.campaign.crafting import Forge
-from node.swarm.campaign.push import Answer, Trickle, push
 from node.swarm.fakeminers import Miner, make_adversary
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SignedMessage
 from protocol.state import State
+from pulse_redteam.campaign import budgetattacks, crafting, netattacks, standing
+from pulse_redteam.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, STANDING, TRAINED
+from pulse_redteam.campaign.crafting import Forge
+from pulse_redteam.campaign.push import Answer, Trickle, push
 from validator.intake import Submission
 
 T = TypeVar("T")
@@ -334,7 +334,7 @@ def _size_lie(forge: Forge, me: Identity, payload: bytes) -> tuple[Submission, d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m node.swarm.campaign.hostile", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pulse_redteam.campaign.hostile", description=__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--keys", type=Path, nargs="+", required=True, help="one key file per hostile identity")
     parser.add_argument("--attacks", required=True, help=f"comma-separated, of {sorted(ATTACKS)}")

@@ -1,4 +1,4 @@
-"""A rollout worker that fabricates: `python -m node.swarm.campaign.fabricator --config RUN.toml ...`.
+"""A rollout worker that fabricates: `python -m pulse_redteam.campaign.fabricator --config RUN.toml ...`.
 
 It follows an RL run like any worker (checkpoint, patches, hash checks) and, for every round it
 holds, publishes a rollout batch that passes every public check (the prompts its key derives, G
@@ -126,7 +126,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m node.swarm.campaign.fabricator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pulse_redteam.campaign.fabricator", description=__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--events", type=Path, required=True)
     parser.add_argument("--state-dir", type=Path)

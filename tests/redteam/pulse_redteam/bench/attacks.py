@@ -7,7 +7,7 @@ honest miners beside one attack alone, so that the run's figures say what it cos
 fresh keys, the same flood from 4 times the keys, the network attacks all at once every round,
 fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL
 preset (PULSELoCo, rollout workers) are measured against a clean RL run. The campaign's code
-(hostile processes, payload crafting, the ledger) is `node/swarm/campaign/`.
+(hostile processes, payload crafting, the ledger) is `tests/redteam/pulse_redteam/campaign/`.
 
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
 counts only attacks visible in the payload), `crashes` (validator or honest processes that exited
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from node.bench.report import BenchResult, table
-from node.swarm.campaign import attacks, netns, swarms
+from pulse_redteam.campaign import attacks, netns, swarms
 
 ATTACK_COLUMNS = [
     "attack",

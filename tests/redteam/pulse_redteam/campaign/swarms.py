@@ -28,9 +28,9 @@ from node.events.models import Event, Exited, PatchApplied, Received, RoundClose
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
-from node.swarm.campaign import ledger as ledger_mod
 from node.swarm.demo import Proc, Swarm
 from protocol.identity import Identity
+from pulse_redteam.campaign import ledger as ledger_mod
 from validator.state import StateStore
 
 
@@ -152,7 +152,7 @@ class DiskPeak:
 
 
 class CampaignSwarm(Swarm):
-    """`Swarm` plus processes started from this checkout's modules (hostile miners, skewed clocks)."""
+    """`Swarm` plus processes started from this checkout's modules (hostile miners, fabricators)."""
 
     def spawn_module(self, name: str, module: str, args: list[str], role: str = "hostile") -> Proc:
         return self.spawn(name, role, args, module=module)
@@ -175,16 +175,11 @@ class CampaignSwarm(Swarm):
         args = ["--config", str(self.out / "run.toml"), "--attacks", ",".join(team.attacks), "--threads", "1"]
         args += ["--keys", *map(str, keys), *(["--rotate"] if team.rotate else []), *self.net_args(team.name)]
         args += ["--offset", str(team.offset), "--stride", str(team.stride)]
-        return self.spawn_module(team.name, "node.swarm.campaign.hostile", args)
+        return self.spawn_module(team.name, "pulse_redteam.campaign.hostile", args)
 
     def start_fabricator(self, name: str) -> Proc:
         args = ["--config", str(self.out / "run.toml"), "--threads", "1", *self.net_args(name)]
-        return self.spawn_module(name, "node.swarm.campaign.fabricator", args)
-
-    def start_skewed(self, name: str, role: str, key: Path | None, offset: float) -> Proc:
-        args = [f"--offset={offset}", role, "--config", str(self.out / "run.toml"), "--threads", "1"]
-        args += [*(["--key", str(key)] if key else []), *self.net_args(name)]
-        return self.spawn_module(name, "node.swarm.campaign.skewed", args, role=role)
+        return self.spawn_module(name, "pulse_redteam.campaign.fabricator", args)
 
     def events(self) -> EventLog:
         return read_events(self.out / "events")
@@ -304,8 +299,9 @@ def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0)
     r2  honest miner0, which holds (re-serves) every patch so far, is killed: later fetches of its
         blobs fall back to the validator or another holder; a late follower joins at r4 and needs them
     r5  the validator is killed mid-round (after a submission arrived) and restarted on its state
-    all miner2 runs 2.5 s ahead and the late follower 2.5 s behind (clock skew; hivemind refuses to
-        join a DHT whose initial peers are more than 3 s off)
+
+    Clock skew runs in process (tests/test_clock_skew_in_process.py) and a full disk is an ordinary
+    test (tests/test_disk_full.py): neither needs a swarm.
     """
     start = time.monotonic()
     manifest = campaign_manifest(deadline, keys.validator_hex())
@@ -318,7 +314,7 @@ def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0)
         validator = swarm.start_role("validator", "validator", keys.validator)
         m0 = swarm.start_role("miner0", "miner", keys.honest[0])
         m1 = swarm.start_role("miner1", "miner", keys.honest[1])
-        m2 = swarm.start_skewed("miner2", "miner", keys.honest[2], +2.5)
+        m2 = swarm.start_role("miner2", "miner", keys.honest[2])
         paused = swarm.start_role("paused", "follow", None)
         slow = swarm.start_team(Team("slow", ("slow",), 1), keys.hostile[:1])
 
@@ -331,7 +327,7 @@ def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0)
         swarm.kill(m0)
         killed.add("miner0")
         swarm.wait("round 4 opening", has("validator", RoundOpened, 4))
-        late = swarm.start_skewed("late", "follow", None, -2.5)
+        late = swarm.start_role("late", "follow", None)
         swarm.wait("a submission in round 5", lambda log: log.has(Received, round_=5))
         swarm.kill(validator)
         killed.add("validator")
@@ -366,10 +362,6 @@ def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0)
     checks["validator restart: hash chain continuous"] = report.checks["all rounds closed"] and _chain(records)
     checks["follower missing 5 rounds: back on the validator's hash"] = hashes.get("paused") == hashes.get("validator2")
     checks["holder left: late follower on the validator's hash"] = hashes.get("late") == hashes.get("validator2")
-    checks["clock skew: skewed miner aggregated and on the hash"] = hashes.get("miner2") == hashes.get(
-        "validator2"
-    ) and _aggregated(records, "miner2")
-    checks["full disk (simulated ENOSPC): clear error, nothing partial"] = full_disk_recovers(out / "disk")
     report.checks.update(checks)
     report.checks["info - a fetch from the departed holder failed over"] = "failed: could not open a stream" in (
         swarm.log_text("late")
@@ -377,59 +369,8 @@ def fault_run(out: Path, keys: Keys, rounds: int = 9, *, deadline: float = 20.0)
     return report
 
 
-def full_disk_recovers(folder: Path) -> bool:
-    """ENOSPC on every file write while a blob is stored and while the validator commits a round:
-    each raises a clear OSError, leaves no temp file, and the last state still loads and runs on."""
-    import errno
-    import hashlib
-    from unittest import mock
-
-    import torch
-
-    from node.net.blobstore import BlobStore
-    from validator.config import GauntletConfig
-    from validator.core import Validator
-
-    def full(fd: int, *args: Any, **kwargs: Any) -> Any:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    class Flat:  # no submission is evaluated in this check: any loss will do
-        def load(self, base: Any, update: Any = None, step: float = 0.0) -> None:
-            pass
-
-        def loss(self, batch: Any) -> float:
-            return 1.0
-
-    store = BlobStore(folder / "blobs")
-    kept = store.put(b"kept")
-    cfg, run_id, me = GauntletConfig(codec="dense"), hashlib.sha256(b"disk").hexdigest(), Identity.generate()
-    v = Validator.create(folder / "validator", cfg, run_id, me, {"w": torch.ones(4, 4)}, Flat(), lambda s: s)
-    v.run_round([])
-    errors = []
-    with mock.patch("os.fdopen", full):
-        for attempt in (lambda: store.put(b"new" * 1000), lambda: v.run_round([])):
-            try:
-                attempt()
-            except OSError as exc:
-                errors.append(exc.errno == errno.ENOSPC)
-    reopened = Validator.open(folder / "validator", cfg, run_id, me, Flat(), lambda s: s)
-    reopened.run_round([])
-    return (
-        errors == [True, True]
-        and list(store) == [kept]
-        and not store.partial_files()
-        and not list((folder / "validator").rglob("*.tmp"))
-        and reopened.round == 2
-    )
-
-
 def _chain(records: EventLog) -> bool:
     """Every patch a node applied names the state hash the validator published for that round."""
     published = {e.round: e.state_hash for e in records.events(RoundClosed)}
     patches = records.events(PatchApplied)
     return bool(patches) and all(published.get(e.round) == e.state_hash for e in patches)
-
-
-def _aggregated(records: EventLog, name: str) -> bool:
-    sender = records.keys().get(name)
-    return any(sender in e.scores for e in records.events(RoundClosed))

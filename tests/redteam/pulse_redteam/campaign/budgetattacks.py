@@ -32,11 +32,11 @@ from node.net.p2ppeer import P2PPeer
 from node.net.ranges import MAX_RANGE_BYTES, RANGE, sign_probe
 from node.net.streams import DEFAULT_LIMITS, STREAM_ERRORS, Status, open_stream, read_reply, send_request
 from node.net.transfer import FETCH
-from node.swarm.campaign.netattacks import Played, _store_raw
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, RolloutAnnouncement, SubmissionHeader, WireModel
 from protocol.signing import SignedMessage, sign
+from pulse_redteam.campaign.netattacks import Played, _store_raw
 
 PROBE_WINDOW = 10.0
 PROBE_STREAMS = 4

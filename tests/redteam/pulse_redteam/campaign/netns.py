@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from node.swarm import netns
-from node.swarm.campaign.swarms import (
+from node.swarm.demo import Proc
+from pulse_redteam.campaign.swarms import (
     CampaignSwarm,
     Keys,
     RunReport,
@@ -21,7 +22,6 @@ from node.swarm.campaign.swarms import (
     make_report,
     write_manifest,
 )
-from node.swarm.demo import Proc
 
 NETWORK = netns.ShapedNetwork("pulse-host", "10.231.0", {"a": netns.Link(), "b": netns.Link()})
 

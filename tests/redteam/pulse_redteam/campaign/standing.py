@@ -19,9 +19,9 @@ import hashlib
 
 import torch
 
-from node.swarm.campaign.crafting import Forge
 from protocol.identity import Identity
 from protocol.state import State
+from pulse_redteam.campaign.crafting import Forge
 from validator.aggregate import global_norm
 from validator.intake import Submission
 

@@ -1,6 +1,6 @@
 """A validator process that lies: the test double of the validator service for fault runs.
 
-    python -m node.swarm.faults --lie add --from-round 1 --config run.toml --key v.key --state-dir D ...
+    python -m pulse_redteam.faults --lie add --from-round 1 --config run.toml --key v.key --state-dir D ...
 
 A real validator (`ValidatorService` on libp2p, the flags of `pulse validator`) whose `Validator`
 is `lying.lying_validator(lie, from_round)`: honest before `from_round`, then telling its lie every
@@ -28,11 +28,11 @@ from node.roles.tasks import validator_for
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
-from node.swarm.lying import LIES, lying_validator
+from pulse_redteam.lying import LIES, lying_validator
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m node.swarm.faults")
+    parser = argparse.ArgumentParser(prog="python -m pulse_redteam.faults")
     parser.add_argument("--lie", choices=LIES, required=True)
     parser.add_argument("--from-round", type=int, default=1)
     parser.add_argument("--config", type=Path, required=True)

@@ -23,8 +23,8 @@ Two runs of separate `pulse` processes (`node/swarm/demo.py`):
    more than one counted result, audit mismatches (false alarms: every validator is honest), the
    auditor's seconds per round against the validator's, and peak memory of both processes.
 
-2. lies: for each lie of `node/swarm/lying.py`, one validator telling it from round 1
-   (`python -m node.swarm.faults`), two miners and a `pulse follow --audit` follower: detected if
+2. lies: for each lie of `tests/redteam/pulse_redteam/lying.py`, one validator telling it from round 1
+   (`python -m pulse_redteam.faults`), two miners and a `pulse follow --audit` follower: detected if
    the follower reports a mismatch for the first round in which the lie changed anything (round 1 for
    "add" and "patch"; the first round from 1 on with an aggregated submission for "drop" and "scale",
    with a measured one for "median": `lying.told`) and holds no state past the last verified one.
@@ -53,8 +53,8 @@ from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
 from node.swarm.demo import Proc, Swarm
-from node.swarm.lying import LIES, told
 from protocol.identity import Identity
+from pulse_redteam.lying import LIES, told
 
 KILL_POINTS = ("collecting", "evaluating", "committed", "published", "serving")
 WAIT = 240.0
@@ -408,7 +408,7 @@ def _lie_run(out: Path, lie: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         swarm.start_bootstrap()
         args_list = ["--lie", lie, "--from-round", "1", *_role_args(swarm, "liar", keys["liar"][0])]
-        swarm.spawn("liar", "validator", args_list, module="node.swarm.faults")
+        swarm.spawn("liar", "validator", args_list, module="pulse_redteam.faults")
         for m in ("miner0", "miner1"):
             swarm.start_role(m, "miner", keys[m][0])
         swarm.start_role("auditor", "follow", None, extra=["--audit"])

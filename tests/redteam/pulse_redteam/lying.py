@@ -15,7 +15,7 @@ state it names), except where said. Only recomputing the round from its public i
 | patch   | publishes a patch to another state than the one its result names    | the patch                 |
 | median  | commits a norm-gate median 1.5x the one its gate used               | the median                |
 
-`python -m node.swarm.faults --lie KIND ...` runs a `pulse validator` process with one of these
+`python -m pulse_redteam.faults --lie KIND ...` runs a `pulse validator` process with one of these
 (`faults.py`).
 """
 

@@ -30,7 +30,7 @@ from typing import Any
 from node.events import EventLog, Logged
 from node.events.campaign import AttackSent, NetAttack
 from node.events.models import Dropped, PoolPublished, Received, RoundClosed
-from node.swarm.campaign.attacks import ATTACKS
+from pulse_redteam.campaign.attacks import ATTACKS
 
 OUTSCORED = ("score ", "final score", "indicator average", "rating ordinal")
 
