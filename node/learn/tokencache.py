@@ -144,7 +144,8 @@ def _build(spec: CacheSpec, tokens: Tokens, folder: Path) -> None:
         meta = {"dtype": tokens.dtype.str, **counts, "digest": corpus.digest(), "files": len(spec.files)}
         (work / "meta.json").write_text(json.dumps(meta, sort_keys=True))
         del corpus
-        shutil.rmtree(folder, ignore_errors=True)  # a damaged one
+        if folder.exists() and _open(folder) is None:  # a damaged one; a whole one another process put
+            shutil.rmtree(folder, ignore_errors=True)  # there meanwhile stays (others may be reading it)
         with contextlib.suppress(OSError):  # another process of this machine put the same tokens there first
             os.replace(work, folder)
     finally:

@@ -2,7 +2,7 @@
 
 Every command comes from the README's text (its first `bash` block after that heading), so the
 instructions cannot drift from the code. What this test changes, and only this: the public
-address 203.0.113.5 and 0.0.0.0 become 127.0.0.1, port 31337 a free one, the `12D3KooW...`
+address 203.0.113.5 and 0.0.0.0 become 127.0.0.1, port 31337 a free one, the `Qm...`
 placeholder the address `pulse dht` printed, `--device cuda` is `--device cpu`, the validator's
 key goes into `validators` as the comment says, and each role gets `--rounds 3 --events FILE` so
 that it ends. `source .venv/bin/activate` is done by putting this interpreter's `bin` first on PATH.
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.swarm
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 3
 WAIT = 240.0
-PLACEHOLDER = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooW..."
+PLACEHOLDER = "/ip4/203.0.113.5/tcp/31337/p2p/Qm..."
 
 
 def readme_commands() -> list[str]:
@@ -81,7 +81,7 @@ class Shell:
     def local(self, command: str) -> list[str]:
         command = command.replace(PLACEHOLDER, self.address).replace("--device cuda", "--device cpu")
         command = command.replace("203.0.113.5", "127.0.0.1").replace("0.0.0.0", "127.0.0.1")
-        assert PLACEHOLDER not in command and "12D3KooW..." not in command, command
+        assert PLACEHOLDER not in command and "p2p/Qm..." not in command, command
         return shlex.split(command.replace("31337", str(self.port)))
 
     def run(self, command: str) -> str:

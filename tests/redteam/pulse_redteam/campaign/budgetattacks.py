@@ -177,8 +177,8 @@ async def dht_future(peer: P2PPeer, round_: int) -> Played:
             long_records.append(
                 (dht_key(peer.run_id, signed.kind, round_), signed.to_bytes(), signed.expires_at, me.public_key)
             )
-    far_kept = sum(await _store_raw(peer, far_records))
-    long_kept = sum(await _store_raw(peer, long_records))
+    kept = await _store_raw(peer, far_records + long_records)  # one store pass, as the DHT flood makes
+    far_kept, long_kept = sum(kept[: len(far_records)]), sum(kept[len(far_records) :])
     judged = far_kept if round_ >= HEAD_LEARNT_ROUNDS else 0
     detail = (
         f"{long_kept} of {len(long_records)} 20-hour and {far_kept} of {len(far_records)} far-round open records "
