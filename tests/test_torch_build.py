@@ -14,9 +14,11 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    """The Makefile beside a pyproject, with a venv whose python only logs what pip was asked."""
+    """The Makefile beside the two pyprojects, with a venv whose python only logs what pip was asked."""
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "tests" / "redteam").mkdir(parents=True)  # the red team's package, installed beside
+    (tmp_path / "tests" / "redteam" / "pyproject.toml").write_text("")
     python = tmp_path / "v" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "log"}\n')

@@ -1,6 +1,6 @@
 """Operations on one running swarm, as a person running nodes for days meets them.
 
-A miner and then the validator are killed with kill -9 (SIGKILL to the role's own process only, as
+A miner and a follower, then the validator, are killed with kill -9 (SIGKILL to the role's own process only, as
 the OOM killer does: its DHT process and libp2p daemon are left to notice), each leaves no process
 behind and is restarted with the same command on the same state folder; a few rounds in, with
 checkpoints taken every 2 rounds and only 2 kept, `pulse audit` and a late miner join the run: the
@@ -80,11 +80,14 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     s, validator_key, miner_keys = swarm
     validator = s.start_role("validator", "validator", validator_key)
     miners = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys[:2])]
+    follower = s.start_role("follower", "follow", None)
 
     _wait(s, "miner1's first submission", _has("miner1", Submitted))
     _kill_9(miners[1])
+    _kill_9(follower)
     # the same command but for the events file (the test's reading of it): same key, same state folder
     again = s.start_role("miner1-again", "miner", miner_keys[1], state="miner1")
+    follower_again = s.start_role("follower-again", "follow", None, state="follower")
 
     _wait(s, "the restarted miner's first submission", _has("miner1-again", Submitted))
     _kill_9(validator)
@@ -95,14 +98,14 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     audit = s.start_role("audit", "audit", None, extra=["--stop-on-mismatch", "--rounds", str(ROUNDS)])
     late = s.start_role("late", "miner", miner_keys[2])
 
-    wait_exits([proc.popen for proc in (miners[0], again, late, audit)], WAIT)
-    for proc in (miners[0], again, late, audit):
+    wait_exits([proc.popen for proc in (miners[0], again, late, audit, follower_again)], WAIT)
+    for proc in (miners[0], again, late, audit, follower_again):
         assert proc.popen.returncode == 0, proc.log.read_text(errors="replace")[-2000:]
     log = events(s.out)
     starts = log.events(Started, "validator-again")
     assert starts and (starts[0].round or 0) >= 1  # resumed from its state folder, not from round 0
     finals = log.final_hashes()
-    assert set(finals) >= {"validator-again", "miner0", "miner1-again", "late"}, finals
+    assert set(finals) >= {"validator-again", "miner0", "miner1-again", "late", "follower-again"}, finals
     assert len(set(finals.values())) == 1, finals
 
     audited = log.events(Audited, "audit")
