@@ -32,16 +32,25 @@ def test_training_that_would_end_after_the_target_is_late_only_once_measured() -
     assert not finishes_late(now=100.0, target=102.0, train_seconds=4.0, overlap=False)  # no next-round path
 
 
+class LateRun:
+    """A run's in-memory network and one miner on it (its folder `folder`), its events in `seen`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.validator = Identity.generate()
+        manifest = Manifest.model_validate({"name": "late", "validators": [self.validator.public_hex]})
+        setup = RunSetup.from_manifest(manifest)
+        self.net = MemoryNetwork(run_records(setup.manifest))
+        me = Identity.from_seed(hashlib.sha256(b"late miner").digest())
+        self.seen: list[Event] = []
+        events = Events("miner")
+        events.add_sink(self.seen.append)
+        self.miner = miner_for(setup, task_for(setup), me, self.net.join(me, folder, role="miner"), events)
+        self.weights = {k: v.to(torch.bfloat16) for k, v in task_for(setup).initial_master().items()}
+
+
 def test_a_late_miner_trains_the_next_round_at_once(tmp_path: Path) -> None:
-    validator = Identity.generate()
-    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "late", "validators": [validator.public_hex]}))
-    net = MemoryNetwork(run_records(setup.manifest))
-    me = Identity.from_seed(hashlib.sha256(b"late miner").digest())
-    seen: list[Event] = []
-    events = Events("miner")
-    events.add_sink(seen.append)
-    miner = miner_for(setup, task_for(setup), me, net.join(me, tmp_path, role="miner"), events)
-    weights = {k: v.to(torch.bfloat16) for k, v in task_for(setup).initial_master().items()}
+    run = LateRun(tmp_path)
+    miner, weights, seen = run.miner, run.weights, run.seen
 
     async def main() -> None:
         assert not miner._train_ahead_instead(4, time.time() + 1.0, weights)  # no training measured yet
@@ -59,16 +68,9 @@ def test_a_first_late_join_times_a_step_and_trains_the_next_round(tmp_path: Path
     """A miner that never trained, its state ready just before round 4's target: it times one inner
     step, sees its steps would end after the target, and trains round 5 at once (it trained round 4,
     guessing, and lost it to "round 4 is not open")."""
-    validator = Identity.generate()
-    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "late", "validators": [validator.public_hex]}))
-    net = MemoryNetwork(run_records(setup.manifest))
-    me = Identity.from_seed(hashlib.sha256(b"late miner").digest())
-    seen: list[Event] = []
-    events = Events("miner")
-    events.add_sink(seen.append)
-    miner = miner_for(setup, task_for(setup), me, net.join(me, tmp_path / "miner", role="miner"), events)
-    weights = {k: v.to(torch.bfloat16) for k, v in task_for(setup).initial_master().items()}
-    announcer = net.join(validator, tmp_path / "validator", role="validator")
+    run = LateRun(tmp_path / "miner")
+    miner, weights, seen = run.miner, run.weights, run.seen
+    announcer = run.net.join(run.validator, tmp_path / "validator", role="validator")
 
     async def main() -> None:
         now = int(time.time())
