@@ -10,6 +10,7 @@ the hostile submission's rejection with its reason. Skips, saying why, where no 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -78,7 +79,11 @@ def test_dashboard_shows_round_loss_and_a_rejected_hostile_submission(tmp_path: 
                 assert "not aggregated: undecodable: NonFiniteValues" in rejected, rejected
                 honest = [keys_hex(k)[:16] for k in keys.honest]
                 board = page.locator("#leaderboard").inner_text()
-                assert all(k in board for k in honest) and ", 1st of " in board, board  # someone was aggregated
+                assert all(k in board for k in honest), board
+                # an honest miner was aggregated in some round (the last round's own-data indicator can
+                # leave both out: with two honest miners it is a coin toss at this size)
+                rows = [line for line in board.splitlines() if any(k in line for k in honest)]
+                assert any(re.search(rf"\b[1-{ROUNDS}] of {ROUNDS}$", row) for row in rows), board
                 history = page.locator("#miner-history").inner_text()
                 assert history.count("not aggregated: undecodable") >= 1 and " aggregated," not in history, history
                 assert "linked" in page.locator("#chain-head").inner_text()
