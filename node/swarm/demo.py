@@ -244,8 +244,9 @@ def fresh_output(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def prepare(out: Path, base: Manifest, miners: int) -> tuple[Manifest, Path, list[Path]]:
-    """Fresh keys, and the run manifest naming the validator key, written to `out`."""
+def prepare(out: Path, base: Manifest, miners: int, standbys: int = 0) -> tuple[Manifest, Path, list[Path]]:
+    """Fresh keys, and the run manifest naming the validator key (then `standbys` more validators, keys
+    `keys/standby<i>.key`), written to `out`."""
     keys = out / "keys"
     keys.mkdir(parents=True, exist_ok=True)
     for stale in keys.glob("*.key"):
@@ -256,7 +257,10 @@ def prepare(out: Path, base: Manifest, miners: int) -> tuple[Manifest, Path, lis
     for i in range(miners):
         write_key_file(Identity.generate(), keys / f"miner{i}.key")
         miner_keys.append(keys / f"miner{i}.key")
-    manifest = base.with_validators([validator.public_hex])
+    standby_keys = [Identity.generate() for _ in range(standbys)]
+    for i, standby in enumerate(standby_keys):
+        write_key_file(standby, keys / f"standby{i}.key")
+    manifest = base.with_validators([validator.public_hex, *(k.public_hex for k in standby_keys)])
     (out / "run.toml").write_text(manifest.to_toml())
     return manifest, keys / "validator.key", miner_keys
 

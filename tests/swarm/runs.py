@@ -18,11 +18,11 @@ from node.swarm.demo import Swarm, prepare
 
 @contextmanager
 def bootstrapped(
-    tmp_path: Path, manifest: Manifest, *, miners: int, rounds: int
+    tmp_path: Path, manifest: Manifest, *, miners: int, rounds: int, standbys: int = 0
 ) -> Iterator[tuple[Swarm, Path, list[Path]]]:
-    """The swarm of `manifest` (its validator and `miners` miner keys made under `tmp_path`) with its
-    bootstrap started; `stop_all` however the test ends."""
-    manifest, validator_key, miner_keys = prepare(tmp_path, manifest, miners)
+    """The swarm of `manifest` (its validator, `standbys` more validators' and `miners` miner keys made
+    under `tmp_path`: `prepare`) with its bootstrap started; `stop_all` however the test ends."""
+    manifest, validator_key, miner_keys = prepare(tmp_path, manifest, miners, standbys)
     swarm = Swarm(tmp_path, manifest, rounds)
     try:
         swarm.start_bootstrap()

@@ -3,9 +3,11 @@
 A miner and a follower, then the validator, are killed with kill -9 (SIGKILL to the role's own process only, as
 the OOM killer does: its DHT process and libp2p daemon are left to notice), each leaves no process
 behind and is restarted with the same command on the same state folder; a few rounds in, with
-checkpoints taken every 2 rounds and only 2 kept, `pulse audit` and a late miner join the run: the
-auditor recomputes rounds and the miner contributes from the round that is open when its state is
-ready. Every node ends on the validator's state hash.
+checkpoints taken every 2 rounds and only 2 kept, `pulse audit`, a standby validator on a fresh
+state folder and a late miner join the run: the auditor recomputes rounds, the standby catches up
+from the newest kept checkpoint and stands by (the active validator hands it every later round), and
+the miner contributes from the round that is open when its state is ready. Every node ends on the
+validator's state hash.
 
 (`test_lifetime_swarm.py` plays kill -9 of `pulse dht` and the busy port; `test_round_swarm.py`
 kills whole process groups.)
@@ -24,8 +26,8 @@ import pytest
 
 from node.commands.roles import DEFAULT_CONFIG
 from node.events import EventLog
-from node.events.audit import Audited
-from node.events.models import Event, Joined, Received, RoundClosed, Started, Submitted
+from node.events.audit import Audited, Standby, TookOver
+from node.events.models import Done, Event, Joined, Received, RoundClosed, Started, Submitted
 from node.run.manifest import Manifest, parse_manifest
 from node.swarm.demo import Proc, Swarm
 from tests.helpers import events, wait_exits, wait_for
@@ -34,7 +36,7 @@ from tests.swarm.runs import bootstrapped
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 11
-JOIN_AFTER = 4  # the round whose close starts the auditor and the late miner: 3 checkpoints taken, 2 kept
+JOIN_AFTER = 4  # the round whose close starts the auditor, the standby and the late miner: 3 checkpoints taken, 2 kept
 WAIT = 150.0
 
 
@@ -47,7 +49,8 @@ def _manifest() -> Manifest:
 
 @pytest.fixture
 def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
-    with bootstrapped(tmp_path, _manifest(), miners=3, rounds=ROUNDS) as started:
+    """The run names a second validator (`keys/standby0.key`), which starts only at round JOIN_AFTER."""
+    with bootstrapped(tmp_path, _manifest(), miners=3, rounds=ROUNDS, standbys=1) as started:
         yield started
 
 
@@ -96,16 +99,21 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     _wait(s, f"round {JOIN_AFTER} closing", lambda log: _closed(log, "validator-again") >= JOIN_AFTER)
     # the validator lingers until the auditor (announcing its rounds) holds the final state
     audit = s.start_role("audit", "audit", None, extra=["--stop-on-mismatch", "--rounds", str(ROUNDS)])
+    standby = s.start_role("standby", "validator", validator_key.parent / "standby0.key")
     late = s.start_role("late", "miner", miner_keys[2])
 
-    wait_exits([proc.popen for proc in (miners[0], again, late, audit, follower_again)], WAIT)
-    for proc in (miners[0], again, late, audit, follower_again):
+    # the standby, like the active validator, serves blobs after the last round until stopped
+    joined = [miners[0], again, late, audit, follower_again]
+    wait_exits([proc.popen for proc in joined], WAIT)
+    _wait(s, "the standby done with the last round", _has("standby", Done))
+    assert standby.popen.poll() is None, standby.log.read_text(errors="replace")[-2000:]
+    for proc in joined:
         assert proc.popen.returncode == 0, proc.log.read_text(errors="replace")[-2000:]
     log = events(s.out)
     starts = log.events(Started, "validator-again")
     assert starts and (starts[0].round or 0) >= 1  # resumed from its state folder, not from round 0
     finals = log.final_hashes()
-    assert set(finals) >= {"validator-again", "miner0", "miner1-again", "late", "follower-again"}, finals
+    assert set(finals) >= {"validator-again", "miner0", "miner1-again", "late", "follower-again", "standby"}, finals
     assert len(set(finals.values())) == 1, finals
 
     audited = log.events(Audited, "audit")
@@ -119,3 +127,7 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     late_key = log.keys()["late"]
     taken = {e.round for e in log.events(Received, "validator-again") if e.sender == late_key}
     assert first in taken, (first, taken)
+
+    stood = log.events(Standby, "standby")
+    assert stood and stood[0].round > JOIN_AFTER, stood  # from a kept checkpoint, not from round 0
+    assert not log.events(TookOver, "standby")  # the active validator stayed alive: nothing to take over
