@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from protocol.codec import Codec, DenseCodec, make_codec
+from protocol.parsing import STRICT
 from protocol.pulseloco import PulseLoCoCodec
 from protocol.sparseloco import CHUNK, SparseLoCoCodec
 
@@ -21,7 +22,7 @@ from protocol.sparseloco import CHUNK, SparseLoCoCodec
 class CodecOptions(BaseModel):
     """Constructor settings of the run's pseudo-gradient codec; miners and validators build the same one."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     value_format: Literal["bf16", "fp32"] = "bf16"
     """PULSELoCo: precision of the sent values (BF16 mantissa, or full FP32)."""

@@ -1,4 +1,5 @@
-"""Strict parsing of pydantic models, and the one line a validation error becomes.
+"""Strict parsing of pydantic models, the config every pulse model uses, and the one line a validation
+error becomes.
 
     model = parse_canonical(Book, data, what="book", max_bytes=cap, encode=lambda m: dumps(m))
     raise ConfigError(f"run.toml: {one_line(exc, 'manifest')}") from exc
@@ -15,11 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from protocol.errors import MalformedPayload, SizeLimitExceeded
 
 M = TypeVar("M", bound=BaseModel)
+
+STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+"""The config of pulse's models (wire bodies, manifests, options, events): strict types, no unknown
+fields, immutable, each field's docstring its description (an options model's help)."""
 
 
 def one_line(exc: ValidationError, root: str) -> str:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from protocol.codec import REGISTRY
 from protocol.codec_options import CodecOptions
 from protocol.messages import MAX_REJECTIONS, MAX_SELECTED
+from protocol.parsing import STRICT
 from validator.outer import OuterConfig
-
-_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class UpdateRules(BaseModel):
@@ -30,7 +29,7 @@ class UpdateRules(BaseModel):
     validator decodes with it and applies the outer step. A run manifest's `[train]` section is this
     model plus the miners' inner loop."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     codec: str = "sparseloco"
     """Pseudo-gradient codec of the run (`protocol.codec.REGISTRY`: 'pulseloco', 'sparseloco', or
@@ -53,7 +52,7 @@ class SelectionRules(BaseModel):
     validator of the run applies the same. A run manifest's `[selection]` section is this model plus
     the evaluation batch sizes."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     assignment_batches: int = Field(default=2, ge=1, le=1024)
     """Batches in a miner's data assignment per round (`protocol.assignment`): inner step s trains on
@@ -74,7 +73,7 @@ class GauntletConfig(UpdateRules, SelectionRules):
     """How the validator checks, scores, selects and aggregates one round's submissions: what the run
     fixes (`UpdateRules`, `SelectionRules`), then the validator's own thresholds."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     # -- intake ------------------------------------------------------------------------------
     max_submissions: int = Field(default=MAX_REJECTIONS, ge=1, le=MAX_REJECTIONS)

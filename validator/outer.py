@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from protocol.errors import IncompatibleStates
+from protocol.parsing import STRICT
 
 _PREFIX = "momentum/"
 
@@ -35,7 +36,7 @@ _PREFIX = "momentum/"
 class OuterConfig(BaseModel):
     """Outer step settings. Defaults are DiLoCo's (lr 0.7, Nesterov momentum 0.9)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     lr: float = Field(default=0.7, gt=0)
     """Outer learning rate: how far the master moves along the averaged pseudo-gradient."""

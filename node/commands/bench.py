@@ -1,8 +1,9 @@
 """`pulse bench NAME`: benchmarks that print a table, or one JSON object with `--json`.
 
-Each benchmark module exposes `configure(parser)` (its flags) and `run(args) -> BenchResult`: the
-built-ins of `BENCHES`, then those other installed packages register in the entry-point group
-`pulse.bench` (pulse's red team, `tests/redteam/`, adds `attacks` and `failover` there).
+Each benchmark module exposes `Options`, its options model (`options.py`: the flags and their help
+are generated from it), and `run(options) -> BenchResult`: the built-ins of `BENCHES`, then those
+other installed packages register in the entry-point group `pulse.bench` (pulse's red team,
+`tests/redteam/`, adds `attacks` and `failover` there).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from node.bench.report import BenchResult
+from node.commands.options import add_options, parsed
 
 BENCHES = {
     "trace": "node.bench.trace",
@@ -43,8 +45,11 @@ def register(subparsers: Any) -> None:
             continue
         sub = names.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         sub.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-        module.configure(sub)
-        sub.set_defaults(func=lambda args, m=module: _run(m, args))
+        if hasattr(module, "Options"):
+            add_options(sub, module.Options)
+        else:  # TRANSITIONAL: a benchmark still on argparse flags
+            module.configure(sub)
+        sub.set_defaults(func=lambda args, m=module, n=name: _run(m, n, args))
 
 
 def benches() -> dict[str, ModuleType | str]:
@@ -68,8 +73,14 @@ def _unloadable(name: str, why: str) -> int:
     return 2
 
 
-def _run(module: Any, args: argparse.Namespace) -> int:
-    result: BenchResult = module.run(args)
+def _run(module: Any, name: str, args: argparse.Namespace) -> int:
+    if hasattr(module, "Options"):
+        options = parsed(module.Options, args, f"bench {name}")
+        if options is None:
+            return 2
+        result: BenchResult = module.run(options)
+    else:  # TRANSITIONAL
+        result = module.run(args)
     if args.json:
         print(json.dumps(result.summary, sort_keys=True))
     else:

@@ -28,13 +28,13 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from protocol.errors import ConfigError
-from protocol.parsing import one_line
+from protocol.parsing import STRICT, one_line
 
-OPTIONS = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+OPTIONS = STRICT
 """The config of an options model: strict, closed, immutable, field docstrings as help."""
 
 M = TypeVar("M", bound=BaseModel)

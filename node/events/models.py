@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
+
+from protocol.parsing import STRICT
 
 
 class Event(BaseModel):
     """The base of every event: strict, closed, immutable."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
 
 # -- every role ----------------------------------------------------------------------------------

@@ -11,15 +11,17 @@ import threading
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from protocol.parsing import STRICT
 
 
 class GPTConfig(BaseModel):
     """Sizes of the embedded GPT. The defaults give ~3.3M parameters."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     vocab_size: int = Field(default=256, ge=2)
     """Tokens are bytes, so 256."""

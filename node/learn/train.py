@@ -18,12 +18,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from torch import nn
 
 from node.learn.adamw16 import AdamWBF16
 from node.learn.data import Corpus
 from node.learn.model import CausalLM
+from protocol.parsing import STRICT
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs, targets: each (B, T) int64
 BatchFn = Callable[[int], Batch]  # step index -> batch
@@ -33,7 +34,7 @@ StepHook = Callable[[int, float], None]  # (step index, loss) after the optimize
 class InnerOptimConfig(BaseModel):
     """AdamW for the inner (local) steps, as in DiLoCo / PULSELoCo / SparseLoCo."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     lr: float = Field(gt=0)
     """Peak learning rate."""
@@ -65,7 +66,7 @@ class MemoryConfig(BaseModel):
     memory). `pulse bench memory` measures what each choice does to loss, bytes and time.
     """
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     moments: Literal["fp32", "bf16"] = "fp32"
     """AdamW's two moments: FP32 (8 bytes per parameter) or BF16 (4; the step is computed in FP32)."""

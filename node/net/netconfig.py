@@ -13,16 +13,16 @@ from typing import Any
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from protocol.errors import ConfigError
-from protocol.parsing import one_line
+from protocol.parsing import STRICT, one_line
 
 
 class NetConfig(BaseModel):
     """How this node joins the swarm. Bad values fail at construction with the field named."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     initial_peers: tuple[str, ...] = ()
     """Multiaddrs of peers to dial first, each ending in /p2p/<peer id> (from `pulse dht`)."""

@@ -26,9 +26,10 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from node.net.blobstore import BlobStore
+from protocol.parsing import STRICT
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ BlobKind = Literal["patch", "checkpoint", "payload", "other"]
 class Retention(BaseModel):
     """What a node keeps on disk."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     keep_rounds: int = Field(default=8, ge=1)
     """Patches, payloads and other blobs of this many recent rounds stay (a late joiner replays

@@ -28,10 +28,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from node.net.blobstore import BlobWriter
 from protocol.errors import BlobNotFound, MalformedPayload, SizeLimitExceeded, TransferError, TransferTimeout
+from protocol.parsing import STRICT
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class Status(enum.IntEnum):
 class TransferLimits(BaseModel):
     """Caps and timeouts for blob streams, both directions."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     max_blob_bytes: int = Field(default=4 * 2**30, ge=0)
     """Largest blob this node serves or accepts."""

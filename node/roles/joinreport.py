@@ -1,9 +1,9 @@
 """What a node catching up shows while it waits: a join's progress, a fetch's bar, a run not found.
 
-    with JoinReport("checkpoint of round 12", plan) as report:   # a bar, and a log line every 5 s
-        path = await peer.fetch_pieces(sha256, size, r, pieces, check, on_progress=report.update)
-    path = await fetch_showing(peer, sha256, size, r, "patch 13")   # `peer.fetch` with a bar
-    quiet = QuietWatch(events, peer, 30.0); quiet.check()           # "nothing of the run seen": why
+with JoinReport("checkpoint of round 12", plan) as report:   # a bar, and a log line every 5 s
+    path = await peer.fetch_pieces(sha256, size, r, pieces, check, on_progress=report.update)
+path = await fetch_showing(peer, sha256, size, r, "patch 13")   # `peer.fetch` with a bar
+quiet = QuietWatch(events, peer, 30.0); quiet.check()           # "nothing of the run seen": why
 """
 
 from __future__ import annotations

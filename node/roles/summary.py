@@ -1,7 +1,7 @@
 """A closed round's figures: the `RoundClosed` event (logs, dashboard) and the `RoundMetrics` record (run pages).
 
-    event, text = round_closed(report, figures, intake)
-    metrics = round_metrics(setup, validator, report, figures)
+event, text = round_closed(report, figures, intake)
+metrics = round_metrics(setup, validator, report, figures)
 """
 
 from __future__ import annotations

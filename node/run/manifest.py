@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import BaseModel, Field, StringConstraints, ValidationError, model_validator
 
 from node.learn.hfmodel import ARCHITECTURES
 from node.learn.model import GPTConfig
@@ -31,17 +31,16 @@ from node.learn.train import InnerOptimConfig, MemoryConfig
 from protocol.codec import Codec
 from protocol.codec_options import build_codec
 from protocol.errors import ConfigError
-from protocol.parsing import one_line
+from protocol.parsing import STRICT, one_line
 from validator.config import GauntletConfig, SelectionRules, UpdateRules
 
 PublicKeyHex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ModelSection(BaseModel):
     """Which model the run trains and how its initial weights are made."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     kind: Literal["gpt", "hf"] = "gpt"
     """'gpt': the embedded byte-level GPT; 'hf': a Hugging Face causal LM (see `init`)."""
@@ -81,7 +80,7 @@ class ModelSection(BaseModel):
 class DataSection(BaseModel):
     """Where training and evaluation batches come from (`node/learn/datafiles.py`, `tokencache.py`)."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     kind: Literal["embedded", "files"] = "embedded"
     """'embedded': the Python standard library's sources, as bytes; 'files': your own text, JSONL or
@@ -117,7 +116,7 @@ class TrainSection(UpdateRules):
     """The miners' inner loop (DiLoCo: H local AdamW steps per round), and how its result reaches
     the master: the codec, its options and the outer step (`validator.config.UpdateRules`)."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     inner_steps: int = Field(default=10, ge=1, le=100_000)
     """H: inner steps a miner trains per round."""
@@ -139,7 +138,7 @@ class TrainSection(UpdateRules):
 class RoundSection(BaseModel):
     """Round timing and checkpoints."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     deadline_seconds: float = Field(default=60.0, gt=0, le=86_400)
     """Longest a round stays open for submissions; a miner that misses it is recorded as missing."""
@@ -196,7 +195,7 @@ class SelectionSection(SelectionRules):
     """The Gauntlet settings a run fixes (`validator.config.SelectionRules`; the validator's other
     thresholds keep `GauntletConfig`'s defaults), and the sizes of its evaluation batches."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     eval_batch_size: int = Field(default=8, ge=1, le=4096)
     """Sequences per scoring batch (a prefix of the miners' batch of the same seed)."""
@@ -207,7 +206,7 @@ class SelectionSection(SelectionRules):
 class Manifest(BaseModel):
     """One training run. Its canonical JSON hashes to the run id."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
     """Human-readable run name (does not have to be unique; the run id is)."""

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from node.events import EventLog, read_events
 from node.run.manifest import Manifest
 from node.swarm.demo import Swarm, fresh_output, plot, prepare, summarize
+from protocol.parsing import STRICT
 
 TICK_SECONDS = 0.5
 
@@ -30,7 +31,7 @@ class DemoOptions(BaseModel):
     """`pulse demo`'s options (its flags and help are generated from these fields)."""
 
     # the options config of `node/commands/options.py`, which this floor does not import
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     task: Literal["lm", "rl"] = "lm"
     """language modelling or RL"""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
+
+from protocol.parsing import STRICT
 
 
 class RLConfig(BaseModel):
     """Settings every node of an RL run agrees on (part of the run id)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = STRICT
 
     digits: int = Field(default=2, ge=1, le=6)
     """Operands of the arithmetic task have up to this many decimal digits."""
