@@ -119,6 +119,52 @@ def _parse(addr: str) -> Multiaddr:
         raise ValueError(f"{addr!r} is not a multiaddr: {exc}") from exc
 
 
+class NetOptions(BaseModel):
+    """The network flags every long-running command shares, as an options model (`pulse`'s commands
+    generate the flags and their help from it, and inherit it in their own options)."""
+
+    model_config = STRICT
+
+    initial_peers: list[str] = Field(default_factory=list)
+    """peers to dial first: the multiaddrs `pulse dht` prints"""
+    host: list[str] | None = None
+    """listen multiaddrs (default /ip4/0.0.0.0/tcp/0)"""
+    announce: list[str] = Field(default_factory=list)
+    """public multiaddrs to announce"""
+    no_relay: bool = False
+    """disable libp2p circuit relays"""
+    auto_relay: bool = False
+    """find a relay to be reachable behind NAT"""
+    client_mode: bool = False
+    """do not serve DHT requests (behind NAT)"""
+    p2p_identity: Path | None = None
+    """libp2p identity file: keeps the peer id across restarts"""
+
+    def net_config(self) -> NetConfig:
+        """The `NetConfig` these flags ask for; `ConfigError` (one line, the flag named) if invalid."""
+        fields: dict[str, Any] = {
+            "initial_peers": tuple(self.initial_peers),
+            "announce_maddrs": tuple(self.announce),
+            "use_relay": not self.no_relay,
+            "use_auto_relay": self.auto_relay,
+            "client_mode": self.client_mode,
+            "identity_path": self.p2p_identity,
+        }
+        if self.host is not None:
+            fields["host_maddrs"] = tuple(self.host)
+        try:
+            return NetConfig(**fields)
+        except ValidationError as exc:
+            where, _, message = one_line(exc, "").partition(": ")
+            flag = _FLAGS.get(where.partition(".")[0], where)
+            raise ConfigError(f"--{flag}: {message}") from exc
+
+
+_FLAGS = {"initial_peers": "initial-peers", "host_maddrs": "host", "announce_maddrs": "announce"}
+"""The flag that sets a `NetConfig` field, for its errors."""
+
+
+# TRANSITIONAL: the argparse flags, until every command takes NetOptions
 def add_net_arguments(parser: argparse.ArgumentParser) -> None:
     """The network flags every long-running command shares."""
     group = parser.add_argument_group("network")
