@@ -41,6 +41,8 @@ from tests.rounds import (
 )
 
 ROUNDS = 3
+
+
 async def play_lm(h: Harness) -> None:
     try:
         h.start_validator()

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from node.commands.argtypes import Port, PositiveSeconds
-from node.commands.options import OPTIONS, add_options, parsed
+from node.commands.options import add_options, parsed
 from node.commands.roles import DEFAULT_CONFIG, start_run_reader, until_signal
-from node.net.netconfig import add_net_arguments
+from node.net.netconfig import NetOptions
 from node.net.p2ppeer import DHTView
 from node.net.peer import RunView
 from node.roles.dashboard.board import RunFacts
@@ -28,10 +28,8 @@ from node.roles.records import run_records
 from node.run.manifest import Manifest
 
 
-class DashboardOptions(BaseModel):
-    """`pulse dashboard`'s own options (the network's are `add_net_arguments`')."""
-
-    model_config = OPTIONS
+class DashboardOptions(NetOptions):
+    """`pulse dashboard`'s options, the network's flags among them."""
 
     config: Path = DEFAULT_CONFIG
     """run manifest TOML"""
@@ -51,14 +49,13 @@ def register(subparsers: Any) -> None:
     text = "serve a live web page for the run: rounds, loss, leaderboard, bytes, nodes online"
     parser = subparsers.add_parser("dashboard", help=text, description=text)
     add_options(parser, DashboardOptions)
-    add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if (options := parsed(DashboardOptions, args, "dashboard")) is None:
         return 2
-    if (started := start_run_reader(options.config, args, "dashboard")) is None:
+    if (started := start_run_reader(options.config, options, "dashboard")) is None:
         return 2
     manifest, dht = started
     try:

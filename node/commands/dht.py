@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 from node.commands.options import add_options, options_from
 from node.commands.roles import MetricsOptions, start_metrics
 from node.net.dht import PulseDHT
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.netconfig import NetOptions
 from node.net.records import RecordRules
 from node.run.manifest import load_manifest
 from protocol.errors import ConfigError, NetworkError
@@ -33,8 +33,8 @@ from protocol.messages import PublicKeyHex
 WATCH_SECONDS = 5.0
 
 
-class DhtOptions(MetricsOptions):
-    """`pulse dht`'s own options (the network's are `add_net_arguments`'): --config or --run-id."""
+class DhtOptions(MetricsOptions, NetOptions):
+    """`pulse dht`'s options, the network's flags among them: --config or --run-id."""
 
     config: Path | None = None
     """the run manifest (gives the run id and its validators)"""
@@ -55,7 +55,6 @@ class DhtOptions(MetricsOptions):
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("dht", help="run a bootstrap DHT peer and print its multiaddrs")
     add_options(parser, DhtOptions)
-    add_net_arguments(parser)
     parser.set_defaults(func=run_dht)
 
 
@@ -70,7 +69,7 @@ def rules_from(options: DhtOptions) -> RecordRules:
 def run_dht(args: argparse.Namespace) -> int:
     try:
         options = options_from(DhtOptions, args)
-        config = net_config_from_args(args)
+        config = options.net_config()
         rules = rules_from(options)
         # The bootstrap signs nothing; it only stores and serves records, so any key will do.
         identity = Identity.generate()

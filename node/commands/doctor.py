@@ -16,15 +16,16 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from node.commands.argtypes import at_least
+from node.commands.options import add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG, no_cuda
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.netconfig import NetConfig, NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.roles.doctor import Forecast, fit_advice, forecast, measure, reachability
 from node.roles.machinefit import Machine, needs, probe_machine
@@ -36,56 +37,69 @@ from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
 
 
+class DoctorOptions(NetOptions):
+    """`pulse doctor`'s options, the network's flags among them."""
+
+    config: Path = DEFAULT_CONFIG
+    """run manifest TOML"""
+    steps: int = Field(default=3, ge=1)
+    """inner steps to time (scaled to the run's H)"""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """where the steps run: the miner's device"""
+    local: bool = False
+    """measure this machine only: no network, no forecast"""
+    probe_mib: float = Field(default=8.0, gt=0, le=1024)
+    """MiB sent each way to measure the links"""
+    state_dir: Path | None = None
+    """where a node here would keep its state"""
+    threads: int = Field(default=0, ge=0)
+    """torch threads (0: torch's default)"""
+    print_json: bool = Field(default=False, alias="json")
+    """print one JSON object"""
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "doctor", help="measure this machine and its links to the run, and forecast whether it keeps up"
     )
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest TOML (%(default)s)")
-    parser.add_argument("--steps", type=at_least(1), default=3, help="inner steps to time (scaled to the run's H)")
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="where the steps run: the miner's device (%(default)s)"
-    )
-    parser.add_argument("--local", action="store_true", help="measure this machine only: no network, no forecast")
-    parser.add_argument("--probe-mib", type=float, default=8.0, help="MiB sent each way to measure the links")
-    parser.add_argument("--state-dir", type=Path, default=None, help="where a node here would keep its state")
-    parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_net_arguments(parser)
+    add_options(parser, DoctorOptions)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if (missing := no_cuda(args.device)) is not None:
+        options = options_from(DoctorOptions, args)
+        if (missing := no_cuda(options.device)) is not None:
             raise ConfigError(missing)
-        setup = RunSetup.from_manifest(load_manifest(args.config))
-        config = net_config_from_args(args)
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
+        setup = RunSetup.from_manifest(load_manifest(options.config))
+        config = options.net_config()
+        if options.threads > 0:
+            torch.set_num_threads(options.threads)
         with tempfile.TemporaryDirectory(prefix="pulse-doctor-") as tmp:
-            folder = args.state_dir or Path(tmp)
+            folder = options.state_dir or Path(tmp)
             folder.mkdir(parents=True, exist_ok=True)
-            if args.local:
-                steps = max(1, args.steps)
-                machine = probe_machine(setup, task_for(setup), device=args.device, steps=steps, folder=folder)
-                return _report_local(machine, setup, args)
-            report = asyncio.run(_diagnose(setup, config, Path(tmp), folder, args))
+            if options.local:
+                machine = probe_machine(
+                    setup, task_for(setup), device=options.device, steps=options.steps, folder=folder
+                )
+                return _report_local(machine, setup, options.print_json)
+            report = asyncio.run(_diagnose(setup, config, Path(tmp), folder, options))
     except ConfigError as exc:
         print(f"pulse doctor: {exc}", file=sys.stderr)
         return 2
     except NetworkError as exc:
         print(f"pulse doctor: {exc}", file=sys.stderr)
         return 1
-    if args.json:
+    if options.print_json:
         print(json.dumps(report.to_json(), sort_keys=True))
     else:
         show(report, Console())
     return 0
 
 
-def _report_local(machine: Machine, setup: RunSetup, args: argparse.Namespace) -> int:
+def _report_local(machine: Machine, setup: RunSetup, as_json: bool) -> int:
     advice = fit_advice(machine, setup.manifest)
-    if args.json:
+    if as_json:
         print(json.dumps({"machine": dataclasses.asdict(machine), "advice": advice}, sort_keys=True))
         return 0
     console = Console()
@@ -95,7 +109,9 @@ def _report_local(machine: Machine, setup: RunSetup, args: argparse.Namespace) -
     return 0
 
 
-async def _diagnose(setup: RunSetup, config: Any, scratch: Path, folder: Path, args: argparse.Namespace) -> Forecast:
+async def _diagnose(
+    setup: RunSetup, config: NetConfig, scratch: Path, folder: Path, options: DoctorOptions
+) -> Forecast:
     peer = await P2PPeer.create(config, run_records(setup.manifest), Identity.generate(), scratch, role="follower")
     try:
         maddrs = [str(a) for a in await peer.p2p.get_visible_maddrs()]
@@ -103,11 +119,11 @@ async def _diagnose(setup: RunSetup, config: Any, scratch: Path, folder: Path, a
             setup,
             task_for(setup),
             peer,
-            steps=max(1, args.steps),
-            probe_bytes=int(args.probe_mib * 2**20),
+            steps=options.steps,
+            probe_bytes=int(options.probe_mib * 2**20),
             folder=folder,
             reachability=reachability(maddrs),
-            device=args.device,
+            device=options.device,
         )
     finally:
         await peer.shutdown()

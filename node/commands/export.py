@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
-from node.commands.options import OPTIONS, add_options, options_from
+from node.commands.options import add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG
-from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
+from node.net.netconfig import NetConfig, NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.roles.export import Source, from_checkpoint, from_run, from_state_dir, summary, verify_export, write_export
 from node.roles.records import run_records
@@ -29,10 +29,8 @@ from protocol.errors import ConfigError, CorruptState, NetworkError, ProtocolErr
 from protocol.identity import Identity
 
 
-class ExportOptions(BaseModel):
-    """`pulse export`'s own options (the network's are `add_net_arguments`'): one source of three."""
-
-    model_config = OPTIONS
+class ExportOptions(NetOptions):
+    """`pulse export`'s options, the network's flags among them: one source of three."""
 
     state_dir: Path | None = None
     """a validator's state folder (its --state-dir)"""
@@ -73,7 +71,6 @@ def register(subparsers: Any) -> None:
     text = "write the run's current model as a Hugging Face folder, with the signed ledger of who trained it"
     parser = subparsers.add_parser("export", help=text, description=text)
     add_options(parser, ExportOptions)
-    add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -85,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         if options.out is None:  # the model refuses this already; here for the type checker
             raise ConfigError("--out: the folder to write is required")
         manifest = load_manifest(options.config)
-        source = _source(options, manifest, args)
+        source = _source(options, manifest)
         results = write_export(source, manifest, options.out)
     except (ConfigError, CorruptState, ProtocolError, NetworkError) as exc:
         print(f"pulse export: {exc}", file=sys.stderr)
@@ -96,14 +93,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _source(options: ExportOptions, manifest: Manifest, args: argparse.Namespace) -> Source:
-    """The state to export: a state folder's, the run's (fetched on `args`' network flags) or a blob's."""
+def _source(options: ExportOptions, manifest: Manifest) -> Source:
+    """The state to export: a state folder's, the run's (fetched on the network flags) or a blob's."""
     if options.state_dir is not None:
         return from_state_dir(options.state_dir)
     checkpoint = options.checkpoint or "latest"  # the model holds exactly one source
     if options.from_run:
         wanted = None if checkpoint == "latest" else int(checkpoint)
-        return asyncio.run(_from_run(manifest, net_config_from_args(args), wanted))
+        return asyncio.run(_from_run(manifest, options.net_config(), wanted))
     return from_checkpoint(Path(checkpoint), options.state_hash or "", options.round)
 
 

@@ -16,8 +16,9 @@ several (`--flag A B`). argparse only splits the command line: the values are ch
 from a flag or a test, and the `argparse.Namespace` stays in `node/commands/`.
 
 Why a helper and not typer: `pulse` is one argparse tree whose commands are imported lazily (`cli.py`)
-and share network flags (`add_net_arguments`); this puts one command's options on a model without a
-second CLI framework beside it, and the model (not click's types) does the validating.
+and share network flags (`NetOptions`, which every such command's options inherit); this puts one
+command's options on a model without a second CLI framework beside it, and the model (not click's
+types) does the validating.
 """
 
 from __future__ import annotations
@@ -42,20 +43,25 @@ _SCALARS = (int, float, str, Path)
 
 
 def add_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """One flag per field of `model` (see the module docstring)."""
-    for name, field in model.model_fields.items():
+    """One flag per field of `model` (see the module docstring). The fields of a base model that names
+    a `flag_group` (`NetOptions`: "network") come last, under that heading in the help."""
+    groups: dict[str, Any] = {}
+    fields = sorted(model.model_fields.items(), key=lambda item: _group_of(model, item[0]) is not None)
+    for name, field in fields:
+        group = _group_of(model, name)
+        target = parser if group is None else groups.setdefault(group, parser.add_argument_group(group))
         key = field.alias or name
         flag = "--" + key.replace("_", "-")
         help_text = field.description or ""
         kind, many, choices = _value_type(name, field)
         if kind is bool:
-            parser.add_argument(flag, dest=key, action="store_true", default=argparse.SUPPRESS, help=help_text)
+            target.add_argument(flag, dest=key, action="store_true", default=argparse.SUPPRESS, help=help_text)
             continue
         required = field.is_required()
         if not required and field.default is not None and not many:
             help_text += f" ({field.default})"
         nargs = "*" if many else None
-        parser.add_argument(
+        target.add_argument(
             flag,
             dest=key,
             type=kind,
@@ -65,6 +71,15 @@ def add_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None
             default=argparse.SUPPRESS,
             help=help_text,
         )
+
+
+def _group_of(model: type[BaseModel], name: str) -> str | None:
+    """The `flag_group` of the class that declares field `name` (None: the command's own flags)."""
+    for cls in model.__mro__:
+        if name in getattr(cls, "__annotations__", {}):
+            group = cls.__dict__.get("flag_group")
+            return group if isinstance(group, str) else None
+    return None
 
 
 def options_from(model: type[M], args: argparse.Namespace) -> M:

@@ -15,14 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from node.commands.argtypes import KeyFile
 from node.commands.keygen import DEFAULT_KEY_PATH
-from node.commands.options import OPTIONS, add_options, options_from
+from node.commands.options import add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG
 from node.net.keyfile import load_key_file
-from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
+from node.net.netconfig import NetConfig, NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.roles.receipt import Found, receipt_for
 from node.roles.records import run_records
@@ -37,10 +37,8 @@ from validator.receipt import GAIN_ABS_TOL, GAIN_REL_TOL
 DIFFERS_EXIT = 3
 
 
-class ReceiptOptions(BaseModel):
-    """`pulse receipt`'s own options (the network's are `add_net_arguments`')."""
-
-    model_config = OPTIONS
+class ReceiptOptions(NetOptions):
+    """`pulse receipt`'s options, the network's flags among them."""
 
     config: Path = DEFAULT_CONFIG
     """run manifest TOML"""
@@ -62,7 +60,6 @@ def register(subparsers: Any) -> None:
     text = "why a miner's submission of a round was selected or not, with its gains recomputed locally"
     parser = subparsers.add_parser("receipt", help=text, description=text)
     add_options(parser, ReceiptOptions)
-    add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -72,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         setup = RunSetup.from_manifest(load_manifest(options.config))
         miner = options.miner or load_key_file(options.key).public_hex
         payload = options.payload.read_bytes() if options.payload is not None else None
-        config = net_config_from_args(args)
+        config = options.net_config()
     except (ConfigError, KeyFileError, OSError) as exc:
         print(f"pulse receipt: {exc}", file=sys.stderr)
         return 2

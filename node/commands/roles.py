@@ -30,7 +30,7 @@ from node.events import Events
 from node.net.dht import PulseDHT
 from node.net.keyfile import load_key_file
 from node.net.lifetime import holder_of
-from node.net.netconfig import NetConfig, add_net_arguments, net_config_from_args
+from node.net.netconfig import NetConfig, NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.net.peer import Role
 from node.roles.auditor import Auditor
@@ -77,17 +77,16 @@ def register(subparsers: Any) -> None:
     for name, (text, model) in ROLES.items():
         parser = subparsers.add_parser(name, help=text, description=text)
         add_options(parser, model)
-        add_net_arguments(parser)
         parser.set_defaults(func=lambda args, role=name: run(role, args))
 
 
-def start_run_reader(config: Path, args: argparse.Namespace, command: str) -> tuple[Manifest, PulseDHT] | None:
-    """`config`'s manifest and a DHT peer (on `args`' network flags) that reads the run's records under a
+def start_run_reader(config: Path, net: NetOptions, command: str) -> tuple[Manifest, PulseDHT] | None:
+    """`config`'s manifest and a DHT peer (on the network flags `net`) that reads the run's records under a
     throwaway key (it signs and announces nothing), for the commands that only look at a run; None once
     the reason it could not start is printed."""
     try:
         manifest = load_manifest(config)
-        dht = PulseDHT.start(net_config_from_args(args), run_records(manifest).rules(), Identity.generate())
+        dht = PulseDHT.start(net.net_config(), run_records(manifest).rules(), Identity.generate())
     except (ConfigError, NetworkError) as exc:
         print(f"pulse {command}: {exc}", file=sys.stderr)
         return None
@@ -118,8 +117,8 @@ def start_metrics(options: MetricsOptions, command: str, role: str, run_id: str,
     return metrics
 
 
-class RoleOptions(MetricsOptions):
-    """The options every role takes (the network's are `add_net_arguments`')."""
+class RoleOptions(MetricsOptions, NetOptions):
+    """The options every role takes, the network's flags among them."""
 
     config: Path = DEFAULT_CONFIG
     """run manifest TOML"""
@@ -187,7 +186,7 @@ def run(role: str, args: argparse.Namespace) -> int:
         if role in ("miner", "validator") and setup.manifest.task == "lm":
             setup.corpus  # noqa: B018  # bad data fails here, in one line, before the network starts
         identity = load_key_file(options.key) if options.key is not None else Identity.generate()
-        config = net_config_from_args(args)
+        config = options.net_config()
     except (ConfigError, KeyFileError) as exc:
         print(f"pulse {role}: {exc}", file=sys.stderr)
         return 2

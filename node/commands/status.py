@@ -11,22 +11,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from node.commands.options import OPTIONS, add_options, parsed
+from node.commands.options import add_options, parsed
 from node.commands.roles import DEFAULT_CONFIG, start_run_reader
-from node.net.netconfig import add_net_arguments
+from node.net.netconfig import NetOptions
 from node.net.p2ppeer import DHTView
 from node.roles.records import run_records
 from node.roles.status import RunStatus, read_status
 
 
-class StatusOptions(BaseModel):
-    """`pulse status`'s own options (the network's are `add_net_arguments`')."""
-
-    model_config = OPTIONS
+class StatusOptions(NetOptions):
+    """`pulse status`'s options, the network's flags among them."""
 
     config: Path = DEFAULT_CONFIG
     """run manifest TOML"""
@@ -35,14 +32,13 @@ class StatusOptions(BaseModel):
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("status", help="show the run's current round, active nodes and latest scores")
     add_options(parser, StatusOptions)
-    add_net_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if (options := parsed(StatusOptions, args, "status")) is None:
         return 2
-    if (started := start_run_reader(options.config, args, "status")) is None:
+    if (started := start_run_reader(options.config, options, "status")) is None:
         return 2
     manifest, dht = started
     try:
@@ -51,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         dht.shutdown()
     if not status.found:
         print(
-            f"pulse status: {nothing_found(manifest.run_id, bool(manifest.validators), bool(args.initial_peers))}",
+            f"pulse status: {nothing_found(manifest.run_id, bool(manifest.validators), bool(options.initial_peers))}",
             file=sys.stderr,
         )
         return 1

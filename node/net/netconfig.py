@@ -5,10 +5,9 @@ These become the keyword arguments of `hivemind.DHT`, which passes them on to it
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey
@@ -124,6 +123,8 @@ class NetOptions(BaseModel):
     generate the flags and their help from it, and inherit it in their own options)."""
 
     model_config = STRICT
+    flag_group: ClassVar[str] = "network"
+    """The heading of these flags in a command's help."""
 
     initial_peers: list[str] = Field(default_factory=list)
     """peers to dial first: the multiaddrs `pulse dht` prints"""
@@ -162,33 +163,3 @@ class NetOptions(BaseModel):
 
 _FLAGS = {"initial_peers": "initial-peers", "host_maddrs": "host", "announce_maddrs": "announce"}
 """The flag that sets a `NetConfig` field, for its errors."""
-
-
-# TRANSITIONAL: the argparse flags, until every command takes NetOptions
-def add_net_arguments(parser: argparse.ArgumentParser) -> None:
-    """The network flags every long-running command shares."""
-    group = parser.add_argument_group("network")
-    group.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to dial first")
-    group.add_argument("--host", nargs="+", metavar="MADDR", help="listen multiaddrs (default /ip4/0.0.0.0/tcp/0)")
-    group.add_argument("--announce", nargs="*", default=[], metavar="MADDR", help="public multiaddrs to announce")
-    group.add_argument("--no-relay", action="store_true", help="disable libp2p circuit relays")
-    group.add_argument("--auto-relay", action="store_true", help="find a relay to be reachable behind NAT")
-    group.add_argument("--client-mode", action="store_true", help="do not serve DHT requests (behind NAT)")
-    group.add_argument("--p2p-identity", type=Path, help="libp2p identity file: keeps the peer id across restarts")
-
-
-def net_config_from_args(args: argparse.Namespace) -> NetConfig:
-    fields: dict[str, Any] = {
-        "initial_peers": tuple(args.initial_peers),
-        "announce_maddrs": tuple(args.announce),
-        "use_relay": not args.no_relay,
-        "use_auto_relay": args.auto_relay,
-        "client_mode": args.client_mode,
-        "identity_path": args.p2p_identity,
-    }
-    if args.host:
-        fields["host_maddrs"] = tuple(args.host)
-    try:
-        return NetConfig(**fields)
-    except ValidationError as exc:
-        raise ConfigError(one_line(exc, "net options")) from exc

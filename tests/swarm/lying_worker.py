@@ -1,6 +1,6 @@
 """An inference worker that lies, in its own process, for the RL swarm test.
 
-    python -m tests.swarm.lying_worker reward|state --config RUN.toml --events F.jsonl --state-dir D \
+    python -m tests.swarm.lying_worker --lie reward|state --config RUN.toml --events F.jsonl --state-dir D \
         --rounds R --initial-peers MADDR --host /ip4/127.0.0.1/tcp/0
 
 It follows the run like any worker (checkpoint, patches, hash checks) but publishes rollout
@@ -17,9 +17,13 @@ import hashlib
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field
+
+from node.commands.options import add_options, options_from
 from node.events import Events
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.netconfig import NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.roles.catchup import Held
 from node.roles.follower import Follower
@@ -47,15 +51,13 @@ class LyingWorker(RolloutWorker):
         await super().serve(held)
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: LyingOptions) -> None:
     setup = RunSetup.from_manifest(load_manifest(args.config))
     identity = Identity.generate()
     events = Events("follow", args.events)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.state_dir or Path(tmp)
-        peer = await P2PPeer.create(
-            net_config_from_args(args), run_records(setup.manifest), identity, folder, role="follower"
-        )
+        peer = await P2PPeer.create(args.net_config(), run_records(setup.manifest), identity, folder, role="follower")
         worker = LyingWorker(setup, identity, peer, events)
         worker.lie = args.lie
         follower = Follower(peer, events, [worker])
@@ -66,12 +68,22 @@ async def main(args: argparse.Namespace) -> None:
             events.finish()
 
 
+class LyingOptions(NetOptions):
+    """The lying inference worker's options."""
+
+    lie: Literal["reward", "state"]
+    """what it lies about"""
+    config: Path
+    """run manifest TOML"""
+    events: Path
+    """JSON lines of what it did"""
+    state_dir: Path | None = None
+    """folder for blobs (default: a temporary one)"""
+    rounds: int = Field(ge=0)
+    """stop after this round"""
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("lie", choices=("reward", "state"))
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--events", type=Path, required=True)
-    parser.add_argument("--state-dir", type=Path)
-    parser.add_argument("--rounds", type=int, required=True)
-    add_net_arguments(parser)
-    asyncio.run(main(parser.parse_args()))
+    add_options(parser, LyingOptions)
+    asyncio.run(main(options_from(LyingOptions, parser.parse_args())))

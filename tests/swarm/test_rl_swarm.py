@@ -39,7 +39,8 @@ def swarm(tmp_path: Path) -> Iterator[tuple[Swarm, Path, list[Path]]]:
 
 
 def start_liar(swarm: Swarm, name: str, lie: str) -> Proc:
-    args = [lie, "--config", str(swarm.out / "run.toml"), "--events", str(swarm.out / "events" / f"{name}.jsonl")]
+    args = ["--lie", lie, "--config", str(swarm.out / "run.toml")]
+    args += ["--events", str(swarm.out / "events" / f"{name}.jsonl")]
     args += ["--state-dir", str(swarm.work / name), "--rounds", str(ROUNDS)]
     args += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *swarm.bootstrap]
     return swarm.spawn(name, "follow", args, module="tests.swarm.lying_worker")

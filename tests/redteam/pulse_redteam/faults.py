@@ -17,9 +17,12 @@ import signal
 import sys
 from pathlib import Path
 
+from pydantic import Field, field_validator
+
+from node.commands.options import add_options, options_from
 from node.events import Events
 from node.net.keyfile import load_key_file
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.netconfig import NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.roles import validator_service
 from node.roles.intake import RoundIntake
@@ -28,33 +31,57 @@ from node.roles.tasks import validator_for
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
+from protocol.errors import ConfigError
 from pulse_redteam.lying import LIES, lying_validator
+
+
+class FaultOptions(NetOptions):
+    """The lying validator's options (`python -m pulse_redteam.faults`), as `pulse validator` takes them."""
+
+    lie: str
+    """what it lies about, one of `LIES`"""
+    from_round: int = Field(default=1, ge=0)
+    """the first round it lies in"""
+    config: Path
+    """run manifest TOML"""
+    key: Path
+    """the validator's key file"""
+    state_dir: Path
+    """the validator's state folder"""
+    rounds: int | None = Field(default=None, ge=0)
+    """stop after this round"""
+    events: Path | None = None
+    """JSON lines of what it did"""
+    threads: int = 0
+    """accepted for `Swarm.start_role`; unused"""
+
+    @field_validator("lie")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in LIES:
+            raise ValueError(f"{value!r} is not one of {LIES}")
+        return value
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pulse_redteam.faults")
-    parser.add_argument("--lie", choices=LIES, required=True)
-    parser.add_argument("--from-round", type=int, default=1)
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--key", type=Path, required=True)
-    parser.add_argument("--state-dir", type=Path, required=True)
-    parser.add_argument("--rounds", type=int)
-    parser.add_argument("--events", type=Path)
-    parser.add_argument("--threads", type=int, default=0)  # accepted for `Swarm.start_role`; unused
-    add_net_arguments(parser)
-    args = parser.parse_args(argv)
+    add_options(parser, FaultOptions)
+    try:
+        options = options_from(FaultOptions, parser.parse_args(argv))
+    except ConfigError as exc:
+        parser.error(str(exc))
     # the service builds its validator from this name: the double swaps in the lying class
-    validator_service.Validator = lying_validator(args.lie, args.from_round)  # type: ignore[misc]
-    asyncio.run(_run(args))
+    validator_service.Validator = lying_validator(options.lie, options.from_round)  # type: ignore[misc]
+    asyncio.run(_run(options))
     return 0
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def _run(args: FaultOptions) -> None:
     setup = RunSetup.from_manifest(load_manifest(args.config))
     identity, events = load_key_file(args.key), Events("validator", args.events)
     records = run_records(setup.manifest)
     intake = RoundIntake(setup, events, args.state_dir / "inbox")
-    config = net_config_from_args(args)
+    config = args.net_config()
     peer = await P2PPeer.create(config, records, identity, args.state_dir, role="validator", intake=intake)
     try:
         loop = asyncio.get_running_loop()

@@ -22,14 +22,16 @@ import tempfile
 from pathlib import Path
 
 import torch
+from pydantic import Field
 
+from node.commands.options import add_options, options_from
 from node.events import Events
 from node.events.campaign import AttackSent
 from node.learn.rl.checks import announce
 from node.learn.rl.config import RLConfig
 from node.learn.rl.task import answer, problems_for, reward
 from node.net.dht import sign_for
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.netconfig import NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.net.peer import Peer
 from node.roles.catchup import Held
@@ -38,7 +40,7 @@ from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from protocol import rollouts
-from protocol.errors import NetworkError
+from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
 from protocol.rollouts import RolloutBatch, RolloutGroup
 
@@ -108,13 +110,13 @@ class Fabricator:
         self.events.emit(sent, f"round {held.round}: fabricated rollouts from {me.public_hex[:12]}: {status}")
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: FabricatorOptions) -> int:
     setup = RunSetup.from_manifest(load_manifest(args.config))
     events = Events("hostile", args.events)
     identity = Identity.generate()  # the transport's and heartbeats' key; batches are signed by ground keys
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.state_dir or Path(tmp)
-        config = net_config_from_args(args)
+        config = args.net_config()
         peer = await P2PPeer.create(config, run_records(setup.manifest), identity, folder, role="follower")
         follower = Follower(peer, events, [Fabricator(setup, peer, events)])
         try:
@@ -125,18 +127,31 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+class FabricatorOptions(NetOptions):
+    """The fabricating follower's options (`python -m pulse_redteam.campaign.fabricator`)."""
+
+    config: Path
+    """run manifest TOML"""
+    events: Path
+    """JSON lines of what it did"""
+    state_dir: Path | None = None
+    """folder for blobs (default: a temporary one)"""
+    rounds: int = Field(ge=0)
+    """stop after this round"""
+    threads: int = Field(default=1, ge=0)
+    """torch CPU threads"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pulse_redteam.campaign.fabricator", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--events", type=Path, required=True)
-    parser.add_argument("--state-dir", type=Path)
-    parser.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=1)
-    add_net_arguments(parser)
-    args = parser.parse_args(argv)
+    add_options(parser, FabricatorOptions)
+    try:
+        options = options_from(FabricatorOptions, parser.parse_args(argv))
+    except ConfigError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(args.threads)
-    return asyncio.run(_run(args))
+    torch.set_num_threads(options.threads)
+    return asyncio.run(_run(options))
 
 
 if __name__ == "__main__":

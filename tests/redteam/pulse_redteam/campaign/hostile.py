@@ -34,12 +34,14 @@ from typing import TypeVar
 
 import torch
 from hivemind.p2p import PeerID
+from pydantic import Field, model_validator
 
+from node.commands.options import add_options, options_from
 from node.events import Events
 from node.events.campaign import AttackSent, AttackSkipped, HostileDone, NetAttack, Uploading
 from node.events.models import Started
 from node.net.keyfile import load_key_file
-from node.net.netconfig import add_net_arguments, net_config_from_args
+from node.net.netconfig import NetOptions
 from node.net.p2ppeer import P2PPeer
 from node.net.transfer import call_fetch
 from node.roles.catchup import Chain, Held
@@ -47,7 +49,7 @@ from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from node.swarm.fakeminers import Miner, make_adversary
-from protocol.errors import ProtocolError, TransferError
+from protocol.errors import ConfigError, ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SignedMessage
@@ -333,34 +335,57 @@ def _size_lie(forge: Forge, me: Identity, payload: bytes) -> tuple[Submission, d
 # -- process entry point -------------------------------------------------------------------------
 
 
+class HostileOptions(NetOptions):
+    """The hostile miner's options (`python -m pulse_redteam.campaign.hostile`)."""
+
+    config: Path
+    """run manifest TOML"""
+    keys: list[Path] = Field(min_length=1)
+    """one key file per hostile identity"""
+    attacks: str
+    """comma-separated attack names"""
+    rotate: bool = False
+    """key i plays a different attack each round"""
+    offset: int = 0
+    """with --rotate: key i starts at attack i + offset"""
+    stride: int = Field(default=0, ge=0)
+    """with --rotate: attacks skipped per round (default keys)"""
+    rounds: int = Field(ge=0)
+    """stop after this round"""
+    events: Path
+    """JSON lines of what it did"""
+    state_dir: Path
+    """folder for blobs"""
+    threads: int = Field(default=1, ge=0)
+    """torch CPU threads"""
+
+    @property
+    def attack_list(self) -> list[str]:
+        return [a for a in self.attacks.split(",") if a]
+
+    @model_validator(mode="after")
+    def _known(self) -> HostileOptions:
+        if unknown := sorted(set(self.attack_list) - set(ATTACKS)):
+            raise ValueError(f"unknown attacks {unknown}, of {sorted(ATTACKS)}")
+        return self
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pulse_redteam.campaign.hostile", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--keys", type=Path, nargs="+", required=True, help="one key file per hostile identity")
-    parser.add_argument("--attacks", required=True, help=f"comma-separated, of {sorted(ATTACKS)}")
-    parser.add_argument("--rotate", action="store_true", help="key i plays a different attack each round")
-    parser.add_argument("--offset", type=int, default=0, help="with --rotate: key i starts at attack i + offset")
-    parser.add_argument("--stride", type=int, default=0, help="with --rotate: attacks skipped per round (default keys)")
-    parser.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--events", type=Path, required=True)
-    parser.add_argument("--state-dir", type=Path, required=True)
-    parser.add_argument("--threads", type=int, default=1)
-    add_net_arguments(parser)
-    args = parser.parse_args(argv)
-    attacks = [a for a in args.attacks.split(",") if a]
-    if unknown := sorted(set(attacks) - set(ATTACKS)):
-        parser.error(f"unknown attacks {unknown}")
+    add_options(parser, HostileOptions)
+    try:
+        options = options_from(HostileOptions, parser.parse_args(argv))
+    except ConfigError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(args.threads)
-    setup = RunSetup.from_manifest(load_manifest(args.config))
-    keys = [load_key_file(k) for k in args.keys]
-    return asyncio.run(_run(args, setup, keys, attacks))
+    torch.set_num_threads(options.threads)
+    setup = RunSetup.from_manifest(load_manifest(options.config))
+    keys = [load_key_file(k) for k in options.keys]
+    return asyncio.run(_run(options, setup, keys, options.attack_list))
 
 
-async def _run(args: argparse.Namespace, setup: RunSetup, keys: list[Identity], attacks: list[str]) -> int:
-    peer = await P2PPeer.create(
-        net_config_from_args(args), run_records(setup.manifest), keys[0], args.state_dir, role="miner"
-    )
+async def _run(args: HostileOptions, setup: RunSetup, keys: list[Identity], attacks: list[str]) -> int:
+    peer = await P2PPeer.create(args.net_config(), run_records(setup.manifest), keys[0], args.state_dir, role="miner")
     hostile = Hostile(setup, keys, attacks, args.rotate, peer)
     hostile.offset, hostile.stride = args.offset, args.stride
     hostile.events = Events("hostile", args.events)
