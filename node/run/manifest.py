@@ -22,6 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
+import tomli_w
 from pydantic import BaseModel, Field, StringConstraints, ValidationError, model_validator
 
 from node.learn.hfmodel import ARCHITECTURES
@@ -271,7 +272,9 @@ class Manifest(BaseModel):
         return Manifest.model_validate({**self.model_dump(mode="python"), "validators": keys})
 
     def to_toml(self) -> str:
-        return _toml(self.model_dump(mode="json"))
+        """The manifest as TOML (what `load_manifest` reads back to the same run id): a field set to None
+        is left out, as TOML has no null, and reads back as its default."""
+        return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
 
 
 def codec_for(manifest: Manifest) -> Codec:
@@ -293,21 +296,3 @@ def load_manifest(path: Path) -> Manifest:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     return parse_manifest(data, str(path))
-
-
-def _toml(data: dict[str, object], prefix: str = "") -> str:
-    """A minimal TOML writer for manifests (scalars, lists of scalars, nested tables)."""
-    lines = [f"{k} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None]
-    for key, value in data.items():
-        if isinstance(value, dict):
-            name = f"{prefix}{key}"
-            lines += ["", f"[{name}]", _toml(value, name + ".")]
-    return "\n".join(line for line in lines if line != "") + "\n"
-
-
-def _value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    return json.dumps(value)
