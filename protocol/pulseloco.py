@@ -89,6 +89,24 @@ def _part(gaps: np.ndarray, values: np.ndarray, counts: np.ndarray, k_all: np.nd
     return _Part(table, gaps, np.repeat(classes, k_all[classes]).astype(np.uint8), values)
 
 
+def _gather(parts: list[_Part]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every part's gaps, contexts and values end to end. Each part's arrays are released once copied
+    (the parts are spent), so the peak is the whole plus one tensor's part, not the whole twice."""
+    n = sum(len(p.values) for p in parts)
+    gap_dtype = np.result_type(*(p.gaps.dtype for p in parts)) if parts else np.int32
+    gaps, ctx, values = np.empty(n, gap_dtype), np.empty(n, np.uint8), np.empty(n, np.float32)
+    at = 0
+    for p in parts:
+        end = at + len(p.values)
+        gaps[at:end], ctx[at:end], values[at:end] = p.gaps, p.ctx, p.values
+        p.gaps = p.ctx = p.values = _SPENT
+        at = end
+    return gaps, ctx, values
+
+
+_SPENT = np.zeros(0, np.uint8)
+
+
 class PulseLoCoCodec(Codec):
     name = "pulseloco"
     magic = b"PLOC"
@@ -109,16 +127,18 @@ class PulseLoCoCodec(Codec):
         done = parallel_map(lambda name: self._sparsify(weights[name], error[name] + delta[name], fraction), names)
         new_error = {name: e for name, (_, e) in zip(names, done, strict=True)}
         parts = [part for part, _ in done]
-        for part in parts:
-            positions.write_table(w, part.table)
-        values = np.concatenate([p.values for p in parts])
-        ctx = np.concatenate([p.ctx for p in parts])
+        del done
+        tables = [part.table for part in parts]
+        for table in tables:
+            positions.write_table(w, table)
+        gaps, ctx, values = _gather(parts)
         coded = floatcode.split(values, ctx, mantissa_bits)
+        sent = len(values)
+        del values  # coded holds what the stream needs
         before_model = len(w.getvalue())
         floatcode.write_models(w, coded.models)
         model_bytes = len(w.getvalue()) - before_model
-        gaps = np.concatenate([p.gaps for p in parts])
-        groups = positions.table_groups([p.table for p in parts])
+        groups = positions.table_groups(tables)
 
         def encode_stream(which: int) -> np.ndarray:  # the two streams are independent: one thread each
             enc = AnsEncoder()
@@ -133,7 +153,7 @@ class PulseLoCoCodec(Codec):
         write_words(w, val_words)
         stats = CodecStats(
             elements=numel(weights),
-            sent=len(values),
+            sent=sent,
             payload_bytes=0,
             position_bytes=2 * pos_words.size,
             value_bytes=2 * val_words.size + model_bytes,

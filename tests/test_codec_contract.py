@@ -11,12 +11,16 @@ test_pulseloco.py and test_sparseloco.py; the dense codec's, which has no file o
 
 from __future__ import annotations
 
+import gc
+import weakref
+from types import MappingProxyType
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.codec import REGISTRY, Codec, CodecStats, DenseCodec, make_codec
+from protocol.codec import REGISTRY, Codec, CodecStats, DenseCodec, ReadOnce, make_codec
 from protocol.errors import (
     LayoutMismatch,
     MalformedPayload,
@@ -96,6 +100,46 @@ def test_caller_tensors_are_left_alone(name: str) -> None:
     for n in weights:  # the outputs are the caller's to modify: no view of an input
         for out in (sent[n], new_error[n]):
             assert all(out.data_ptr() != t[n].data_ptr() for t in (weights, delta, error))
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_a_handed_over_update_streams_through_and_gives_the_same_bytes(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one tensor at a time, so the count below is exact (with N cores, N tensors are in flight at once)
+    monkeypatch.setattr("protocol.pulseloco.parallel_map", lambda fn, items: [fn(x) for x in items])
+    codec = make_codec(name)
+    weights, delta, error = make_case(4)
+    payload, new_error, _ = codec.compress(delta, error, weights)
+    alive: list[int] = []  # at each tensor read: how many input tensors were still alive (weakly watched)
+
+    class Watching(dict[str, torch.Tensor]):
+        def pop(self, name: str, *default: object) -> torch.Tensor:  # type: ignore[override]
+            gc.collect()
+            alive.append(sum(ref() is not None for ref in watched))
+            return super().pop(name, *default)  # type: ignore[no-any-return]
+
+    given_delta, given_error = Watching(clone(delta)), Watching(clone(error))
+    watched = [weakref.ref(t) for st in (given_delta, given_error) for t in st.values()]
+    handed = codec.compress(given_delta, given_error, weights, handover=True)
+    assert handed[0] == payload and same(handed[1], new_error)
+    assert not given_delta and not given_error  # each tensor was taken out once read
+    gc.collect()
+    assert all(ref() is None for ref in watched)  # and none is kept by the codec
+    # freed as the codec moved on, not at the end: by the last read most inputs were gone
+    assert alive[0] == 2 * len(weights) and alive[-1] <= 2, alive
+
+
+def test_a_handover_is_a_dict_read_once() -> None:
+    codec = make_codec("dense")
+    weights, delta, error = make_case(5)
+    with pytest.raises(TypeError, match="dict"):
+        codec.compress(MappingProxyType(delta), error, weights, handover=True)
+    given = ReadOnce(dict(delta))
+    name = next(iter(given))
+    given[name]
+    with pytest.raises(KeyError, match="read once"):
+        given[name]
 
 
 def test_registry_names_its_codecs() -> None:

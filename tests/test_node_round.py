@@ -81,3 +81,23 @@ def test_trainer_submission_decodes() -> None:
     assert header.payload_size == len(payload) and header.codec == manifest.train.codec
     update = codec_for(manifest).decompress(payload, weights)
     assert set(update) == set(weights) and any(bool(t.abs().sum() > 0) for t in update.values())
+
+
+@pytest.mark.parametrize("error_feedback", ["fp32", "bf16"])
+def test_a_handed_over_pseudo_gradient_gives_the_same_payload_and_buffer(error_feedback: str) -> None:
+    """The miner hands its pseudo-gradient to the codec (freed tensor by tensor): the same bytes and
+    the same error buffer as a trainer that keeps its copy, stored as `train.memory` says."""
+    train = {"inner_steps": 2, "codec": "pulseloco", "memory": {"error_feedback": error_feedback}}
+    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "train": train}))
+    identity = Identity.generate()
+    keeping, handing = task_for(setup).trainer(identity), task_for(setup).trainer(identity)
+    weights = bf16_state(setup.new_model())
+    for r in range(2):  # the second round carries the first one's buffer
+        delta = keeping.train(r, weights)
+        given = {n: t.clone() for n, t in delta.items()}
+        kept = keeping.package(r, delta, weights, state_hash(weights))
+        handed = handing.package(r, given, weights, state_hash(weights), handover=True)
+        assert handed == kept and delta and not given  # the handed dict was emptied, the kept one not
+        assert keeping.error is not None and handing.error is not None
+        assert all(torch.equal(keeping.error[n], handing.error[n]) for n in keeping.error)
+        assert {t.dtype for t in handing.error.values()} == {setup.manifest.train.memory.error_dtype}

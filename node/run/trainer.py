@@ -91,14 +91,22 @@ class Trainer(ABC):
         """The data assignment of `miner` (default: this one) in `round_`."""
         return Assignment(self.spec.run_id, round_, miner or self.identity.public_hex, self.spec.assignment_batches)
 
-    def compress(self, delta: State, weights: State, fraction: float = 1.0) -> bytes:
+    def compress(self, delta: State, weights: State, fraction: float = 1.0, *, handover: bool = False) -> bytes:
         """`delta` plus the error buffer, compressed against the BF16 `weights`; the buffer keeps the rest
         (stored as `train.memory.error_feedback` says; the codec works on it in FP32). `fraction` < 1
-        sends that share of the codec's values (a slow uplink; `roles/uplink.py`)."""
-        error = None if self.error is None else {n: e.float() for n, e in self.error.items()}
-        payload, new_error, self.last_stats = self.codec.compress(delta, error, weights, fraction=fraction)
-        del error
-        self.error = {n: e.to(self.spec.memory.error_dtype) for n, e in new_error.items()}
+        sends that share of the codec's values (a slow uplink; `roles/uplink.py`).
+
+        The old buffer is handed to the codec and `delta` too with `handover` (a dict the caller gives
+        up): each tensor is freed once the codec has read it, so a miner's host holds the pseudo-gradient,
+        the old buffer and the new one whole only for the tensor in hand (`Codec.compress`). Should the
+        codec refuse the update (NaN), the buffer starts afresh next round."""
+        old, self.error = self.error, None
+        error = None if old is None else {n: old.pop(n).float() for n in list(old)}  # BF16 storage: FP32 for the codec
+        given = delta if handover and isinstance(delta, dict) else dict(delta)  # a copy frees nothing of the caller's
+        payload, new_error, stats = self.codec.compress(given, error, weights, fraction=fraction, handover=True)
+        self.last_stats = stats
+        dtype = self.spec.memory.error_dtype
+        self.error = {n: new_error.pop(n).to(dtype) for n in list(new_error)}  # one tensor at a time
         return payload
 
     def header(self, round_: int, payload: bytes, base_hash: str, digest: str | None = None) -> SubmissionHeader:
@@ -114,9 +122,17 @@ class Trainer(ABC):
         )
 
     def package(
-        self, round_: int, delta: State, weights: State, base_hash: str, fraction: float = 1.0
+        self,
+        round_: int,
+        delta: State,
+        weights: State,
+        base_hash: str,
+        fraction: float = 1.0,
+        *,
+        handover: bool = False,
     ) -> tuple[SubmissionHeader, bytes]:
-        payload = self.compress(delta, weights, fraction)
+        """The signed-ready header and the payload of `delta` (`compress`; `handover`: `delta` is given up)."""
+        payload = self.compress(delta, weights, fraction, handover=handover)
         return self.header(round_, payload, base_hash), payload
 
     def _delta(self, weights: State) -> StateDict:
