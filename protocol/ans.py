@@ -435,7 +435,8 @@ class AnsEncoder:
         if not values.size:
             return
         if isinstance(nbits, (int, np.integer)):
-            if not 0 <= nbits <= 2 * RAW_MAX or np.any((values < 0) | (values >> int(nbits) != 0)):
+            # the extremes, not an elementwise test: no temporaries the size of `values`
+            if not 0 <= nbits <= 2 * RAW_MAX or int(values.min()) < 0 or int(values.max()) >> int(nbits) != 0:
                 raise ValueError("raw values must fit their bit count (at most 32)")
             self.segment(_enc_fixed_bits, (values, int(nbits)), 2 * values.size)
             return
