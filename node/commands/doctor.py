@@ -26,7 +26,8 @@ from node.commands.argtypes import at_least
 from node.commands.roles import DEFAULT_CONFIG, no_cuda
 from node.net.netconfig import add_net_arguments, net_config_from_args
 from node.net.p2ppeer import P2PPeer
-from node.roles.doctor import Forecast, fit_advice, forecast, measure, reachability
+from node.roles.doctor import measure, reachability
+from node.roles.forecast import Forecast, fit_advice, forecast
 from node.roles.machinefit import Machine, needs, probe_machine
 from node.roles.records import run_records
 from node.run.manifest import load_manifest

@@ -41,7 +41,8 @@ Files (in import order):
 - `metrics.py`    a role's Prometheus endpoint: the event metrics plus the peer's counts and the process
 - `machinefit.py` does the run fit this machine: inner steps timed on the device at the run's batch,
                   peak device and host memory, against the card's memory, the RAM and the disk
-- `doctor.py`     `pulse doctor`'s measurements (the machine, link probes, the run's records) and forecast
+- `doctor.py`     `pulse doctor`'s measurements (the machine, link probes, the run's records)
+- `forecast.py`   `pulse doctor`'s forecast from them (bytes, seconds, the join's time) and its advice
 
 Roles run on any `Peer`: `pulse` gives them the libp2p one, the fast tests the in-memory one.
 
