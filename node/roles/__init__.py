@@ -23,6 +23,8 @@ Files (in import order):
                   (header checks and seats before the body, the inbox); active and standby alike
 - `publisher.py`  `ChainPublisher`: checkpoints, the run's head, results (kept fresh), the round's blobs
 - `keyclash.py`   a second validator with this key, seen on the run's head: stop in one line
+- `chainrule.py`  an active validator among several: r-1 counted as its own, the standbys audited it,
+                  nobody else published r (`Superseded` otherwise)
 - `summary.py`    a closed round's figures: the `RoundClosed` event and the `RoundMetrics` record
 - `validator_service.py` `ValidatorService`: the loop of rounds over a `Phase` enum; it owns the
                   `Validator` and is handed the intake; the publisher and the deadline clock do the rest
