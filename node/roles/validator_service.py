@@ -105,15 +105,17 @@ class ValidatorService:
         poll: float = POLL_SECONDS,
         device: str = "cpu",
         clock: Clock | None = None,
+        validator_class: type[Validator] = Validator,
     ) -> None:
         """`intake`: the one the peer's transfer service was built with; `clock`: wall-clock seconds
-        (the intake's unless given)."""
+        (the intake's unless given); `validator_class`: what holds the state and decides each round
+        (a test double may lie: the audit's tests and fault runs)."""
         if identity.public_hex not in setup.manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
         self.setup, self.task, self.hooks, self.identity = setup, task, hooks, identity
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
         self.intake, self.clock = intake, clock or intake.clock
-        self.validator = self._open_state(device)
+        self.validator = self._open_state(device, validator_class)
         self.publisher = ChainPublisher(setup, peer, events, clock=self.clock)
         self.deadline = RoundClock(setup.manifest.round)
         self.phase = Phase.STARTING
@@ -125,15 +127,15 @@ class ValidatorService:
         self.linger_seconds = max(setup.manifest.round.deadline_seconds, MIN_LINGER_SECONDS)
         self.dense_bytes = setup.dense_bytes()
 
-    def _open_state(self, device: str) -> Validator:
+    def _open_state(self, device: str, validator_class: type[Validator]) -> Validator:
         s, task = self.setup, self.task
         folder = self.folder / "validator"
         cfg, run_id = s.manifest.gauntlet(), s.run_id
         evaluator = task.evaluator(device)  # the Gauntlet's forward passes run on `device`
         if StateStore(folder, cfg.keep_rounds).exists():
-            return Validator.open(folder, cfg, run_id, self.identity, evaluator, task.batch_fn())
+            return validator_class.open(folder, cfg, run_id, self.identity, evaluator, task.batch_fn())
         master = task.initial_master()
-        return Validator.create(folder, cfg, run_id, self.identity, master, evaluator, task.batch_fn())
+        return validator_class.create(folder, cfg, run_id, self.identity, master, evaluator, task.batch_fn())
 
     @property
     def round(self) -> int:
