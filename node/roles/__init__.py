@@ -27,7 +27,8 @@ Files (in import order):
                   nobody else published r (`Superseded` otherwise)
 - `summary.py`    a closed round's figures: the `RoundClosed` event and the `RoundMetrics` record
 - `validator_service.py` `ValidatorService`: the loop of rounds over a `Phase` enum; it owns the
-                  `Validator` and is handed the intake; the publisher and the deadline clock do the rest
+                  `Validator` and is handed the intake; the publisher, the deadline clock and the chain rule
+                  do the rest
 - `auditblobs.py` `RoundBlobs`: what an audit works from (evidence, payloads, patch), fetched, re-served
 - `auditstart.py` `ReplicaStart`: where an auditor's FP32 replica starts (its disk, W_0, a checkpoint)
 - `auditor.py`    `Auditor`: an FP32 replica that recomputes every counted round (`pulse audit`,
