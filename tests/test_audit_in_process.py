@@ -22,7 +22,6 @@ from node.events import EventLog, Events, read_events
 from node.events.audit import Audited, AuditMismatch
 from node.events.models import PatchApplied, RoundClosed
 from node.net.memory import MemoryNetwork
-from node.roles import validator_service
 from node.roles.intake import RoundIntake
 from node.roles.receipt import Found, receipt_for
 from node.roles.records import run_records
@@ -70,7 +69,10 @@ async def play(root: Path) -> EventLog:
     events = Events("validator", root / "events" / "liar.jsonl")
     intake = RoundIntake(setup, events, root / "liar" / "inbox")
     peer = network.join(key("liar"), root / "liar", role="validator", intake=intake)
-    liar = validator_for(setup, task, key("liar"), root / "liar", peer, events, intake, poll=POLL)
+    lying = lying_validator("add", from_round=1)  # honest in round 0, lies from round 1
+    liar = validator_for(
+        setup, task, key("liar"), root / "liar", peer, events, intake, poll=POLL, validator_class=lying
+    )
     running.append(asyncio.ensure_future(liar.run(ROUNDS)))
     for name in ("miner0", "miner1"):
         peer, events = join(name, "miner")
@@ -105,9 +107,7 @@ async def play(root: Path) -> EventLog:
 @pytest.fixture(scope="module")
 def played(tmp_path_factory: pytest.TempPathFactory) -> EventLog:
     torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(validator_service, "Validator", lying_validator("add", from_round=1))
-        return asyncio.run(play(tmp_path_factory.mktemp("liar")))
+    return asyncio.run(play(tmp_path_factory.mktemp("liar")))
 
 
 def test_the_auditing_follower_reports_the_lie_and_stays_on_the_verified_state(played: EventLog) -> None:

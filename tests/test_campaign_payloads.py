@@ -10,15 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from node.commands.roles import DEFAULT_CONFIG
 from node.run.manifest import parse_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
+from protocol.errors import SizeLimitExceeded
 from protocol.identity import Identity
 from protocol.state import State
+from protocol.statehash import state_hash
 from pulse_redteam.campaign import crafting
 from pulse_redteam.campaign.crafting import Forge
+from pulse_redteam.campaign.swarms import rl_campaign_manifest
 from validator.core import Validator
 from validator.intake import Submission
 
@@ -110,3 +114,22 @@ def test_each_crafted_submission_gets_its_reason(validator: tuple[Validator, Run
         status, fragment = EXPECTED[name]
         assert outcome.status == status and fragment in outcome.reason, (name, outcome.status, outcome.reason)
     assert all(o.status != "selected" for o in outcomes.values())
+
+
+def test_a_tiny_dense_payload_declares_every_weight_in_a_few_hundred_bytes_and_is_refused() -> None:
+    """The forgery is the run's own PULSELoCo payload with each stream cut to one word: it still
+    declares every weight sent, and the decoder refuses it from the streams' sizes."""
+    setup = RunSetup.from_manifest(rl_campaign_manifest(30.0, _key("validator").public_hex))
+    gen = torch.Generator().manual_seed(0)
+    weights = {
+        "a": (torch.randn(64, 128, generator=gen) * 0.02).to(torch.bfloat16),
+        "b": torch.ones(300, dtype=torch.bfloat16),
+    }
+    forge = Forge(setup, 0, weights, state_hash(weights))
+    payload = crafting.tiny_dense(forge)
+    assert len(payload) < 400
+    with pytest.raises(SizeLimitExceeded, match="stream holds"):
+        forge.codec.decompress(payload, weights)
+    lm = Forge(RunSetup.from_manifest(parse_manifest(tomllib.loads(DEFAULT_CONFIG.read_text()))), 0, weights, "")
+    with pytest.raises(ValueError, match="needs PULSELoCo"):
+        crafting.tiny_dense(lm)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from node.events.models import RoundClosed
-from node.roles.doctor import Forecast, forecast, join_seconds, measure, reachability
+from node.roles.doctor import measure, reachability
+from node.roles.forecast import Forecast, forecast, join_seconds
 from node.run.task import task_for
 from protocol.identity import Identity
 from tests.rounds import (

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from node.commands.cli import main
-from node.roles.doctor import fit_advice
+from node.roles.forecast import fit_advice
 from node.roles.machinefit import Machine, needs, probe_machine
 from node.run.manifest import load_manifest
 from node.run.presets import preset

@@ -35,6 +35,7 @@ from node.events import read_events
 from node.events.models import CheckpointLoaded, Final, Joined, Late, Missed, Submitted
 from node.net.keyfile import write_key_file
 from node.roles import doctor
+from node.roles.forecast import join_seconds
 from node.swarm import frozenrun, netns
 from node.swarm.demo import Swarm
 from node.swarm.links import LinkLab, links_manifest, round_figures, run_rounds
@@ -230,7 +231,7 @@ def _forecast_errors(f: dict[str, Any], observed: dict[str, Any]) -> dict[str, f
         # the run moves on between the forecast and the join (more patches, a newer checkpoint): the
         # doctor's rates applied to the join that then happened say how well it measured this machine
         measured = doctor.Measured(**m) if m else None
-        same = measured and doctor.join_seconds(measured, observed["join_bytes"], observed["join_patches"] or 0)
+        same = measured and join_seconds(measured, observed["join_bytes"], observed["join_patches"] or 0)
         if same:
             errors["join_seconds_same_plan"] = abs(same - observed["join_seconds"]) / observed["join_seconds"]
     up = m.get("up_bytes_per_second")

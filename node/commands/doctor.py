@@ -27,7 +27,8 @@ from node.commands.options import add_options, options_from
 from node.commands.roles import DEFAULT_CONFIG, no_cuda
 from node.net.netconfig import NetConfig, NetOptions
 from node.net.p2ppeer import P2PPeer
-from node.roles.doctor import Forecast, fit_advice, forecast, measure, reachability
+from node.roles.doctor import measure, reachability
+from node.roles.forecast import Forecast, fit_advice, forecast
 from node.roles.machinefit import Machine, needs, probe_machine
 from node.roles.records import run_records
 from node.run.manifest import load_manifest

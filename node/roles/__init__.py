@@ -23,9 +23,14 @@ Files (in import order):
                   (header checks and seats before the body, the inbox); active and standby alike
 - `publisher.py`  `ChainPublisher`: checkpoints, the run's head, results (kept fresh), the round's blobs
 - `keyclash.py`   a second validator with this key, seen on the run's head: stop in one line
+- `chainrule.py`  an active validator among several: r-1 counted as its own, the standbys audited it,
+                  nobody else published r (`Superseded` otherwise)
 - `summary.py`    a closed round's figures: the `RoundClosed` event and the `RoundMetrics` record
 - `validator_service.py` `ValidatorService`: the loop of rounds over a `Phase` enum; it owns the
-                  `Validator` and is handed the intake; the publisher and the deadline clock do the rest
+                  `Validator` and is handed the intake; the publisher, the deadline clock and the chain rule
+                  do the rest
+- `auditblobs.py` `RoundBlobs`: what an audit works from (evidence, payloads, patch), fetched, re-served
+- `auditstart.py` `ReplicaStart`: where an auditor's FP32 replica starts (its disk, W_0, a checkpoint)
 - `auditor.py`    `Auditor`: an FP32 replica that recomputes every counted round (`pulse audit`,
                   `pulse follow --audit`); a result that does not recompute is reported, not applied
 - `standby.py`    `ValidatorRole`: a validator of a manifest listing several, active or standby
@@ -39,7 +44,8 @@ Files (in import order):
 - `metrics.py`    a role's Prometheus endpoint: the event metrics plus the peer's counts and the process
 - `machinefit.py` does the run fit this machine: inner steps timed on the device at the run's batch,
                   peak device and host memory, against the card's memory, the RAM and the disk
-- `doctor.py`     `pulse doctor`'s measurements (the machine, link probes, the run's records) and forecast
+- `doctor.py`     `pulse doctor`'s measurements (the machine, link probes, the run's records)
+- `forecast.py`   `pulse doctor`'s forecast from them (bytes, seconds, the join's time) and its advice
 
 Roles run on any `Peer`: `pulse` gives them the libp2p one, the fast tests the in-memory one.
 

@@ -38,6 +38,7 @@ from node.run.setup import RunSetup
 from node.run.task import LMTask, RLTask, Task
 from node.run.trainer import Trainer
 from protocol.identity import Identity
+from validator.core import Validator
 
 POLL_SECONDS = 0.5
 
@@ -55,11 +56,24 @@ def validator_for(
     *,
     poll: float = POLL_SECONDS,
     device: str = "cpu",
+    validator_class: type[Validator] = Validator,
 ) -> ValidatorService:
     """The validator service of the run (builds or reopens its state: run it in an executor); its
     evaluation and held-out measures run on `device` where the task can use one."""
     hooks = round_hooks(task, peer, events, poll, device)
-    return ValidatorService(setup, task, hooks, identity, folder, peer, events, intake, poll=poll, device=device)
+    return ValidatorService(
+        setup,
+        task,
+        hooks,
+        identity,
+        folder,
+        peer,
+        events,
+        intake,
+        poll=poll,
+        device=device,
+        validator_class=validator_class,
+    )
 
 
 def validator_role_for(

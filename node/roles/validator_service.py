@@ -11,7 +11,9 @@
   calls) seats headers and keeps bodies for the open round;
 - the `ChainPublisher` (`publisher.py`) announces checkpoints, the head and results, keeps them
   fresh, serves and retires the round's blobs;
-- the `RoundClock` (`deadline.py`) says when a round may close; `summary.py` its figures.
+- the `RoundClock` (`deadline.py`) says when a round may close; `summary.py` its figures;
+- with several validators, `chainrule.py` checks around each round that no other validator's
+  result counts instead of this one's.
 
 Round r, phase by phase (`Phase`):
 
@@ -55,6 +57,7 @@ from node.events import Events
 from node.events.models import Baseline, Done, RoundOpened, Started
 from node.learn.train import changed_fraction
 from node.net.peer import Peer
+from node.roles.chainrule import await_standbys, check_counted, check_unclaimed
 from node.roles.deadline import RoundClock
 from node.roles.hooks import HeldOut, RoundHooks
 from node.roles.intake import Clock, RoundIntake, terms_of
@@ -64,10 +67,9 @@ from node.roles.replicas import replicate
 from node.roles.summary import Figures, round_closed, round_metrics
 from node.run.setup import RunSetup
 from node.run.task import Task
-from protocol.errors import ConfigError, NetworkError, Superseded
+from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
-from protocol.messages import Heartbeat, RoundResult
-from protocol.signing import SignedMessage
+from protocol.messages import Heartbeat
 from protocol.state import State
 from validator.core import Validator
 from validator.intake import payload_size
@@ -103,15 +105,17 @@ class ValidatorService:
         poll: float = POLL_SECONDS,
         device: str = "cpu",
         clock: Clock | None = None,
+        validator_class: type[Validator] = Validator,
     ) -> None:
         """`intake`: the one the peer's transfer service was built with; `clock`: wall-clock seconds
-        (the intake's unless given)."""
+        (the intake's unless given); `validator_class`: what holds the state and decides each round
+        (a test double may lie: the audit's tests and fault runs)."""
         if identity.public_hex not in setup.manifest.validators:
             raise ConfigError("this key is not one of the manifest's validators; add its public key to `validators`")
         self.setup, self.task, self.hooks, self.identity = setup, task, hooks, identity
         self.folder, self.peer, self.events, self.poll = folder, peer, events, poll
         self.intake, self.clock = intake, clock or intake.clock
-        self.validator = self._open_state(device)
+        self.validator = self._open_state(device, validator_class)
         self.publisher = ChainPublisher(setup, peer, events, clock=self.clock)
         self.deadline = RoundClock(setup.manifest.round)
         self.phase = Phase.STARTING
@@ -123,15 +127,15 @@ class ValidatorService:
         self.linger_seconds = max(setup.manifest.round.deadline_seconds, MIN_LINGER_SECONDS)
         self.dense_bytes = setup.dense_bytes()
 
-    def _open_state(self, device: str) -> Validator:
+    def _open_state(self, device: str, validator_class: type[Validator]) -> Validator:
         s, task = self.setup, self.task
         folder = self.folder / "validator"
         cfg, run_id = s.manifest.gauntlet(), s.run_id
         evaluator = task.evaluator(device)  # the Gauntlet's forward passes run on `device`
         if StateStore(folder, cfg.keep_rounds).exists():
-            return Validator.open(folder, cfg, run_id, self.identity, evaluator, task.batch_fn())
+            return validator_class.open(folder, cfg, run_id, self.identity, evaluator, task.batch_fn())
         master = task.initial_master()
-        return Validator.create(folder, cfg, run_id, self.identity, master, evaluator, task.batch_fn())
+        return validator_class.create(folder, cfg, run_id, self.identity, master, evaluator, task.batch_fn())
 
     @property
     def round(self) -> int:
@@ -195,8 +199,8 @@ class ValidatorService:
         self.phase = Phase.OPENING
         r, v = self.round, self.validator
         await self.key_watch.check(self.peer, r, v.state_hash)  # before it writes anything
-        await self._check_counted()
-        await self._await_standbys(r)
+        await check_counted(self.peer, v)  # the chain rule with several validators: `chainrule.py`
+        await await_standbys(self.peer, self.setup, self.identity.public_hex, r, self.poll)
         if checkpoint:
             await self.publisher.announce_checkpoint(r, v.weights, v.state_hash)
         await self.hooks.before_open(r, v.state_hash, self._recent_states(), v.weights)
@@ -248,7 +252,7 @@ class ValidatorService:
         # a standby holds the round's blobs before anyone can see the result: should this validator die
         # right after publishing, the standby can still verify and serve the new state, and go on
         await replicate(self.peer, self.setup, self.identity.public_hex, r, report.envelope, self.events)
-        await self._check_unclaimed(r, base)
+        await check_unclaimed(self.peer, self.identity.public_hex, r, base)
         await self.publisher.publish_result(report)
         self.previous_senders = set(senders)
         start = time.monotonic()
@@ -278,40 +282,6 @@ class ValidatorService:
                 return
             await asyncio.sleep(self.poll)
         log.info("stopping: not every node announced the final state within %.0f s", self.linger_seconds)
-
-    # -- several validators (the chain rule, `node/net/peer.py`) ---------------------------------------
-
-    async def _check_counted(self) -> None:
-        """Before opening round r: the result that counts for round r-1 is this validator's, or nobody's
-        yet (`Superseded` otherwise: a higher-priority validator's late result, or a standby's takeover)."""
-        v = self.validator
-        if v.round == 0 or v.last_result is None or len(v.book.states) < 2:
-            return
-        mine = SignedMessage.from_bytes(v.last_result)
-        counted = await self.peer.counted_result(v.round - 1, v.book.states[-2])
-        if counted is not None and counted.statement_id != mine.statement_id:
-            raise Superseded(v.round - 1, counted.sender_hex)
-
-    async def _await_standbys(self, r: int) -> None:
-        """Before opening round r: give the standbys that stood by in round r-1 up to `takeover_seconds`
-        to audit it (their heartbeat for round r). Until one has fetched them, round r-1's evidence is
-        held here alone, and a standby that cannot audit round r-1 cannot take round r over."""
-        if r == 0 or len(self.setup.manifest.validators) < 2:
-            return
-        me = self.identity.public_hex
-        waiting = {v.sender_hex for v in await self.peer.validator_heartbeats(r - 1)} - {me}
-        end = time.monotonic() + self.setup.manifest.round.takeover_seconds
-        while waiting and time.monotonic() < end:
-            waiting -= {v.sender_hex for v in await self.peer.validator_heartbeats(r)}
-            if waiting:
-                await asyncio.sleep(self.poll)
-
-    async def _check_unclaimed(self, round_: int, base: str) -> None:
-        """Before publishing round r: no other validator published one already (a standby took the round
-        over while this one was slow): publishing too would make nodes that applied it switch back."""
-        for other in await self.peer.from_validators(RoundResult, round_):
-            if other.sender_hex != self.identity.public_hex and other.message.base_state_hash == base:
-                raise Superseded(round_, other.sender_hex)
 
     def _recent_states(self) -> dict[int, str]:
         """Round -> state hash for the rounds the validator's book still names (newest is this round's)."""

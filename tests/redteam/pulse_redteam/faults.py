@@ -24,7 +24,6 @@ from node.events import Events
 from node.net.keyfile import load_key_file
 from node.net.netconfig import NetOptions
 from node.net.p2ppeer import P2PPeer
-from node.roles import validator_service
 from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import validator_for
@@ -70,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         options = options_from(FaultOptions, parser.parse_args(argv))
     except ConfigError as exc:
         parser.error(str(exc))
-    # the service builds its validator from this name: the double swaps in the lying class
-    validator_service.Validator = lying_validator(options.lie, options.from_round)  # type: ignore[misc]
     asyncio.run(_run(options))
     return 0
 
@@ -81,12 +78,16 @@ async def _run(args: FaultOptions) -> None:
     identity, events = load_key_file(args.key), Events("validator", args.events)
     records = run_records(setup.manifest)
     intake = RoundIntake(setup, events, args.state_dir / "inbox")
+    liar = lying_validator(args.lie, args.from_round)
     config = args.net_config()
     peer = await P2PPeer.create(config, records, identity, args.state_dir, role="validator", intake=intake)
     try:
         loop = asyncio.get_running_loop()
         service = await loop.run_in_executor(
-            None, lambda: validator_for(setup, task_for(setup), identity, args.state_dir, peer, events, intake)
+            None,
+            lambda: validator_for(
+                setup, task_for(setup), identity, args.state_dir, peer, events, intake, validator_class=liar
+            ),
         )
         task = asyncio.ensure_future(service.run(args.rounds))
         for sig in (signal.SIGINT, signal.SIGTERM):

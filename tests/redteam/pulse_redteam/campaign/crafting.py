@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import sys
 from dataclasses import dataclass, replace
 from functools import cache
-from unittest import mock
 
 import numpy as np
 import torch
@@ -25,10 +23,12 @@ from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.trainer import MinerSpec
 from node.swarm.fakeminers import FakeRun, RoundView
-from protocol.codec import Codec, default_max_bytes, layout_digest
+from protocol import floatcode, positions
+from protocol.codec import Codec, default_max_bytes, layout_digest, read_words, write_words
 from protocol.codec_options import build_codec
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
+from protocol.pulseloco import PulseLoCoCodec
 from protocol.signing import sign
 from protocol.sparseloco import CHUNK, SparseLoCoCodec
 from protocol.state import State
@@ -146,18 +146,24 @@ def tiny_dense(forge: Forge) -> bytes:
     symbol per context, zero mantissas), with each entropy-coded stream cut to one word. A decoder
     that reads past a stream's end, or lets a stream carry more symbols than its bytes can, turns
     it into a full-density update (about 78 bytes of transient memory per weight while decoding,
-    and a copy-detection sketch to keep). Meaningful for PULSELoCo, whose classes may be sent whole;
-    SparseLoCo's density is fixed by its k."""
-    codec = forge.codec
-    module = sys.modules[type(codec).__module__]
-    write_words = module.write_words
-
-    def cut(w: Writer, words: np.ndarray) -> None:
-        write_words(w, words[:1])
-
-    update = {n: _half_power_of_two(t) for n, t in forge.weights.items()}
-    with mock.patch.object(module, "write_words", cut):
-        return codec.compress(update, None, forge.weights)[0]
+    and a copy-detection sketch to keep). PULSELoCo only, whose classes may be sent whole
+    (SparseLoCo's density is fixed by its k): its payload is read up to its two streams (value
+    format, class tables, models: `pulseloco.py`), which are then written again, one word each."""
+    if not isinstance(forge.codec, PulseLoCoCodec):
+        raise ValueError(f"a tiny dense payload needs PULSELoCo, this run's codec is {forge.codec.name}")
+    payload = forge.compress({n: _half_power_of_two(t) for n, t in forge.weights.items()})
+    r = Reader(payload, "payload")
+    r.raw(len(_common_header(forge)))
+    r.u8()  # value format
+    tables = [positions.read_table(r, name, forge.weights[name].numel()) for name in sorted(forge.weights)]
+    floatcode.read_models(r, sum(t.total for t in tables))
+    streams_at = len(payload) - r.remaining
+    pos_words, val_words = read_words(r), read_words(r)
+    w = Writer()
+    w.raw(payload[:streams_at])
+    write_words(w, pos_words[:1])
+    write_words(w, val_words[:1])
+    return w.getvalue()
 
 
 def _half_power_of_two(t: torch.Tensor) -> torch.Tensor:
