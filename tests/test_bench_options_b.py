@@ -89,6 +89,14 @@ def test_the_command_lines_users_type_still_parse() -> None:
     assert options.hostile_fractions == [0.2, 0.4] and options.skip_faults
     assert failover.Options(points="serving,collecting").kill_points == ["serving", "collecting"]
     assert options_from(rl.Options, _parse("rl", "--inner-lr", "1e-5")).inner_lr == 1e-5
+    # the README's command lines
+    flags = ["--honest", "2", "--rounds", "3", "--fractions", "", "--skip-faults", "--skip-netns"]
+    flags += ["--scenarios", "network,dht-evict"]
+    options = options_from(attacks.Options, _parse("attacks", *flags))
+    assert options.hostile_fractions == [] and options.scenarios == "network,dht-evict" and options.honest == 2
+    assert options_from(links.Options, _parse("links", "--skip", "joins", "deadlines")).skip == ["joins", "deadlines"]
+    options = options_from(scale.Options, _parse("scale", "--device", "cuda", "--steps", "10", "--submissions", "4"))
+    assert (options.steps, options.sizes) == (10, (4,))
 
 
 def test_scale_offers_every_built_in_architecture() -> None:

@@ -120,12 +120,13 @@ class Options(BaseModel):
     @field_validator("fractions")
     @classmethod
     def _shares(cls, text: str) -> str:
-        words = [w for w in text.split(",") if w]
+        """Each a share strictly between 0 and 1 (the hostile miners are f / (1 - f) x the honest);
+        none at all (`--fractions ""`) plays no mixed runs."""
         try:
-            shares = [float(w) for w in words]
+            shares = [float(w) for w in text.split(",") if w]
         except ValueError:
-            shares = []
-        if not shares or not all(0 < f < 1 for f in shares):
+            shares = [-1.0]
+        if not all(0 < f < 1 for f in shares):
             raise ValueError(f"{text!r} is not comma-separated fractions between 0 and 1 (e.g. 0.30,0.45)")
         return text
 
