@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from pulse_redteam.bench.attacks import _result
+from pulse_redteam.bench.attacks import Options, _result
 from pulse_redteam.campaign.ledger import Ledger, Outcome
 from pulse_redteam.campaign.swarms import RunReport
 
@@ -21,8 +20,8 @@ def test_each_hostile_run_is_counted_once(tmp_path: Path) -> None:
     hostile = _run(
         "hostile30", [Outcome("alie", 6, "a" * 64, "aggregated", ""), Outcome("nan", 6, "b" * 64, "rejected", "x")]
     )
-    args = argparse.Namespace(honest=7, rounds=8, fractions="0.3")
-    result = _result(args, [clean, hostile], None, [3], tmp_path, None, {"lm": clean}, [])
+    options = Options(honest=7, rounds=8, fractions="0.3")
+    result = _result(options, [clean, hostile], None, [3], tmp_path, None, {"lm": clean}, [])
     summary = result.summary
     assert summary["hostile_aggregated"] == 1 and summary["hostile_aggregated_detectable"] == 0
     assert summary["per_attack"]["alie"]["aggregated"] == 1 and summary["per_attack"]["nan"]["rejected"] == 1

@@ -43,8 +43,8 @@ def _preset_with_inner_lr(folder: Path, lr: str) -> Path:
 def test_scale_runs_whole_rounds_with_the_real_pieces(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**TINY_QWEN, "max_position_embeddings": 1024}))
     config = _preset_with_inner_lr(tmp_path, "1e-3")
-    args = _args(scale, model_dir=tmp_path, config=config, miners=2, submissions="2,4", threads=1)
-    result = scale.run(args)
+    options = scale.Options(model_dir=tmp_path, config=config, miners=2, submissions="2,4", threads=1)
+    result = scale.run(options)
     s = result.summary
     assert s["scaled"] and s["follower_hash_ok"]
     assert [r["submissions"] for r in s["rounds"]] == [2, 4] and [r["copies"] for r in s["rounds"]] == [0, 2]
@@ -125,7 +125,7 @@ def test_projection_scales_state_by_parameters_and_activations_by_width_and_dept
 
 def test_scale_skips_later_rounds_past_its_time_budget(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**TINY_QWEN, "max_position_embeddings": 1024}))
-    args = _args(scale, model_dir=tmp_path, miners=1, submissions="1,2", threads=1, budget_seconds=1e-9)
-    s = scale.run(args).summary
+    options = scale.Options(model_dir=tmp_path, miners=1, submissions="1,2", threads=1, budget_seconds=1e-9)
+    s = scale.run(options).summary
     assert [r["submissions"] for r in s["rounds"]] == [1] and s["skipped_rounds"] == [2]
     assert s["validator_peak_ratio"] is None and s["follower_hash_ok"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import torch
 
 from node.bench import rl as bench
 from node.bench.rlsim import (
-    Shape,
     _Holder,
     centralized,
     checked_pool,
@@ -37,23 +35,22 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("rl-cache")
 
 
-def _tiny(tmp_path: Path) -> tuple[Manifest, argparse.Namespace]:
-    parser = argparse.ArgumentParser()
-    bench.configure(parser)
-    flags = "--rounds 2 --workers 3 --miners 3 --inner-steps 2 --prompts 3 --groups-per-batch 3 --group-size 4"
-    flags += " --held-out 8 --threads 1"
-    args = parser.parse_args([*flags.split(), "--cache-dir", str(tmp_path)])
-    manifest = bench.manifest_for(args)
+def _tiny(tmp_path: Path) -> tuple[Manifest, bench.Options]:
+    options = bench.Options(
+        rounds=2, workers=3, miners=3, inner_steps=2, prompts=3, groups_per_batch=3, group_size=4, held_out=8,
+        threads=1, cache_dir=tmp_path,
+    )  # fmt: skip
+    manifest = bench.manifest_for(options)
     data = manifest.model_dump(mode="python")
     data["model"]["gpt"].update(n_layer=1, n_embd=32, n_head=2)
     data["rl"]["warm_start_steps"] = 60  # enough to answer in format sometimes: groups with mixed rewards
-    return Manifest.model_validate(data), args
+    return Manifest.model_validate(data), options
 
 
 def test_tiny_bench_run_agrees_and_reports(cache: Path) -> None:
     tmp_path = cache
-    manifest, args = _tiny(tmp_path)
-    shape = Shape(workers=args.workers, miners=args.miners, rounds=args.rounds)
+    manifest, options = _tiny(tmp_path)
+    shape = options.shape
     seen: list[str] = []
     dec = decentralized(manifest, shape, tmp_path, seen.append)
     cen = centralized(manifest, shape, tmp_path)

@@ -21,13 +21,14 @@ all created here and removed on the way out; needs root, else it says why and st
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from node.bench import joincpu
 from node.bench.report import BenchResult, table
@@ -40,6 +41,7 @@ from node.swarm import frozenrun, netns
 from node.swarm.demo import Swarm
 from node.swarm.links import LinkLab, links_manifest, round_figures, run_rounds
 from protocol.identity import Identity
+from protocol.parsing import STRICT
 
 PREFIX, SUBNET = "plb", "10.232.61"  # namespaces are <prefix>-<pid>-<n>-<host>: unique per run (`netns.py`)
 JOIN_MBIT, HOLDER_MBIT = 100.0, 30.0
@@ -51,47 +53,68 @@ DOCTOR_SECONDS = 240.0
 NEWCOMER_ROUNDS = 24
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-mib", type=float, default=942.0, help="frozen state size (0.5B params in BF16)")
-    parser.add_argument("--miners", type=int, default=5, help="miners per deadline mode (20%% of them slow)")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per deadline mode")
-    parser.add_argument("--inner-steps", type=int, default=8, help="inner steps per round")
-    parser.add_argument("--deadline", type=float, default=30.0, help="the manifest's round deadline (s)")
-    parser.add_argument("--busy-inner-steps", type=int, default=48, help="inner steps per round of the busy miners")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["joins", "deadlines", "busy"], help="parts to skip")
-    parser.add_argument("--prefix", default=PREFIX, help="namespace name prefix (%(default)s)")
-    parser.add_argument("--subnet", default=SUBNET, help="the hosts' /24, first three octets (%(default)s)")
-    parser.add_argument(
-        "--cpu-only", action="store_true", help="only the join's CPU phases, in one process (no namespaces needed)"
-    )
-    parser.add_argument("--patches", type=int, default=3, help="patches after the checkpoint (--cpu-only)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per phase, the fastest kept (--cpu-only)")
-    parser.add_argument("--dir", type=Path, default=None, help="work folder, kept (default: a temp folder, removed)")
+class Options(BaseModel):
+    """`pulse bench links`' options: the sizes of its runs, the namespaces' names, or `--cpu-only`."""
+
+    model_config = STRICT
+
+    state_mib: float = Field(default=942.0, gt=0)
+    """frozen state size (0.5B params in BF16)"""
+    miners: int = Field(default=5, ge=1)
+    """miners per deadline mode (a fifth of them slow)"""
+    rounds: int = Field(default=6, ge=1)
+    """rounds per deadline mode"""
+    inner_steps: int = Field(default=8, ge=1)
+    """inner steps per round"""
+    deadline: float = Field(default=30.0, gt=0)
+    """the manifest's round deadline (s)"""
+    busy_inner_steps: int = Field(default=48, ge=1)
+    """inner steps per round of the busy miners"""
+    skip: list[Literal["joins", "deadlines", "busy"]] = Field(default_factory=list)
+    """parts to skip"""
+    prefix: str = Field(default=PREFIX, pattern=r"^[A-Za-z][A-Za-z0-9-]{0,15}$")
+    """namespace name prefix (a letter, then letters, digits and hyphens: 16 at most)"""
+    subnet: str = Field(default=SUBNET, pattern=r"^\d{1,3}\.\d{1,3}\.\d{1,3}$")
+    """the hosts' /24, first three octets"""
+    cpu_only: bool = False
+    """only the join's CPU phases, in one process (no namespaces needed)"""
+    patches: int = Field(default=3, ge=0)
+    """patches after the checkpoint (--cpu-only)"""
+    repeat: int = Field(default=3, ge=1)
+    """runs per phase, the fastest kept (--cpu-only)"""
+    dir: Path | None = None
+    """work folder, kept (default: a temp folder, removed)"""
+
+    @property
+    def state_bytes(self) -> int:
+        """`--state-mib` in bytes."""
+        return int(self.state_mib * 2**20)
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    if args.cpu_only:
-        phases = {"join_cpu": joincpu.phases(int(args.state_mib * 2**20), args.patches, args.repeat)}
+def run(options: Options) -> BenchResult:
+    if options.cpu_only:
+        phases = {"join_cpu": joincpu.phases(options.state_bytes, options.patches, options.repeat)}
         return BenchResult(summary=phases, tables=_tables(phases))
-    why = netns.available(args.prefix)
+    why = netns.available(options.prefix)
     if why is not None:
         raise SystemExit(f"pulse bench links needs network namespaces: {why}")
     summary: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        root = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulse-bench-links-")))
-        if "joins" not in args.skip:
-            summary.update(joins(root / "joins", int(args.state_mib * 2**20), args))
-        if "deadlines" not in args.skip:
-            summary["deadline_modes"] = {mode: deadline_mode(root / mode, mode, args) for mode in ("fixed", "adaptive")}
-        if "busy" not in args.skip:
-            summary.update(busy_and_doctor(root / "busy", args))
+        root = options.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulse-bench-links-")))
+        if "joins" not in options.skip:
+            summary.update(joins(root / "joins", options.state_bytes, options))
+        if "deadlines" not in options.skip:
+            modes = ("fixed", "adaptive")
+            summary["deadline_modes"] = {mode: deadline_mode(root / mode, mode, options) for mode in modes}
+        if "busy" not in options.skip:
+            summary.update(busy_and_doctor(root / "busy", options))
     return BenchResult(summary=summary, tables=_tables(summary))
 
 
 # -- joins ---------------------------------------------------------------------------------------------
 
 
-def joins(out: Path, state_bytes: int, args: argparse.Namespace) -> dict[str, Any]:
+def joins(out: Path, state_bytes: int, options: Options) -> dict[str, Any]:
     run = frozenrun.make(out / "run", state_bytes, patches=3)
     size = run.facts["checkpoint"]["size"]
     hosts = {
@@ -103,7 +126,7 @@ def joins(out: Path, state_bytes: int, args: argparse.Namespace) -> dict[str, An
         "joiner": netns.Link(JOIN_MBIT, JOIN_MBIT),
     }
     limit = 600 + 8 * size / (HOLDER_MBIT * 1e6)
-    with LinkLab(out / "lab", args.prefix, args.subnet, hosts) as lab:
+    with LinkLab(out / "lab", options.prefix, options.subnet, hosts) as lab:
         lab.serve("validator", run, role="validator", holds="chain")
         seed = lab.serve("seed", run)
         fetched = lab.run_client("fetch", "joiner", run, timeout=limit, name="fetch")
@@ -147,12 +170,12 @@ def _miner_hosts(count: int, slow_share: float) -> tuple[dict[str, str], dict[st
     return miners, links, frozenset(f"miner{i}" for i in range(slow))
 
 
-def deadline_mode(out: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    miners, links, slow = _miner_hosts(args.miners, 0.2)
-    manifest = links_manifest(mode, inner_steps=args.inner_steps, deadline=args.deadline)
-    net = netns.ShapedNetwork(args.prefix, args.subnet, {"validator": netns.Link.both(1000), **links})
+def deadline_mode(out: Path, mode: str, options: Options) -> dict[str, Any]:
+    miners, links, slow = _miner_hosts(options.miners, 0.2)
+    manifest = links_manifest(mode, inner_steps=options.inner_steps, deadline=options.deadline)
+    net = netns.ShapedNetwork(options.prefix, options.subnet, {"validator": netns.Link.both(1000), **links})
     with net:
-        done = run_rounds(out, net, manifest, miners, args.rounds)
+        done = run_rounds(out, net, manifest, miners, options.rounds)
     figures = round_figures(done, slow)
     figures.pop("targets", None)
     return figures
@@ -161,13 +184,13 @@ def deadline_mode(out: Path, mode: str, args: argparse.Namespace) -> dict[str, A
 # -- busy miners and `pulse doctor` --------------------------------------------------------------------
 
 
-def busy_and_doctor(out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    count = max(2, args.miners - 2)
+def busy_and_doctor(out: Path, options: Options) -> dict[str, Any]:
+    count = max(2, options.miners - 2)
     miners = {f"miner{i}": f"m{i}" for i in range(count)}
     hosts = {"validator": netns.Link.both(1000), "newcomer": NEWCOMER}
     hosts |= {f"m{i}": netns.Link(BUSY_MBIT, 1000) for i in range(count)}
     # fixed deadlines: every submission the newcomer makes in time is taken, so its uploads can be timed
-    manifest = links_manifest("fixed", inner_steps=args.busy_inner_steps, deadline=args.deadline, overlap=True)
+    manifest = links_manifest("fixed", inner_steps=options.busy_inner_steps, deadline=options.deadline, overlap=True)
     report: dict[str, Any] = {}
 
     def doctor_then_newcomer(swarm: Swarm) -> None:
@@ -176,9 +199,9 @@ def busy_and_doctor(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         write_key_file(Identity.generate(), key)  # a fresh key: anyone may mine
         swarm.start_role("newcomer", "miner", key, host="newcomer")
 
-    net = netns.ShapedNetwork(args.prefix, args.subnet, hosts)
+    net = netns.ShapedNetwork(options.prefix, options.subnet, hosts)
     with net:
-        rounds = args.rounds + 2 + NEWCOMER_ROUNDS
+        rounds = options.rounds + 2 + NEWCOMER_ROUNDS
         done = run_rounds(out, net, manifest, miners, rounds, during=doctor_then_newcomer)
     log = done.log
     busy = [e.busy_fraction for name in miners for e in log.events(Final, name) if e.busy_fraction is not None]

@@ -11,18 +11,19 @@ over rounds: 0.01 means 100x smaller), the per-round series, and each target wit
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, Field
 
 from node.bench.report import BenchResult, table
 from node.bench.rlsim import RunRecord, Shape, centralized, decentralized
 from node.run.manifest import Manifest, load_manifest, parse_manifest
 from node.run.presets import preset
+from protocol.parsing import STRICT
 
 log = logging.getLogger(__name__)
 
@@ -32,63 +33,84 @@ CENTRALIZED_TOLERANCE = 0.05  # final reward at least (1 - this) x the centraliz
 DENSITY_TARGET = 0.02  # mean fraction of BF16 weights a sync changes, at lr <= 3e-6
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run manifest with task = 'rl'")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--workers", type=int, default=4, help="inference workers (rollout batches per round)")
-    parser.add_argument("--miners", type=int, default=4, help="GRPO miners")
-    parser.add_argument("--inner-steps", type=int, default=None, help="H (default: the manifest's)")
-    parser.add_argument("--inner-lr", type=float, default=None, help="inner AdamW lr (default: the manifest's)")
-    parser.add_argument("--outer-lr", type=float, default=None, help="outer lr (default: the manifest's)")
-    parser.add_argument("--outer-momentum", type=float, default=None, help="outer momentum (default: the manifest's)")
-    parser.add_argument("--prompts", type=int, default=None, help="prompts per worker batch (default: the manifest's)")
-    parser.add_argument(
-        "--groups-per-batch", type=int, default=None, help="groups a seed draws from the pool (default: the manifest's)"
-    )
-    parser.add_argument("--group-size", type=int, default=None, help="G (default: the manifest's)")
-    parser.add_argument("--held-out", type=int, default=None, help="held-out prompts (default: the manifest's)")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="warm-start cache (default: ~/.cache/pulse)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--save", type=Path, default=None, help="also write the JSON summary to this file")
-    parser.add_argument("--skip-centralized", action="store_true", help="only the decentralized run")
+class Options(BaseModel):
+    """`pulse bench rl`'s options: the run's shape, and overrides of the manifest's settings."""
+
+    model_config = STRICT
+
+    config: Path = DEFAULT_CONFIG
+    """run manifest with task = 'rl'"""
+    rounds: int = Field(default=30, ge=1)
+    """rounds of each run"""
+    workers: int = Field(default=4, ge=1)
+    """inference workers (rollout batches per round)"""
+    miners: int = Field(default=4, ge=1)
+    """GRPO miners"""
+    inner_steps: int | None = Field(default=None, ge=1)
+    """H (default: the manifest's)"""
+    inner_lr: float | None = Field(default=None, gt=0)
+    """inner AdamW lr (default: the manifest's)"""
+    outer_lr: float | None = Field(default=None, gt=0)
+    """outer lr (default: the manifest's)"""
+    outer_momentum: float | None = Field(default=None, ge=0, lt=1)
+    """outer momentum (default: the manifest's)"""
+    prompts: int | None = Field(default=None, ge=1)
+    """prompts per worker batch (default: the manifest's)"""
+    groups_per_batch: int | None = Field(default=None, ge=1)
+    """groups a seed draws from the pool (default: the manifest's)"""
+    group_size: int | None = Field(default=None, ge=1)
+    """G (default: the manifest's)"""
+    held_out: int | None = Field(default=None, ge=1)
+    """held-out prompts (default: the manifest's)"""
+    cache_dir: Path | None = None
+    """warm-start cache (default: ~/.cache/pulse)"""
+    threads: int = Field(default=2, ge=1)
+    """torch CPU threads"""
+    save: Path | None = None
+    """also write the JSON summary to this file"""
+    skip_centralized: bool = False
+    """only the decentralized run"""
+
+    @property
+    def shape(self) -> Shape:
+        """Both runs' shape: rollout batches, miners and rounds."""
+        return Shape(workers=self.workers, miners=self.miners, rounds=self.rounds)
 
 
-def manifest_for(args: argparse.Namespace) -> Manifest:
-    """The manifest with the flags' overrides (a different run id when any is given)."""
-    manifest = load_manifest(args.config)
+def manifest_for(options: Options) -> Manifest:
+    """The manifest with the options' overrides (a different run id when any is given)."""
+    manifest = load_manifest(options.config)
     if manifest.task != "rl":
-        raise SystemExit(f"{args.config}: task is {manifest.task!r}, the rl bench needs task = 'rl'")
+        raise SystemExit(f"{options.config}: task is {manifest.task!r}, the rl bench needs task = 'rl'")
     data = manifest.model_dump(mode="python")
-    for flag, section, key in [
-        ("inner_steps", "train", "inner_steps"),
-        ("prompts", "rl", "prompts_per_batch"),
-        ("group_size", "rl", "group_size"),
-        ("groups_per_batch", "rl", "groups_per_batch"),
-        ("held_out", "rl", "held_out_prompts"),
+    for value, section, key in [
+        (options.inner_steps, "train", "inner_steps"),
+        (options.prompts, "rl", "prompts_per_batch"),
+        (options.group_size, "rl", "group_size"),
+        (options.groups_per_batch, "rl", "groups_per_batch"),
+        (options.held_out, "rl", "held_out_prompts"),
     ]:
-        if getattr(args, flag) is not None:
-            data[section][key] = getattr(args, flag)
-    if args.inner_lr is not None:
-        data["train"]["inner"]["lr"] = args.inner_lr
-    if args.outer_lr is not None:
-        data["train"]["outer"]["lr"] = args.outer_lr
-    if args.outer_momentum is not None:
-        data["train"]["outer"]["momentum"] = args.outer_momentum
-    return parse_manifest(data, str(args.config))
+        if value is not None:
+            data[section][key] = value
+    if options.inner_lr is not None:
+        data["train"]["inner"]["lr"] = options.inner_lr
+    if options.outer_lr is not None:
+        data["train"]["outer"]["lr"] = options.outer_lr
+    if options.outer_momentum is not None:
+        data["train"]["outer"]["momentum"] = options.outer_momentum
+    return parse_manifest(data, str(options.config))
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    if min(args.rounds, args.workers, args.miners) < 1:
-        raise SystemExit("--rounds, --workers and --miners must be >= 1")
-    torch.set_num_threads(args.threads)
-    manifest = manifest_for(args)
-    shape = Shape(workers=args.workers, miners=args.miners, rounds=args.rounds)
+def run(options: Options) -> BenchResult:
+    torch.set_num_threads(options.threads)
+    manifest = manifest_for(options)
+    shape = options.shape
     progress = log.info
-    dec = decentralized(manifest, shape, args.cache_dir, progress)
-    cen = None if args.skip_centralized else centralized(manifest, shape, args.cache_dir, progress)
+    dec = decentralized(manifest, shape, options.cache_dir, progress)
+    cen = None if options.skip_centralized else centralized(manifest, shape, options.cache_dir, progress)
     out = result(manifest, shape, dec, cen)
-    if args.save is not None:
-        args.save.write_text(json.dumps(out.summary, sort_keys=True) + "\n")
+    if options.save is not None:
+        options.save.write_text(json.dumps(out.summary, sort_keys=True) + "\n")
     return out
 
 

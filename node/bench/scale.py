@@ -29,23 +29,22 @@ preset's settings and reads the allocator's peak.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 import validator.core as validator_core
 from node.bench.footprint import MinerState, StepProbe, miner_state, probe_step, storage_bytes
 from node.bench.phases import MB, PhaseRecorder, release_memory, timed_methods
 from node.bench.report import BenchResult
 from node.learn.gpteval import GPTEvaluator
-from node.learn.hfmodel import ARCHITECTURES
 from node.learn.train import Batch, autocast, bf16_state
 from node.run.manifest import Manifest, load_manifest, parse_manifest
 from node.run.presets import preset
@@ -56,6 +55,7 @@ from node.swarm.fakeminers import identity_for
 from protocol import pulsesync
 from protocol.assignment import Assignment
 from protocol.messages import SubmissionHeader
+from protocol.parsing import STRICT
 from protocol.signing import SignedMessage, sign
 from protocol.statehash import state_hash
 from validator.core import RoundReport, Validator
@@ -69,37 +69,71 @@ CPU_DEFAULTS = {"steps": 2, "batch_size": 1, "seq_len": 32, "eval_batch_size": 1
 PROBE_TOKENS = 512  # the second calibration point: one sequence of 512 tokens
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="where miners train and the validator evaluates"
-    )
-    parser.add_argument(
-        "--config", type=Path, default=None, help=f"preset measured (default configs/{HOME_PRESET}.toml)"
-    )
-    parser.add_argument(
-        "--architecture", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES), help="model built (seeded)"
-    )
-    parser.add_argument("--model-dir", type=Path, default=None, help="build the config.json in this folder instead")
-    parser.add_argument("--miners", type=int, default=4, help="miners that train (%(default)s)")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="inner steps a miner runs (cpu 2; cuda: the preset's H)"
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=None, help="sequences per inner step (cpu 1; cuda: the preset's)"
-    )
-    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (cpu 32; cuda: the preset's)")
-    parser.add_argument("--eval-batch-size", type=int, default=None, help="validator batch (cpu 1; cuda: the preset's)")
-    parser.add_argument(
-        "--submissions", default=None, help="validator rounds, comma-separated sizes (cpu 4,16; cuda 4,8,16)"
-    )
-    parser.add_argument("--measure-1-5b", action="store_true", help="also train the 1.5B architecture (needs ~24 GB)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument(
-        "--budget-seconds",
-        type=float,
-        default=0.0,
-        help="skip the validator rounds after the first past this (0: none)",
-    )
+Architecture = Literal["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-72b"]
+"""The seeded architectures a run can build: `hfmodel.ARCHITECTURES`' names."""
+
+
+class Options(BaseModel):
+    """`pulse bench scale`'s options: where it runs, the preset measured and the run's sizes (a size
+    left out is the CPU's small one on cpu, the preset's on cuda)."""
+
+    model_config = STRICT
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """where miners train and the validator evaluates"""
+    config: Path | None = None
+    """preset measured (default configs/qwen2.5-0.5b-home-gpu.toml)"""
+    architecture: Architecture = "qwen2.5-0.5b"
+    """model built (seeded)"""
+    model_dir: Path | None = None
+    """build the config.json in this folder instead"""
+    miners: int = Field(default=4, ge=1)
+    """miners that train"""
+    steps: int | None = Field(default=None, ge=1)
+    """inner steps a miner runs (cpu 2; cuda: the preset's H)"""
+    batch_size: int | None = Field(default=None, ge=1)
+    """sequences per inner step (cpu 1; cuda: the preset's)"""
+    seq_len: int | None = Field(default=None, ge=1)
+    """tokens per sequence (cpu 32; cuda: the preset's)"""
+    eval_batch_size: int | None = Field(default=None, ge=1)
+    """validator batch (cpu 1; cuda: the preset's)"""
+    submissions: str | None = None
+    """validator rounds, comma-separated sizes (cpu 4,16; cuda 4,8,16)"""
+    measure_1_5b: bool = False
+    """also train the 1.5B architecture (needs ~24 GB)"""
+    threads: int = Field(default=0, ge=0)
+    """torch CPU threads, 0 for torch's default"""
+    budget_seconds: float = Field(default=0.0, ge=0)
+    """seconds after which the validator rounds past the first are skipped, 0 for no limit"""
+
+    @field_validator("submissions")
+    @classmethod
+    def _sizes_are_counts(cls, text: str | None) -> str | None:
+        if text is not None:
+            _sizes(text)
+        return text
+
+    @model_validator(mode="after")
+    def _eval_batch_fits(self) -> Options:
+        batch, evb = self.batch_size, self.eval_batch_size
+        if self.device == "cpu":  # on cuda a size left out is the preset's: `settings` checks those
+            batch, evb = batch or CPU_DEFAULTS["batch_size"], evb or CPU_DEFAULTS["eval_batch_size"]
+        if batch is not None and evb is not None and evb > batch:
+            raise ValueError(f"--eval-batch-size ({evb}) must be <= --batch-size ({batch})")
+        return self
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The validator rounds' sizes (`--submissions`, or the device's default)."""
+        return _sizes(self.submissions or ("4,16" if self.device == "cpu" else "4,8,16"))
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """`--submissions`' comma-separated sizes; ValueError unless each is a whole number >= 1."""
+    words = text.split(",")
+    if not all(w.strip().isdigit() and int(w) >= 1 for w in words):
+        raise ValueError(f"{text!r} is not comma-separated sizes >= 1 (e.g. 4,8,16)")
+    return tuple(int(w) for w in words)
 
 
 @dataclass(frozen=True)
@@ -122,27 +156,27 @@ class Settings:
         )
 
 
-def settings(args: argparse.Namespace) -> Settings:
-    device = torch.device(args.device)
+def settings(options: Options) -> Settings:
+    device = torch.device(options.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("pulse bench scale: --device cuda, but this torch build sees no CUDA device")
-    home = load_manifest(args.config or preset(HOME_PRESET))
+    home = load_manifest(options.config or preset(HOME_PRESET))
     cpu = device.type == "cpu"
 
     def pick(value: int | None, key: str, preset_value: int) -> int:
         return value if value is not None else (int(CPU_DEFAULTS[key]) if cpu else preset_value)
 
-    steps = pick(args.steps, "steps", home.train.inner_steps)
-    batch = pick(args.batch_size, "batch_size", home.data.batch_size)
-    seq = pick(args.seq_len, "seq_len", home.data.seq_len)
-    evb = pick(args.eval_batch_size, "eval_batch_size", home.selection.eval_batch_size)
-    sizes = tuple(int(n) for n in (args.submissions or ("4,16" if cpu else "4,8,16")).split(","))
-    if min(steps, batch, seq, evb, args.miners, *sizes) < 1 or evb > batch:
-        raise SystemExit("pulse bench scale: sizes must be >= 1 and --eval-batch-size <= --batch-size")
-    model = {"path": str(args.model_dir)} if args.model_dir else {"architecture": args.architecture}
-    return Settings(
-        device, home, run_manifest(home, model, steps, batch, seq, evb), args.miners, sizes, args.measure_1_5b
-    )
+    steps = pick(options.steps, "steps", home.train.inner_steps)
+    batch = pick(options.batch_size, "batch_size", home.data.batch_size)
+    seq = pick(options.seq_len, "seq_len", home.data.seq_len)
+    evb = pick(options.eval_batch_size, "eval_batch_size", home.selection.eval_batch_size)
+    if evb > batch:  # one of them is the preset's (the options check the sizes they give)
+        raise SystemExit(f"pulse bench scale: --eval-batch-size ({evb}) must be <= --batch-size ({batch})")
+    model: dict[str, str] = {"architecture": options.architecture}
+    if options.model_dir:
+        model = {"path": str(options.model_dir)}
+    run = run_manifest(home, model, steps, batch, seq, evb)
+    return Settings(device, home, run, options.miners, options.sizes, options.measure_1_5b)
 
 
 def run_manifest(home: Manifest, model: dict[str, str], steps: int, batch: int, seq: int, eval_batch: int) -> Manifest:
@@ -416,10 +450,10 @@ def _sender(sub: Submission) -> str:
     return SignedMessage.from_bytes(sub.envelope).sender_hex
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    s = settings(args)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+def run(options: Options) -> BenchResult:
+    s = settings(options)
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
     rec, start = PhaseRecorder(s.device), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pulse-scale-") as tmp:
         bench = Bench(s, rec, Path(tmp))
@@ -428,8 +462,9 @@ def run(args: argparse.Namespace) -> BenchResult:
         bench.create_w0()
         bench.train_miners()
         for size in s.sizes:
-            if bench.rounds and args.budget_seconds and time.perf_counter() - start > args.budget_seconds:
-                log.warning("round of %d skipped: the budget of %.0f s is spent", size, args.budget_seconds)
+            budget = options.budget_seconds
+            if bench.rounds and budget and time.perf_counter() - start > budget:
+                log.warning("round of %d skipped: the budget of %.0f s is spent", size, budget)
                 bench.skipped.append(size)
                 continue
             bench.rounds.append(bench.validator_round(size))

@@ -30,9 +30,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from node.events import Events
 from node.net.blobstore import BlobStore
@@ -45,6 +46,7 @@ from node.roles.chainstate import checkpoint_bytes
 from protocol import pulsesync
 from protocol.identity import Identity
 from protocol.messages import BlobRef, CheckpointAnnouncement, OuterStep, RoundResult
+from protocol.parsing import STRICT, one_line
 from protocol.pieces import checkpoint_index
 from protocol.signing import sign
 from protocol.statehash import state_hash
@@ -173,29 +175,68 @@ def _body(envelope: bytes) -> bytes:
 # -- processes -------------------------------------------------------------------------------------
 
 
-def _net(args: argparse.Namespace) -> NetConfig:
-    return NetConfig(initial_peers=tuple(args.initial_peers), host_maddrs=(args.host,), use_relay=False)
+class WorkerOptions(BaseModel):
+    """A worker process's options (`main` parses its command line into them)."""
+
+    model_config = STRICT
+
+    what: Literal["make", "serve", "join", "fetch"]
+    """what this process does"""
+    dir: Path
+    """the frozen run's folder"""
+    state_mib: float = Field(default=64.0, gt=0)
+    """make: the state's size"""
+    patches: int = Field(default=2, ge=0)
+    """make: patches after the checkpoint"""
+    role: Literal["validator", "holder"] = "holder"
+    """serve: publish the run's records (validator) or only hold blobs"""
+    holds: Literal["all", "checkpoint", "chain"] = "checkpoint"
+    """serve: the blobs held"""
+    state_dir: Path | None = None
+    """this node's folder (serve, join and fetch)"""
+    host: str = "/ip4/127.0.0.1/tcp/0"
+    """the listen multiaddr"""
+    initial_peers: list[str] = Field(default_factory=list)
+    """peers to dial first"""
+    out: Path | None = None
+    """join and fetch: write the figures here"""
+
+    @model_validator(mode="after")
+    def _node_has_a_folder(self) -> WorkerOptions:
+        if self.what != "make" and self.state_dir is None:
+            raise ValueError(f"--state-dir: {self.what} needs a folder")
+        return self
+
+    @property
+    def folder(self) -> Path:
+        """The node's folder (`--state-dir`: the validator checks that a node has one)."""
+        assert self.state_dir is not None
+        return self.state_dir
+
+    def net(self) -> NetConfig:
+        """This node's network: `--host`, dialing `--initial-peers`, no relays."""
+        return NetConfig(initial_peers=tuple(self.initial_peers), host_maddrs=(self.host,), use_relay=False)
 
 
-async def serve(run: FrozenRun, args: argparse.Namespace) -> None:
+async def serve(run: FrozenRun, options: WorkerOptions) -> None:
     """A validator (publishes the records) or a holder, serving `--holds`: all blobs, only the
     checkpoint, or the chain (the piece index and the patches, not the checkpoint)."""
-    folder = Path(args.state_dir)
+    folder = options.folder
     own = BlobStore(folder / "blobs")
     checkpoint = run.facts["checkpoint"]["sha256"]
     blobs = {
         "all": list(run.store()),
         "checkpoint": [checkpoint],
         "chain": [sha for sha in run.store() if sha != checkpoint],
-    }[args.holds]
+    }[options.holds]
     for sha in blobs:
         target = own.path(sha)
         if not target.exists():
             os.link(run.store().path(sha), target)  # same file system: no copy of a 1 GB blob
-    is_validator = args.role == "validator"
+    is_validator = options.role == "validator"
     identity = load_key_file(run.folder / "validator.key") if is_validator else Identity.generate()
     peer = await P2PPeer.create(
-        _net(args), run.records(), identity, folder, role="validator" if is_validator else "follower"
+        options.net(), run.records(), identity, folder, role="validator" if is_validator else "follower"
     )
     for sha in blobs:  # all as of the last round: heartbeats up to it then sweep none of them
         peer.hold(sha, run.rounds, "checkpoint" if sha == checkpoint else "patch")
@@ -215,13 +256,13 @@ async def serve(run: FrozenRun, args: argparse.Namespace) -> None:
         await peer.shutdown()
 
 
-async def join(run: FrozenRun, args: argparse.Namespace) -> dict[str, Any]:
+async def join(run: FrozenRun, options: WorkerOptions) -> dict[str, Any]:
     """`Chain.sync` from nothing to W_R, timed from the moment the node is on the network."""
     started = time.monotonic()
-    peer = await P2PPeer.create(_net(args), run.records(), Identity.generate(), Path(args.state_dir), role="follower")
+    peer = await P2PPeer.create(options.net(), run.records(), Identity.generate(), options.folder, role="follower")
     try:
         online = time.monotonic()
-        chain = Chain(peer, Events("joiner", Path(args.state_dir) / "events.jsonl"), poll=0.2)
+        chain = Chain(peer, Events("joiner", options.folder / "events.jsonl"), poll=0.2)
         held = await chain.sync()
         done = time.monotonic()
     finally:
@@ -231,10 +272,10 @@ async def join(run: FrozenRun, args: argparse.Namespace) -> dict[str, Any]:
     return {"join_seconds": done - online, "with_startup_seconds": done - started}
 
 
-async def fetch(run: FrozenRun, args: argparse.Namespace) -> dict[str, Any]:
+async def fetch(run: FrozenRun, options: WorkerOptions) -> dict[str, Any]:
     """One whole-blob fetch of the checkpoint (`Peer.fetch`: one holder at a time), timed from the
     request to the blob verified on disk; finding its holders in the DHT is timed apart."""
-    peer = await P2PPeer.create(_net(args), run.records(), Identity.generate(), Path(args.state_dir), role="follower")
+    peer = await P2PPeer.create(options.net(), run.records(), Identity.generate(), options.folder, role="follower")
     try:
         cp = run.facts["checkpoint"]
         start = time.monotonic()
@@ -249,28 +290,32 @@ async def fetch(run: FrozenRun, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m node.swarm.frozenrun")
-    parser.add_argument("what", choices=["make", "serve", "join", "fetch"])
+    parser.add_argument("what")
     parser.add_argument("dir", type=Path)
-    parser.add_argument("--state-mib", type=float, default=64.0)
-    parser.add_argument("--patches", type=int, default=2)
-    parser.add_argument("--role", choices=["validator", "holder"], default="holder")
-    parser.add_argument("--holds", choices=["all", "checkpoint", "chain"], default="checkpoint")
-    parser.add_argument("--state-dir", type=Path, default=None)
-    parser.add_argument("--host", default="/ip4/127.0.0.1/tcp/0")
-    parser.add_argument("--initial-peers", nargs="*", default=[])
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--state-mib", type=float, default=argparse.SUPPRESS)
+    parser.add_argument("--patches", type=int, default=argparse.SUPPRESS)
+    parser.add_argument("--role", default=argparse.SUPPRESS)
+    parser.add_argument("--holds", default=argparse.SUPPRESS)
+    parser.add_argument("--state-dir", type=Path, default=argparse.SUPPRESS)
+    parser.add_argument("--host", default=argparse.SUPPRESS)
+    parser.add_argument("--initial-peers", nargs="*", default=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=argparse.SUPPRESS)
+    try:  # the command line splits here; the options check it (a flag left out: the option's default)
+        options = WorkerOptions.model_validate(vars(parser.parse_args(argv)))
+    except ValidationError as exc:  # one line, the flag named: `--patches: Input should be ...`
+        where, _, message = one_line(exc, "").partition(": ")
+        parser.error(f"--{where.replace('_', '-')}: {message}" if where else message)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if args.what == "make":
-        make(args.dir, int(args.state_mib * 2**20), args.patches)
+    if options.what == "make":
+        make(options.dir, int(options.state_mib * 2**20), options.patches)
         return 0
-    run = FrozenRun(args.dir)
-    if args.what == "serve":
-        asyncio.run(serve(run, args))
+    run = FrozenRun(options.dir)
+    if options.what == "serve":
+        asyncio.run(serve(run, options))
         return 0
-    figures = asyncio.run(join(run, args) if args.what == "join" else fetch(run, args))
-    if args.out is not None:
-        args.out.write_text(json.dumps(figures))
+    figures = asyncio.run(join(run, options) if options.what == "join" else fetch(run, options))
+    if options.out is not None:
+        options.out.write_text(json.dumps(figures))
     print(json.dumps(figures), flush=True)
     return 0
 

@@ -23,7 +23,6 @@ blobs, inbox, sampled every 0.5 s), the largest over the runs in `validator_peak
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -33,7 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, field_validator
+
 from node.bench.report import BenchResult, table
+from protocol.parsing import STRICT
 from pulse_redteam.campaign import attacks, netns, swarms
 
 ATTACK_COLUMNS = [
@@ -87,90 +89,138 @@ SCENARIO_RUNS = (
 RL_MINERS, RL_WORKERS = 4, 2
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--honest", type=int, default=7, help="honest miners in every run")
-    parser.add_argument("--rounds", type=int, default=8, help="rounds per attack run")
-    parser.add_argument("--fault-rounds", type=int, default=9, help="rounds of the fault run (at least 9)")
-    parser.add_argument("--deadline", type=float, default=20.0, help="round deadline in seconds")
-    parser.add_argument("--fractions", default="0.30,0.45", help="hostile fractions of all miners")
-    parser.add_argument("--skip-faults", action="store_true")
-    parser.add_argument("--skip-netns", action="store_true", help="skip the swarm across two network namespaces")
-    parser.add_argument("--skip-scenarios", action="store_true", help="skip the one-attack runs (flood, RL, ...)")
-    names = ",".join(sc.name for sc in SCENARIO_RUNS)
-    parser.add_argument("--scenarios", default=names, help=f"the one-attack runs to play (of {names})")
-    parser.add_argument("--rl-deadline", type=float, default=30.0, help="round deadline of the RL runs")
-    parser.add_argument("--out", type=Path, help="keep the runs' logs here (default: a temporary folder)")
+class Options(BaseModel):
+    """`pulse bench attacks`' options: the runs' sizes, the hostile shares and the parts played."""
+
+    model_config = STRICT
+
+    honest: int = Field(default=7, ge=1)
+    """honest miners in every run"""
+    rounds: int = Field(default=8, ge=1)
+    """rounds per attack run"""
+    fault_rounds: int = Field(default=9, ge=1)
+    """rounds of the fault run (at least 9)"""
+    deadline: float = Field(default=20.0, gt=0)
+    """round deadline in seconds"""
+    fractions: str = "0.30,0.45"
+    """hostile fractions of all miners, comma-separated"""
+    skip_faults: bool = False
+    """skip the run with every fault"""
+    skip_netns: bool = False
+    """skip the swarm across two network namespaces"""
+    skip_scenarios: bool = False
+    """skip the one-attack runs (flood, RL, ...)"""
+    scenarios: str = ",".join(sc.name for sc in SCENARIO_RUNS)
+    """the one-attack runs to play, comma-separated"""
+    rl_deadline: float = Field(default=30.0, gt=0)
+    """round deadline of the RL runs"""
+    out: Path | None = None
+    """keep the runs' logs here (default: a temporary folder)"""
+
+    @field_validator("fractions")
+    @classmethod
+    def _shares(cls, text: str) -> str:
+        """Each a share strictly between 0 and 1 (the hostile miners are f / (1 - f) x the honest);
+        none at all (`--fractions ""`) plays no mixed runs."""
+        try:
+            shares = [float(w) for w in text.split(",") if w]
+        except ValueError:
+            shares = [-1.0]
+        if not all(0 < f < 1 for f in shares):
+            raise ValueError(f"{text!r} is not comma-separated fractions between 0 and 1 (e.g. 0.30,0.45)")
+        return text
+
+    @field_validator("scenarios")
+    @classmethod
+    def _known(cls, text: str) -> str:
+        unknown = {w for w in text.split(",") if w} - {sc.name for sc in SCENARIO_RUNS}
+        if unknown:
+            raise ValueError(
+                f"no scenario {', '.join(sorted(unknown))} (of {', '.join(sc.name for sc in SCENARIO_RUNS)})"
+            )
+        return text
+
+    @property
+    def hostile_fractions(self) -> list[float]:
+        """`--fractions` as numbers, in order."""
+        return [float(f) for f in self.fractions.split(",") if f]
 
 
 def _say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    fractions = [float(f) for f in args.fractions.split(",") if f]
-    hostile = [max(1, math.ceil(f * args.honest / (1 - f) - 1e-9)) for f in fractions]
-    out = args.out or Path(tempfile.mkdtemp(prefix="pulse-bench-attacks-"))
+def run(options: Options) -> BenchResult:
+    fractions = options.hostile_fractions
+    hostile = [max(1, math.ceil(f * options.honest / (1 - f) - 1e-9)) for f in fractions]
+    out = options.out or Path(tempfile.mkdtemp(prefix="pulse-bench-attacks-"))
     team_keys = max((sc.keys for sc in SCENARIO_RUNS), default=1)
-    keys = swarms.Keys.make(out / "keys", max(args.honest, RL_MINERS), max(*hostile, team_keys, 1))
+    keys = swarms.Keys.make(out / "keys", max(options.honest, RL_MINERS), max(*hostile, team_keys, 1))
     # the LM runs play every attack but those that need an RL run (played in their own swarms): a
     # hostile process of an LM run handed 'rl-fabricated' crashed (the 45% run's rotation reaches it)
     names = tuple(a for a in attacks.ATTACKS if attacks.SCENARIOS.get(a, "lm") == "lm")
     reports = []
-    _say(f"clean run: {args.honest} honest miners, {args.rounds} rounds (logs in {out})")
-    reports.append(swarms.attack_run(out / "clean", keys, [], args.rounds, deadline=args.deadline, honest=args.honest))
+    _say(f"clean run: {options.honest} honest miners, {options.rounds} rounds (logs in {out})")
+    reports.append(
+        swarms.attack_run(out / "clean", keys, [], options.rounds, deadline=options.deadline, honest=options.honest)
+    )
     _say(_line(reports[-1]))
     for fraction, n in zip(fractions, hostile, strict=True):
-        share = n / (n + args.honest)
-        _say(f"{share:.0%} hostile: {n} hostile miners beside {args.honest} honest, mixed attacks")
+        share = n / (n + options.honest)
+        _say(f"{share:.0%} hostile: {n} hostile miners beside {options.honest} honest, mixed attacks")
         name = f"hostile{round(100 * fraction)}"
         # one process per hostile miner; together they walk through every attack, one step a round
         teams = [swarms.Team(f"{name}-{i}", names, 1, rotate=True, offset=i, stride=n) for i in range(n)]
-        run = swarms.attack_run(out / name, keys, teams, args.rounds, deadline=args.deadline, honest=args.honest)
+        run = swarms.attack_run(
+            out / name, keys, teams, options.rounds, deadline=options.deadline, honest=options.honest
+        )
         reports.append(run)
         _say(_line(reports[-1]))
     cleans = {"lm": reports[0]}
     scenario_reports: list[tuple[Scenario, swarms.RunReport]] = []
-    chosen = set(args.scenarios.split(","))
-    for scenario in [sc for sc in SCENARIO_RUNS if sc.name in chosen and not args.skip_scenarios]:
+    chosen = set(options.scenarios.split(","))
+    for scenario in [sc for sc in SCENARIO_RUNS if sc.name in chosen and not options.skip_scenarios]:
         if scenario.task not in cleans:
-            _say(f"clean {scenario.task} run: {RL_MINERS} miners, {RL_WORKERS} rollout workers, {args.rounds} rounds")
-            cleans[scenario.task] = _scenario_run(out, keys, Scenario(f"{scenario.task}-clean", scenario.task), args)
+            _say(
+                f"clean {scenario.task} run: {RL_MINERS} miners, {RL_WORKERS} rollout workers, {options.rounds} rounds"
+            )
+            cleans[scenario.task] = _scenario_run(out, keys, Scenario(f"{scenario.task}-clean", scenario.task), options)
             _say(_line(cleans[scenario.task]))
         _say(f"{scenario.name}: {scenario.does or attacks.ATTACKS[scenario.name].does}")
-        scenario_reports.append((scenario, _scenario_run(out, keys, scenario, args)))
+        scenario_reports.append((scenario, _scenario_run(out, keys, scenario, options)))
         _say(_line(scenario_reports[-1][1]))
     faults = None
-    if not args.skip_faults:
-        _say(f"faults: {max(args.fault_rounds, 9)} rounds with every fault in one swarm")
-        faults = swarms.fault_run(out / "faults", keys, max(args.fault_rounds, 9), deadline=args.deadline)
+    if not options.skip_faults:
+        _say(f"faults: {max(options.fault_rounds, 9)} rounds with every fault in one swarm")
+        faults = swarms.fault_run(out / "faults", keys, max(options.fault_rounds, 9), deadline=options.deadline)
         _say(_line(faults))
-    namespaces = None if args.skip_netns else _netns(out, keys, args)
-    return _result(args, reports, faults, hostile, out, namespaces, cleans, scenario_reports)
+    namespaces = None if options.skip_netns else _netns(out, keys, options)
+    return _result(options, reports, faults, hostile, out, namespaces, cleans, scenario_reports)
 
 
-def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, args: argparse.Namespace) -> swarms.RunReport:
+def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, options: Options) -> swarms.RunReport:
     rl = scenario.task == "rl"
     return swarms.attack_run(
         out / scenario.name,
         keys,
         list(scenario.teams),
-        args.rounds,
-        deadline=args.rl_deadline if rl else args.deadline,
-        honest=RL_MINERS if rl else args.honest,
+        options.rounds,
+        deadline=options.rl_deadline if rl else options.deadline,
+        honest=RL_MINERS if rl else options.honest,
         task=scenario.task,
         fabricators=scenario.fabricators,
         workers=RL_WORKERS,
     )
 
 
-def _netns(out: Path, keys: swarms.Keys, args: argparse.Namespace) -> dict[str, Any]:
+def _netns(out: Path, keys: swarms.Keys, options: Options) -> dict[str, Any]:
     """The swarm across two network namespaces (two hosts), where this machine allows it."""
     reason = netns.available()
     if reason is not None:
         _say(f"no swarm across network namespaces: {reason}")
         return {"ran": False, "reason": reason}
     _say("two hosts: validator in one network namespace, miners and a follower in another")
-    report = netns.netns_run(out / "netns", keys, min(args.rounds, 5), deadline=args.deadline)
+    report = netns.netns_run(out / "netns", keys, min(options.rounds, 5), deadline=options.deadline)
     _say(_line(report))
     return {
         "ran": True,
@@ -209,7 +259,7 @@ def _against(report: swarms.RunReport, clean: swarms.RunReport) -> dict[str, Any
 
 
 def _result(
-    args: argparse.Namespace,
+    options: Options,
     reports: list[swarms.RunReport],
     faults: swarms.RunReport | None,
     hostile: list[int],
@@ -253,9 +303,9 @@ def _result(
         "faults_recovered": sum(all(ok) for ok in faults_by_name.values()),
         "faults_total": len(faults_by_name),
         "hashes_agree": all(r.hashes_agree for r in everything),
-        "honest_miners": args.honest,
+        "honest_miners": options.honest,
         "hostile_miners": dict(zip([r.name for r in reports[1:]], hostile, strict=True)),
-        "rounds": args.rounds,
+        "rounds": options.rounds,
         "per_attack": merged,
         "per_run": per_run,
         "fault_checks": fault_checks,
@@ -263,8 +313,8 @@ def _result(
         "logs": str(out),
         "netns": netns,
     }
-    for report, fraction in zip(reports[1:], [f for f in args.fractions.split(",") if f], strict=True):
-        key = f"final_loss_{round(100 * float(fraction))}"
+    for report, fraction in zip(reports[1:], options.hostile_fractions, strict=True):
+        key = f"final_loss_{round(100 * fraction)}"
         summary[key] = report.final_loss
         if clean and report.final_loss is not None:
             summary[f"{key}_vs_clean"] = report.final_loss / clean - 1

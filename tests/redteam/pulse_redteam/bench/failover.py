@@ -34,7 +34,6 @@ Two runs of separate `pulse` processes (`node/swarm/demo.py`):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import statistics
@@ -45,6 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, field_validator
+
 from node.bench.report import BenchResult, table
 from node.events import EventLog, read_events
 from node.events.audit import Audited, AuditMismatch, AuditStarted, Replicated, Standby, TookOver
@@ -54,6 +55,7 @@ from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
 from node.swarm.demo import Proc, Swarm
 from protocol.identity import Identity
+from protocol.parsing import STRICT
 from pulse_redteam.lying import LIES, told
 
 KILL_POINTS = ("collecting", "evaluating", "committed", "published", "serving")
@@ -61,25 +63,45 @@ WAIT = 240.0
 LIE_ROUNDS = 6
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=20, help="rounds of the takeover run (%(default)s)")
-    parser.add_argument("--miners", type=int, default=4, help="miners of the takeover run (%(default)s)")
-    parser.add_argument("--deadline", type=float, default=10.0, help="round deadline in seconds (%(default)s)")
-    parser.add_argument("--takeover", type=float, default=4.0, help="takeover_seconds (%(default)s)")
-    parser.add_argument("--out", type=Path, help="keep the runs' events and logs here (default: a temporary folder)")
-    parser.add_argument("--skip-lies", action="store_true", help="only the takeover run")
-    parser.add_argument(
-        "--points",
-        default=",".join(KILL_POINTS),
-        help="kill points, in order, comma-separated (%(default)s); as many as fit in --rounds",
-    )
+class Options(BaseModel):
+    """`pulse bench failover`'s options: the takeover run's size and kill points, and whether the lies run."""
+
+    model_config = STRICT
+
+    rounds: int = Field(default=20, ge=1)
+    """rounds of the takeover run"""
+    miners: int = Field(default=4, ge=1)
+    """miners of the takeover run"""
+    deadline: float = Field(default=10.0, gt=0)
+    """round deadline in seconds"""
+    takeover: float = Field(default=4.0, gt=0)
+    """takeover_seconds"""
+    out: Path | None = None
+    """keep the runs' events and logs here (default: a temporary folder)"""
+    skip_lies: bool = False
+    """only the takeover run"""
+    points: str = ",".join(KILL_POINTS)
+    """kill points, in order, comma-separated; as many as fit in --rounds"""
+
+    @field_validator("points")
+    @classmethod
+    def _known(cls, text: str) -> str:
+        unknown = {p for p in text.split(",") if p} - set(KILL_POINTS)
+        if unknown:
+            raise ValueError(f"no kill point {', '.join(sorted(unknown))} (of {', '.join(KILL_POINTS)})")
+        return text
+
+    @property
+    def kill_points(self) -> list[str]:
+        """`--points`, in order."""
+        return [p for p in self.points.split(",") if p]
 
 
-def run(args: argparse.Namespace) -> BenchResult:
+def run(options: Options) -> BenchResult:
     with contextlib.ExitStack() as stack:
-        out = args.out or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulse-failover-")))
-        takeover = _takeover_run(out / "takeover", args)
-        lies = {} if args.skip_lies else {lie: _lie_run(out / f"lie-{lie}", lie, args) for lie in LIES}
+        out = options.out or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulse-failover-")))
+        takeover = _takeover_run(out / "takeover", options)
+        lies = {} if options.skip_lies else {lie: _lie_run(out / f"lie-{lie}", lie, options) for lie in LIES}
     detected = sum(1 for found in lies.values() if found["detected"])
     summary = {
         **takeover,
@@ -128,15 +150,15 @@ def run(args: argparse.Namespace) -> BenchResult:
 # -- the takeover run ------------------------------------------------------------------------------
 
 
-def _manifest(args: argparse.Namespace, validators: list[str]) -> Manifest:
+def _manifest(options: Options, validators: list[str]) -> Manifest:
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["validators"] = validators
     data["round"].update(
-        deadline_seconds=args.deadline,
+        deadline_seconds=options.deadline,
         min_seconds=3.0,
         checkpoint_every=5,
-        takeover_seconds=args.takeover,
-        replicate_seconds=2 * args.takeover,  # a loaded machine: the standby's fetches may take seconds
+        takeover_seconds=options.takeover,
+        replicate_seconds=2 * options.takeover,  # a loaded machine: the standby's fetches may take seconds
     )
     data["train"]["inner_steps"] = 5
     data["train"]["inner"]["warmup_steps"] = 0  # 5 steps of warmup-scaled rates teach too little to be selected
@@ -156,13 +178,13 @@ def _keys(out: Path, names: list[str]) -> dict[str, tuple[Path, Identity]]:
     return keys
 
 
-def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    miners = [f"miner{i}" for i in range(args.miners)]
+def _takeover_run(out: Path, options: Options) -> dict[str, Any]:
+    miners = [f"miner{i}" for i in range(options.miners)]
     keys = _keys(out, ["a", "b", *miners])
-    manifest = _manifest(args, [keys["a"][1].public_hex, keys["b"][1].public_hex])
+    manifest = _manifest(options, [keys["a"][1].public_hex, keys["b"][1].public_hex])
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.toml").write_text(manifest.to_toml())
-    swarm = Swarm(out, manifest, args.rounds)
+    swarm = Swarm(out, manifest, options.rounds)
     by_key = {keys[v][1].public_hex: v for v in ("a", "b")}
     procs: dict[str, Proc] = {}
     starts = {"a": 0, "b": 0}
@@ -184,12 +206,12 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         workers = [swarm.start_role(m, "miner", keys[m][0]) for m in miners]
         auditor = swarm.start_role("auditor", "follow", None, extra=["--audit"])
         workers.append(auditor)
-        points = [p for p in args.points.split(",") if p]
+        points = options.kill_points
         unknown = set(points) - set(KILL_POINTS)
         if unknown:
             raise ValueError(f"unknown kill points {sorted(unknown)}: choose from {KILL_POINTS}")
         try:
-            _kills(swarm, points, args, by_key, procs, kills, peaks, auditor, start, len(miners), out)
+            _kills(swarm, points, options, by_key, procs, kills, peaks, auditor, start, len(miners), out)
         except RuntimeError as exc:  # a wait timed out: the figures say what happened up to here
             failures.append(str(exc))
 
@@ -202,7 +224,7 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         swarm.stop_all()
     log = read_events(out / "events")
-    figures = _takeover_figures(log, kills, by_key, args.rounds, peaks)
+    figures = _takeover_figures(log, kills, by_key, options.rounds, peaks)
     restarts = _restarts(log, spawned)
     slowest = _max(r["standing_by"] for r in restarts)
     return {**figures, "restarts": restarts, "restart_seconds_max": slowest, "failures": failures}
@@ -211,7 +233,7 @@ def _takeover_run(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 def _kills(
     swarm: Swarm,
     points: list[str],
-    args: argparse.Namespace,
+    options: Options,
     by_key: dict[str, str],
     procs: dict[str, Proc],
     kills: list[dict[str, Any]],
@@ -226,7 +248,7 @@ def _kills(
         # the next round to open (from round 1: the standby holds round 0's blobs, handed over before
         # they were published); the restarted validator caught up as a standby by then
         r = max(_open_round(swarm) + 1, 1)
-        if r >= args.rounds - 1:
+        if r >= options.rounds - 1:
             break
         active = _active(swarm, by_key, r)
         if active is None:
@@ -244,7 +266,7 @@ def _kills(
             f"round {r + 1} closed",
             functools.partial(_closed, r=r + 1),
             soft=True,
-            within=args.deadline + 3 * args.takeover + 20,
+            within=options.deadline + 3 * options.takeover + 20,
         )
         kills[-1]["stalled_until_restart"] = stalled
         start(active)  # it comes back on its state folder: a standby now (or the active one, if stalled)
@@ -398,9 +420,9 @@ def _takeover_figures(
 # -- the lie runs ----------------------------------------------------------------------------------
 
 
-def _lie_run(out: Path, lie: str, args: argparse.Namespace) -> dict[str, Any]:
+def _lie_run(out: Path, lie: str, options: Options) -> dict[str, Any]:
     keys = _keys(out, ["liar", "miner0", "miner1"])
-    manifest = _manifest(args, [keys["liar"][1].public_hex])
+    manifest = _manifest(options, [keys["liar"][1].public_hex])
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.toml").write_text(manifest.to_toml())
     rounds = LIE_ROUNDS
