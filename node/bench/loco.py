@@ -213,7 +213,8 @@ class Options(BaseModel):
     finetune_lr: float = Field(default=REGIMES["finetune"].inner_lr, gt=0, allow_inf_nan=False)
     """fine-tuning inner lr"""
     methods: str | None = Field(
-        default=None, description=f"comma-separated subset of {','.join(METHODS)} (default: the regime's)"
+        default=None,
+        description=f"comma-separated subset of {','.join(METHODS)}, with ddp and diloco (default: the regime's)",
     )
     n_layer: int = Field(default=4, ge=1)
     """GPT blocks (small, so both regimes fit 2 CPU cores)"""
