@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -60,10 +59,10 @@ def test_swarm_figures_come_from_the_demo_summary(monkeypatch: pytest.MonkeyPatc
         (out / "summary.json").write_text(json.dumps({"rounds": 5, "hashes_agree": True}))
 
     monkeypatch.setattr(gpu.subprocess, "run", fake_demo)
-    args = argparse.Namespace(swarm_rounds=5, swarm_timeout=30.0)
-    got = gpu._swarm_figures(args, torch.device("cuda"), False, tmp_path)
+    options = gpu.Options(swarm_rounds=5, swarm_timeout=30.0)
+    got = gpu._swarm_figures(options, torch.device("cuda"), False, tmp_path)
     assert got["swarm_rounds"] == 5 and got["swarm_hashes_agree"] is True
     assert "--config" in calls[0] and calls[0][calls[0].index("--device") + 1] == "cuda"
     monkeypatch.setattr(gpu.subprocess, "run", lambda cmd, **_: None)
-    got = gpu._swarm_figures(args, torch.device("cpu"), True, tmp_path / "again")
+    got = gpu._swarm_figures(options, torch.device("cpu"), True, tmp_path / "again")
     assert got["swarm_rounds"] == 0 and got["swarm_hashes_agree"] is False

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from node.bench import loco, locospeed
@@ -11,15 +9,17 @@ from protocol.sparseloco import SparseLoCoCodec
 
 
 def test_tiny_pretrain_run() -> None:
-    parser = argparse.ArgumentParser()
-    loco.configure(parser)
-    args = parser.parse_args(
-        [
-            *["--regime", "pretrain", "--replicas", "2", "--rounds", "2", "--inner-steps", "2", "--batch-size", "2"],
-            *["--n-layer", "1", "--n-embd", "64", "--methods", "ddp,diloco,sparseloco,pulseloco"],
-        ]
+    options = loco.Options(
+        regime="pretrain",
+        replicas=2,
+        rounds=2,
+        inner_steps=2,
+        batch_size=2,
+        n_layer=1,
+        n_embd=64,
+        methods="ddp,diloco,sparseloco,pulseloco",
     )
-    result = loco.run(args)
+    result = loco.run(options)
     rows = result.summary["pretrain"]
     assert set(rows) == {"ddp", "diloco", "sparseloco", "pulseloco"}
     for row in rows.values():
@@ -33,10 +33,8 @@ def test_tiny_pretrain_run() -> None:
 
 
 def test_speed_table_on_a_tiny_gpt() -> None:
-    parser = argparse.ArgumentParser()
-    loco.configure(parser)
-    args = parser.parse_args(["--speed", "--speed-model", "gpt", "--n-layer", "1", "--n-embd", "64", "--repeat", "1"])
-    summary = loco.run(args).summary
+    options = loco.Options(speed=True, speed_model="gpt", n_layer=1, n_embd=64, repeat=1)
+    summary = loco.run(options).summary
     assert set(summary["codecs"]) == {"sparseloco", "pulseloco", "reference"}
     for row in summary["codecs"].values():
         assert row["compress_gbps"] > 0 and row["decompress_gbps"] > 0 and row["payload_bytes"] > 0

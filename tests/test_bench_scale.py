@@ -73,8 +73,8 @@ def test_scale_runs_whole_rounds_with_the_real_pieces(tmp_path: Path) -> None:
 
 
 def test_memory_bench_compares_the_options_on_the_same_data() -> None:
-    args = _args(memory_bench, regime="pretrain", replicas=2, rounds=1, inner_steps=2, n_layer=1, n_embd=32)
-    rows = memory_bench.run(args).summary["regimes"]["pretrain"]
+    options = memory_bench.Options(regime="pretrain", replicas=2, rounds=1, inner_steps=2, n_layer=1, n_embd=32)
+    rows = memory_bench.run(options).summary["regimes"]["pretrain"]
     default = rows["default (today)"]
     assert rows["checkpointing"]["final_loss"] == default["final_loss"]  # exact, on the same assignments
     assert rows["checkpointing"]["activations_per_token"] < default["activations_per_token"]

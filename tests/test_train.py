@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -288,10 +287,8 @@ def test_bench_sweep_reports_every_lr_and_delay(
 ) -> None:
     monkeypatch.setattr(trace, "stdlib_corpus", lambda: corpus)
     monkeypatch.setattr(trace, "load_or_train", lambda *_a, **_k: tiny_base)
-    parser = argparse.ArgumentParser()
-    trace.configure(parser)
-    args = parser.parse_args(["--out", str(tmp_path / "t"), "--lr", "2e-6", "--steps", "33"])
-    summary = json.loads(json.dumps(trace.run(args).summary))
+    options = trace.Options(out=tmp_path / "t", lr=2e-6, steps=33)
+    summary = json.loads(json.dumps(trace.run(options).summary))
     assert set(summary["unchanged"]) == {"1e-06", "2e-06", "3e-06", "1e-05", "0.0001"}
     for row in summary["unchanged"].values():
         assert set(row) == {"1", "8", "32"} and all(0.0 <= v <= 1.0 for v in row.values())

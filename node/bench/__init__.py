@@ -1,4 +1,4 @@
-"""`pulse bench ...`: benchmarks. Each module exposes `configure(parser)` and `run(args) -> BenchResult`.
+"""`pulse bench ...`: benchmarks. Each module exposes `Options` (its options model) and `run(options) -> BenchResult`.
 
 - `report.py`      what a benchmark returns: a JSON-able summary and the tables a person reads
 - `peakmem.py`     the peak resident memory (and CUDA memory) of one phase of a benchmark

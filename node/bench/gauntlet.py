@@ -15,7 +15,6 @@ compressed payloads grow with the number of miners.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, Field, field_validator
 
 from node.bench.arena import Arena, RoundRecord
 from node.bench.report import BenchResult, table
@@ -40,6 +40,8 @@ from node.learn.model import GPTConfig, build_gpt
 from node.learn.train import InnerOptimConfig, evaluate, load_bf16_state, unique_state
 from node.run.trainer import MinerSpec
 from node.swarm.fakeminers import KINDS, FakeRun, Miner, RoundView, Shapeshifter, identity_for
+from protocol.codec import REGISTRY
+from protocol.parsing import STRICT
 from validator.config import GauntletConfig
 from validator.core import Validator
 from validator.intake import Submission
@@ -61,94 +63,133 @@ class RunOutcome:
     validator_seconds: float  # mean per round
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--honest", type=int, default=8, help="honest miners")
-    parser.add_argument("--adversaries", type=int, default=4, help="adversarial miners")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"attacks the adversaries rotate through ({KINDS})")
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--inner-steps", type=int, default=15, help="H AdamW steps per round")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per inner step")
-    parser.add_argument(
-        "--assignment-batches",
-        type=int,
-        default=None,
-        help="batches a miner cycles over per round (default: H, a fresh one per step)",
-    )
-    parser.add_argument("--lr", type=float, default=1e-3, help="inner AdamW learning rate")
-    parser.add_argument("--top-g", type=int, default=8, help="submissions aggregated per round")
-    parser.add_argument(
-        "--eval-batch-size", type=int, default=4, help="sequences per validator batch (a prefix of a miner's batch)"
-    )
-    parser.add_argument("--random-batches", type=int, default=2, help="random batches R per round")
-    parser.add_argument("--codec", default="sparseloco")
-    parser.add_argument("--n-layer", type=int, default=2, help="GPT blocks (small, so the runs fit 2 CPU cores)")
-    parser.add_argument("--n-embd", type=int, default=128, help="GPT channels")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 suits a shared 2-core machine)")
-    parser.add_argument("--skip-rss", action="store_true", help="skip the peak-memory subprocesses")
+class Options(BaseModel):
+    """`pulse bench gauntlet`'s options."""
+
+    model_config = STRICT
+
+    honest: int = Field(default=8, ge=1)
+    """honest miners"""
+    adversaries: int = Field(default=4, ge=0)
+    """adversarial miners"""
+    kinds: str = ",".join(KINDS)
+    """attacks the adversaries rotate through, comma-separated (default: every kind)"""
+    rounds: int = Field(default=20, ge=1)
+    """rounds per run"""
+    inner_steps: int = Field(default=15, ge=1)
+    """H AdamW steps per round"""
+    batch_size: int = Field(default=8, ge=1)
+    """sequences per inner step"""
+    assignment_batches: int | None = Field(default=None, ge=1)
+    """batches a miner cycles over per round (default: H, a fresh one per step)"""
+    lr: float = Field(default=1e-3, gt=0, allow_inf_nan=False)
+    """inner AdamW learning rate"""
+    top_g: int = Field(default=8, ge=1)
+    """submissions aggregated per round"""
+    eval_batch_size: int = Field(default=4, ge=1)
+    """sequences per validator batch (a prefix of a miner's batch)"""
+    random_batches: int = Field(default=2, ge=1)
+    """random batches R per round"""
+    codec: str = "sparseloco"
+    """pseudo-gradient codec of the run (sparseloco, pulseloco or dense)"""
+    n_layer: int = Field(default=2, ge=1)
+    """GPT blocks (small, so the runs fit 2 CPU cores)"""
+    n_embd: int = Field(default=128, ge=1)
+    """GPT channels"""
+    seed: int = 0
+    """seed of the weights, the miners' keys and the rounds"""
+    threads: int = Field(default=1, ge=1)
+    """torch CPU threads (1 suits a shared 2-core machine)"""
+    skip_rss: bool = False
+    """skip the peak-memory subprocesses"""
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, kinds: str) -> str:
+        named = _names(kinds)
+        if not named:
+            raise ValueError(f"name at least one attack kind of {', '.join(KINDS)}")
+        if unknown := sorted(set(named) - set(KINDS)):
+            raise ValueError(f"unknown attack kinds {unknown}; known: {', '.join(KINDS)}")
+        return kinds
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, codec: str) -> str:
+        if codec not in REGISTRY:
+            raise ValueError(f"unknown codec {codec!r}; known: {', '.join(sorted(REGISTRY))}")
+        return codec
+
+    @property
+    def attack_kinds(self) -> list[str]:
+        """`--kinds`, split."""
+        return _names(self.kinds)
+
+    @property
+    def batches(self) -> int:
+        """Batches a miner cycles over per round: `--assignment-batches`, else H."""
+        return self.assignment_batches or self.inner_steps
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if unknown := sorted(set(kinds) - set(KINDS)):
-        raise SystemExit(f"unknown attack kinds {unknown}; known: {KINDS}")
-    if min(args.honest, args.rounds, args.inner_steps, args.batch_size) < 1 or not kinds:
-        raise SystemExit("--honest, --rounds, --inner-steps, --batch-size and --kinds must be non-empty")
-    torch.set_num_threads(args.threads)
-    args.assignment_batches = args.assignment_batches or args.inner_steps
-    bench = Bench(args)
-    mixed = bench.play(args.adversaries, kinds)
-    honest_only = bench.play(0, kinds)
-    rss = {} if args.skip_rss else {n: bench.peak_rss(n) for n in RSS_SIZES}
-    return _result(args, bench, mixed, honest_only, rss)
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def run(options: Options) -> BenchResult:
+    torch.set_num_threads(options.threads)
+    bench = Bench(options)
+    mixed = bench.play(options.adversaries, options.attack_kinds)
+    honest_only = bench.play(0, options.attack_kinds)
+    rss = {} if options.skip_rss else {n: bench.peak_rss(n) for n in RSS_SIZES}
+    return _result(options, bench, mixed, honest_only, rss)
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.gpt = GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd)
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.gpt = GPTConfig(n_layer=options.n_layer, n_embd=options.n_embd)
         self.corpus = stdlib_corpus()
-        self.run_id = hashlib.sha256(f"pulse-bench-gauntlet/{args.seed}".encode()).hexdigest()
-        self.batch = batch_source(self.corpus, args.batch_size, self.gpt.block_size)
+        self.run_id = hashlib.sha256(f"pulse-bench-gauntlet/{options.seed}".encode()).hexdigest()
+        self.batch = batch_source(self.corpus, options.batch_size, self.gpt.block_size)
         spec = MinerSpec(
             run_id=self.run_id,
-            codec=args.codec,
-            inner=InnerOptimConfig(lr=args.lr, warmup_steps=20),
-            steps=args.inner_steps,
-            assignment_batches=args.assignment_batches,
+            codec=options.codec,
+            inner=InnerOptimConfig(lr=options.lr, warmup_steps=20),
+            steps=options.inner_steps,
+            assignment_batches=options.batches,
         )
         self.setup = FakeRun(spec, self.gpt, self.batch)
         self.cfg = GauntletConfig(
-            codec=args.codec,
-            assignment_batches=args.assignment_batches,
-            top_g=args.top_g,
-            random_batches=args.random_batches,
+            codec=options.codec,
+            assignment_batches=options.batches,
+            top_g=options.top_g,
+            random_batches=options.random_batches,
         )
         # the validator's batches are prefixes of the miners' (Corpus.batch draws starts in order)
-        self.eval_batch = batch_source(self.corpus, args.eval_batch_size, self.gpt.block_size)
-        self.init = {n: t.detach().clone() for n, t in unique_state(build_gpt(self.gpt, args.seed)).items()}
+        self.eval_batch = batch_source(self.corpus, options.eval_batch_size, self.gpt.block_size)
+        self.init = {n: t.detach().clone() for n, t in unique_state(build_gpt(self.gpt, options.seed)).items()}
         self.held = [
             self.corpus.batch(1_000_003 * (i + 1), EVAL_BATCH_SIZE, self.gpt.block_size, "held_out")
             for i in range(EVAL_BATCHES)
         ]
-        self.identity = identity_for(f"validator/{args.seed}")
+        self.identity = identity_for(f"validator/{options.seed}")
 
     def honest(self, n: int, label: str = "honest") -> list[Miner]:
-        return [Miner(self.setup, identity_for(f"{label}/{self.args.seed}/{i}")) for i in range(n)]
+        return [Miner(self.setup, identity_for(f"{label}/{self.options.seed}/{i}")) for i in range(n)]
 
     def play(self, adversaries: int, kinds: Sequence[str]) -> RunOutcome:
-        honest = self.honest(self.args.honest)
+        honest = self.honest(self.options.honest)
         victims = [m.key for m in honest]
         bad = [
-            Shapeshifter(self.setup, identity_for(f"adversary/{self.args.seed}/{j}"), kinds, j, victims)
+            Shapeshifter(self.setup, identity_for(f"adversary/{self.options.seed}/{j}"), kinds, j, victims)
             for j in range(adversaries)
         ]
         probe = build_gpt(self.gpt)
         with tempfile.TemporaryDirectory(prefix="pulse-gauntlet-") as folder:
             validator = self.validator(Path(folder))
-            arena = Arena(validator, [*honest, *bad], seed=self.args.seed)
+            arena = Arena(validator, [*honest, *bad], seed=self.options.seed)
             losses = []
-            for _ in steps(range(self.args.rounds), "gauntlet rounds"):
+            for _ in steps(range(self.options.rounds), "gauntlet rounds"):
                 record = arena.play()
                 load_bf16_state(probe, record.weights)
                 losses.append(evaluate(probe, self.held))
@@ -172,7 +213,7 @@ class Bench:
             v = self.validator(folder / "state")
             setup = replace(self.setup, spec=replace(self.setup.spec, steps=RSS_INNER_STEPS))
             view = RoundView(v.round, v.weights, v.state_hash, None)
-            subs = [Miner(setup, identity_for(f"rss/{self.args.seed}/{i}")).submit(view) for i in range(miners)]
+            subs = [Miner(setup, identity_for(f"rss/{self.options.seed}/{i}")).submit(view) for i in range(miners)]
             write_submissions(folder / "submissions.bin", [s for s in subs if s is not None])
             job = {
                 "state": str(folder / "state"),
@@ -180,9 +221,9 @@ class Bench:
                 "gpt": self.gpt.model_dump(),
                 "cfg": self.cfg.model_dump_json(),
                 "run_id": self.run_id,
-                "validator_seed": f"validator/{self.args.seed}",
-                "batch_size": self.args.eval_batch_size,
-                "threads": self.args.threads,
+                "validator_seed": f"validator/{self.options.seed}",
+                "batch_size": self.options.eval_batch_size,
+                "threads": self.options.threads,
             }
             (folder / "job.json").write_text(json.dumps(job))
             code = "import sys; from node.bench.gauntlet import rss_child; rss_child(sys.argv[1])"
@@ -270,7 +311,7 @@ def _reasons(run: RunOutcome) -> dict[str, str]:
 
 
 def _result(
-    args: argparse.Namespace, bench: Bench, mixed: RunOutcome, honest_only: RunOutcome, rss: dict[int, float]
+    options: Options, bench: Bench, mixed: RunOutcome, honest_only: RunOutcome, rss: dict[int, float]
 ) -> BenchResult:
     selected, honest_selected, honest_sent, by_kind, picked = _counts(mixed)
     summary: dict[str, Any] = {
@@ -283,19 +324,19 @@ def _result(
         "honest_only_validator_seconds_per_round": honest_only.validator_seconds,
         "adversarial_selected": selected - honest_selected,
         "settings": {
-            "honest": args.honest,
-            "adversaries": args.adversaries,
-            "rounds": args.rounds,
-            "inner_steps": args.inner_steps,
-            "batch_size": args.batch_size,
-            "assignment_batches": args.assignment_batches,
-            "top_g": args.top_g,
-            "eval_batch_size": args.eval_batch_size,
-            "random_batches": args.random_batches,
-            "codec": args.codec,
-            "n_layer": args.n_layer,
-            "n_embd": args.n_embd,
-            "threads": args.threads,
+            "honest": options.honest,
+            "adversaries": options.adversaries,
+            "rounds": options.rounds,
+            "inner_steps": options.inner_steps,
+            "batch_size": options.batch_size,
+            "assignment_batches": options.batches,
+            "top_g": options.top_g,
+            "eval_batch_size": options.eval_batch_size,
+            "random_batches": options.random_batches,
+            "codec": options.codec,
+            "n_layer": options.n_layer,
+            "n_embd": options.n_embd,
+            "threads": options.threads,
         },
     }
     for n, mb in rss.items():
@@ -303,10 +344,10 @@ def _result(
     summary["indicator_plus_rate"] = _indicator_rates(mixed)
     reasons = _reasons(mixed)
     kind_rows = [[k, by_kind[k], picked[k], reasons.get(k, "")] for k in sorted(by_kind, key=lambda k: k != "honest")]
-    every = max(1, args.rounds // 10)
+    every = max(1, options.rounds // 10)
     loss_rows = [
         [r + 1, mixed.losses[r], honest_only.losses[r], len(mixed.records[r].selected_kinds())]
-        for r in range(args.rounds)
+        for r in range(options.rounds)
         if (r + 1) % every == 0 or r == 0
     ]
     gap = 100 * (mixed.final_loss / honest_only.final_loss - 1)

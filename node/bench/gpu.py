@@ -31,9 +31,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from pydantic import BaseModel, Field
 
 from node.bench import locospeed, scale, sync
 from node.bench.report import BenchResult, table
@@ -42,6 +43,7 @@ from node.learn.basecache import default_cache_dir
 from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config
 from node.learn.train import bf16_state
 from node.run.presets import preset
+from protocol.parsing import STRICT
 from protocol.state import StateDict
 
 SMALL: dict[str, Any] = {  # Qwen2's architecture, small enough for a CPU run in seconds
@@ -62,34 +64,46 @@ SWARM_PRESET = "qwen2.5-0.5b-seeded"  # the 0.5B swarm on one GPU
 SMALL_STEP = 2e-6  # the small pair: one step of this size x sign on seeded weights (a few % of weights change)
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if there is one)")
-    parser.add_argument("--small", action="store_true", help="the small model even on a GPU (implied on a CPU)")
-    parser.add_argument("--repeat", type=int, default=2, help="timing repeats of the codecs; the fastest counts")
-    parser.add_argument("--swarm-rounds", type=int, default=5, help="rounds of the one-device swarm (0: skip it)")
-    parser.add_argument("--swarm-timeout", type=float, default=240.0, help="give the swarm up after this many s")
-    parser.add_argument("--miners", type=int, default=2, help="miners that train in the validator rounds")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="trace cache ($PULSE_CACHE_DIR)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the pseudo-gradient")
+class Options(BaseModel):
+    """`pulse bench gpu`'s options."""
+
+    model_config = STRICT
+
+    device: str | None = None
+    """cuda or cpu (default: cuda if there is one)"""
+    small: bool = False
+    """the small model even on a GPU (implied on a CPU)"""
+    repeat: int = Field(default=2, ge=1)
+    """timing repeats of the codecs; the fastest counts"""
+    swarm_rounds: int = Field(default=5, ge=0)
+    """rounds of the one-device swarm (0: skip it)"""
+    swarm_timeout: float = Field(default=240.0, gt=0, allow_inf_nan=False)
+    """give the swarm up after this many s"""
+    miners: int = Field(default=2, ge=1)
+    """miners that train in the validator rounds"""
+    cache_dir: Path | None = None
+    """trace cache ($PULSE_CACHE_DIR)"""
+    seed: int = 0
+    """seed of the weights and the pseudo-gradient"""
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def run(options: Options) -> BenchResult:
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("pulse bench gpu: --device cuda, but this torch build sees no CUDA device")
-    small = args.small or device.type != "cuda"
+    small = options.small or device.type != "cuda"
     started = time.perf_counter()
     summary: dict[str, Any] = {"device": _device_name(device), "small": small}
     if small:
         summary["note"] = "small model on this device: checks the machinery, the targets are for one GPU at 0.5B"
     with tempfile.TemporaryDirectory(prefix="pulse-gpu-") as tmp:
-        old, new, source = _sync_pair(args, device, small, Path(tmp))
+        old, new, source = _sync_pair(options, device, small, Path(tmp))
         summary["sync_states"] = source
-        summary.update(_sync_figures(old, new, args.repeat))
-        summary["loco_seconds_per_payload"] = _loco_figures(old, device, args.repeat, args.seed)
+        summary.update(_sync_figures(old, new, options.repeat))
+        summary["loco_seconds_per_payload"] = _loco_figures(old, device, options.repeat, options.seed)
         del old, new
-        summary.update(_scale_figures(args, device, small, Path(tmp)))
-        summary.update(_swarm_figures(args, device, small, Path(tmp)))
+        summary.update(_scale_figures(options, device, small, Path(tmp)))
+        summary.update(_swarm_figures(options, device, small, Path(tmp)))
     summary["seconds"] = time.perf_counter() - started
     return BenchResult(summary, _tables(summary))
 
@@ -100,20 +114,18 @@ def _device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def _sync_pair(
-    args: argparse.Namespace, device: torch.device, small: bool, tmp: Path
-) -> tuple[StateDict, StateDict, str]:
+def _sync_pair(options: Options, device: torch.device, small: bool, tmp: Path) -> tuple[StateDict, StateDict, str]:
     """(old, new) BF16 states on `device`, and where they come from."""
     if small:
-        model = build_hf_from_config(SMALL, args.seed)
+        model = build_hf_from_config(SMALL, options.seed)
         master = {n: p.detach().float() for n, p in model.state_dict().items()}
-        gen = torch.Generator().manual_seed(args.seed + 1)
+        gen = torch.Generator().manual_seed(options.seed + 1)
         old = bf16_state(model)
         new = {
             n: (master[n] - SMALL_STEP * torch.randn(t.shape, generator=gen).sign()).bfloat16() for n, t in old.items()
         }
         return _on(old, device), _on(new, device), f"small seeded model, one step of {SMALL_STEP:g} x sign"
-    trace = hf_trace_dir(args.cache_dir or default_cache_dir(), TRACE_MODEL, 1e-6)
+    trace = hf_trace_dir(options.cache_dir or default_cache_dir(), TRACE_MODEL, 1e-6)
     try:
         read_manifest(trace)
     except (OSError, ValueError, KeyError):
@@ -167,19 +179,14 @@ def _loco_figures(weights: StateDict, device: torch.device, repeat: int, seed: i
     }
 
 
-def _scale_figures(args: argparse.Namespace, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
+def _scale_figures(options: Options, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
     """Validator rounds of 8 and 16 and a miner's round (scale.py), at the preset's settings on a GPU."""
     model_dir = None
     if small:
         model_dir = tmp / "small-model"
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(SMALL))
-    parser = argparse.ArgumentParser()
-    scale.configure(parser)
-    argv = ["--device", device.type, "--miners", str(args.miners), "--submissions", "8,16"]
-    argv += ["--model-dir", str(model_dir)] if model_dir else []
-    result = scale.run(parser.parse_args(argv))
-    s = result.summary
+    s = _scale_summary(device, options.miners, model_dir)
     by_size = {r["submissions"]: r for r in s["rounds"]}
     return {
         "validator_seconds_8": by_size[8]["seconds_at_preset"],
@@ -192,18 +199,32 @@ def _scale_figures(args: argparse.Namespace, device: torch.device, small: bool, 
     }
 
 
-def _swarm_figures(args: argparse.Namespace, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
+def _scale_summary(device: torch.device, miners: int, model_dir: Path | None) -> dict[str, Any]:
+    """scale.py's summary of validator rounds of 8 and 16 submissions, `miners` of them trained."""
+    flags: dict[str, Any] = {"device": device.type, "miners": miners, "submissions": "8,16", "model_dir": model_dir}
+    model = getattr(scale, "Options", None)
+    if model is not None:
+        return scale.run(model.model_validate(flags)).summary
+    # TRANSITIONAL: scale.py still on argparse flags (goes with bench.py's path for such modules)
+    parser = argparse.ArgumentParser()
+    getattr(scale, "configure")(parser)  # noqa: B009
+    argv = ["--device", device.type, "--miners", str(miners), "--submissions", "8,16"]
+    argv += ["--model-dir", str(model_dir)] if model_dir else []
+    return scale.run(cast(Any, parser.parse_args(argv))).summary
+
+
+def _swarm_figures(options: Options, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
     """`pulse demo` on this device for `--swarm-rounds` rounds: rounds closed, hashes agree."""
-    if args.swarm_rounds <= 0:
+    if options.swarm_rounds <= 0:
         return {"swarm_rounds": 0, "swarm_hashes_agree": None, "swarm_skipped": True}
     out = tmp / "swarm"
-    cmd = [sys.executable, "-m", "node", "demo", "--rounds", str(args.swarm_rounds), "--miners", "2"]
-    cmd += ["--out", str(out), "--device", device.type, "--timeout", str(args.swarm_timeout)]
+    cmd = [sys.executable, "-m", "node", "demo", "--rounds", str(options.swarm_rounds), "--miners", "2"]
+    cmd += ["--out", str(out), "--device", device.type, "--timeout", str(options.swarm_timeout)]
     if not small:
         cmd += ["--config", str(preset(SWARM_PRESET))]
     started = time.perf_counter()
     with contextlib.suppress(subprocess.TimeoutExpired):  # what it wrote so far still says how far it got
-        subprocess.run(cmd, capture_output=True, timeout=args.swarm_timeout + 60, check=False)
+        subprocess.run(cmd, capture_output=True, timeout=options.swarm_timeout + 60, check=False)
     seconds = time.perf_counter() - started
     try:
         report = json.loads((out / "summary.json").read_text())

@@ -17,15 +17,15 @@ and PULSELoCo at 0.5B parameters, against a plain reference encoding (node/bench
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, Field, field_validator
 
 from node.bench.locospeed import run_speed
 from node.bench.report import BenchResult, table
@@ -45,6 +45,7 @@ from node.learn.train import (
     unique_state,
 )
 from protocol.codec import CodecStats, make_codec
+from protocol.parsing import STRICT
 from validator.aggregate import aggregate
 from validator.outer import OuterConfig, OuterOptimizer
 
@@ -194,38 +195,79 @@ def run_regime(
     return out
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--regime", choices=[*REGIMES, "both"], default="both")
-    parser.add_argument("--replicas", type=int, default=4, help="R replicas (miners) per method")
-    parser.add_argument("--rounds", type=int, default=18, help="outer rounds per regime")
-    parser.add_argument("--inner-steps", type=int, default=10, help="H AdamW steps per round")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per replica per step")
-    parser.add_argument("--finetune-lr", type=float, default=REGIMES["finetune"].inner_lr, help="fine-tuning inner lr")
-    parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
-    parser.add_argument("--n-layer", type=int, default=4, help="GPT blocks (small, so both regimes fit 2 CPU cores)")
-    parser.add_argument("--n-embd", type=int, default=128, help="GPT channels")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 suits a shared 2-core machine)")
-    parser.add_argument("--speed", action="store_true", help="codec speed and memory at 0.5B instead (locospeed.py)")
-    parser.add_argument("--speed-model", choices=["qwen2-0.5b", "gpt"], default="qwen2-0.5b", help="--speed: weights")
-    parser.add_argument("--device", default="cpu", help="--speed: where the tensors live (cpu or cuda)")
-    parser.add_argument("--repeat", type=int, default=3, help="--speed: timing repeats; the fastest counts")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="--speed: where the 0.5B trace may be cached")
+class Options(BaseModel):
+    """`pulse bench loco`'s options."""
+
+    model_config = STRICT
+
+    regime: Literal["pretrain", "finetune", "both"] = "both"
+    """pre-training from scratch, fine-tuning the cached base, or both"""
+    replicas: int = Field(default=4, ge=1)
+    """R replicas (miners) per method"""
+    rounds: int = Field(default=18, ge=1)
+    """outer rounds per regime"""
+    inner_steps: int = Field(default=10, ge=1)
+    """H AdamW steps per round"""
+    batch_size: int = Field(default=8, ge=1)
+    """sequences per replica per step"""
+    finetune_lr: float = Field(default=REGIMES["finetune"].inner_lr, gt=0, allow_inf_nan=False)
+    """fine-tuning inner lr"""
+    methods: str | None = Field(
+        default=None,
+        description=f"comma-separated subset of {','.join(METHODS)}, with ddp and diloco (default: the regime's)",
+    )
+    n_layer: int = Field(default=4, ge=1)
+    """GPT blocks (small, so both regimes fit 2 CPU cores)"""
+    n_embd: int = Field(default=128, ge=1)
+    """GPT channels"""
+    seed: int = 0
+    """seed of the weights and of every replica's data"""
+    threads: int = Field(default=1, ge=1)
+    """torch CPU threads (1 suits a shared 2-core machine)"""
+    speed: bool = False
+    """codec speed and memory at 0.5B instead (locospeed.py)"""
+    speed_model: Literal["qwen2-0.5b", "gpt"] = "qwen2-0.5b"
+    """--speed: weights"""
+    device: str = "cpu"
+    """--speed: where the tensors live (cpu or cuda)"""
+    repeat: int = Field(default=3, ge=1)
+    """--speed: timing repeats; the fastest counts"""
+    cache_dir: Path | None = None
+    """--speed: where the 0.5B trace may be cached"""
+
+    @field_validator("methods")
+    @classmethod
+    def _with_references(cls, methods: str | None) -> str | None:
+        if methods is not None and not {"ddp", "diloco"} <= set(methods.split(",")) <= set(METHODS):
+            raise ValueError(f"must include ddp and diloco (the references) and name only {','.join(METHODS)}")
+        return methods
+
+    @property
+    def gpt(self) -> GPTConfig:
+        return GPTConfig(n_layer=self.n_layer, n_embd=self.n_embd)
+
+    def regimes(self) -> list[str]:
+        """The regimes `--regime` names."""
+        return list(REGIMES) if self.regime == "both" else [self.regime]
+
+    def methods_of(self, regime: Regime) -> list[Method]:
+        """`--methods`, else the regime's own."""
+        return [METHODS[m] for m in (self.methods.split(",") if self.methods else regime.methods)]
+
+    def inner_lr(self, regime: str) -> float:
+        return self.finetune_lr if regime == "finetune" else REGIMES[regime].inner_lr
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    if args.speed:
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
+def run(options: Options) -> BenchResult:
+    if options.speed:
+        if options.device.startswith("cuda") and not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA device here")
-        torch.set_num_threads(args.threads)
-        return run_speed(args)
-    if min(args.replicas, args.rounds, args.inner_steps, args.batch_size) < 1:
-        raise SystemExit("--replicas, --rounds, --inner-steps and --batch-size must be >= 1")
-    chosen = args.methods.split(",") if args.methods else None
-    if chosen is not None and not {"ddp", "diloco"} <= set(chosen) <= set(METHODS):
-        raise SystemExit(f"--methods must include ddp and diloco (the references) and name only {list(METHODS)}")
-    torch.set_num_threads(args.threads)
-    cfg = GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd)
+        torch.set_num_threads(options.threads)
+        device = torch.device(options.device)
+        gpt, seed, cache_dir = options.gpt, options.seed, options.cache_dir
+        return run_speed(options.speed_model, device, options.repeat, gpt=gpt, seed=seed, cache_dir=cache_dir)
+    torch.set_num_threads(options.threads)
+    cfg = options.gpt
     corpus = stdlib_corpus()
     held = [
         corpus.batch(derive_seed("loco-eval", i), EVAL_BATCH_SIZE, cfg.block_size, "held_out")
@@ -233,33 +275,37 @@ def run(args: argparse.Namespace) -> BenchResult:
     ]
     results: dict[str, dict[str, Outcome]] = {}
     starts: dict[str, float] = {}
-    for name in REGIMES if args.regime == "both" else [args.regime]:
+    for name in options.regimes():
         regime = REGIMES[name]
-        lr = args.finetune_lr if name == "finetune" else regime.inner_lr
-        base = load_or_train(cfg, corpus=corpus).model if regime.from_base else build_gpt(cfg, args.seed)
+        lr = options.inner_lr(name)
+        base = load_or_train(cfg, corpus=corpus).model if regime.from_base else build_gpt(cfg, options.seed)
         setup = Setup(
             cfg=cfg,
             init={n: t.detach().clone().float() for n, t in unique_state(base).items()},
             corpus=corpus,
             inner=InnerOptimConfig(lr=lr, warmup_steps=regime.warmup_steps),
-            replicas=args.replicas,
-            rounds=args.rounds,
-            steps=args.inner_steps,
-            batch_size=args.batch_size,
-            seed=derive_seed("loco", name, args.seed),
+            replicas=options.replicas,
+            rounds=options.rounds,
+            steps=options.inner_steps,
+            batch_size=options.batch_size,
+            seed=derive_seed("loco", name, options.seed),
         )
         probe = build_gpt(cfg)
         load_bf16_state(probe, bf16_state(base))
         starts[name] = evaluate(probe, held)
-        methods = [METHODS[m] for m in (chosen or regime.methods)]
         log.info(
-            "loco %s: inner lr %g, %d x %d steps, %d replicas", name, lr, args.rounds, args.inner_steps, args.replicas
+            "loco %s: inner lr %g, %d x %d steps, %d replicas",
+            name,
+            lr,
+            options.rounds,
+            options.inner_steps,
+            options.replicas,
         )
-        results[name] = run_regime(setup, methods, held)
-    return _result(results, starts, args)
+        results[name] = run_regime(setup, options.methods_of(regime), held)
+    return _result(results, starts, options)
 
 
-def _result(results: dict[str, dict[str, Outcome]], starts: dict[str, float], args: argparse.Namespace) -> BenchResult:
+def _result(results: dict[str, dict[str, Outcome]], starts: dict[str, float], options: Options) -> BenchResult:
     summary = {
         regime: {
             m: {"final_loss": o.final_loss, "bytes_per_round": o.bytes_per_round, "bits_per_value": o.bits_per_value}
@@ -286,9 +332,10 @@ def _result(results: dict[str, dict[str, Outcome]], starts: dict[str, float], ar
             ]
             for name, o in rows.items()
         ]
-        lr = args.finetune_lr if regime == "finetune" else REGIMES[regime].inner_lr
+        lr = options.inner_lr(regime)
         title = (
-            f"loco {regime}: lr {lr:g}, {args.replicas} replicas x {args.rounds} rounds x H={args.inner_steps}, "
+            f"loco {regime}: lr {lr:g}, {options.replicas} replicas x {options.rounds} rounds "
+            f"x H={options.inner_steps}, "
             f"start loss {start:.4f}; gain = loss drop / DiLoCo's"
         )
         tables.append(table(title, columns, lines))

@@ -18,7 +18,6 @@ than the reference's.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -139,18 +138,18 @@ def reference_bytes(payload: dict[str, Any]) -> int:
 # -- the measurement ------------------------------------------------------------------------
 
 
-def speed_weights(model: str, args: argparse.Namespace, device: torch.device) -> dict[str, torch.Tensor]:
-    """BF16 weights of the model the speed table is measured on."""
+def speed_weights(
+    model: str, device: torch.device, *, gpt: GPTConfig, seed: int, cache_dir: Path | None
+) -> dict[str, torch.Tensor]:
+    """BF16 weights of the model the speed table is measured on: `gpt` (seeded), or an `HF_MODELS`
+    model (the first state of its cached trace, else seeded)."""
     if model == "gpt":
-        return {
-            n: t.to(device)
-            for n, t in bf16_state(build_gpt(GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd), args.seed)).items()
-        }
-    trace = hf_trace_dir(args.cache_dir or default_cache_dir(), model, 1e-6)
+        return {n: t.to(device) for n, t in bf16_state(build_gpt(gpt, seed)).items()}
+    trace = hf_trace_dir(cache_dir or default_cache_dir(), model, 1e-6)
     try:
         state = load_file(Path(trace) / read_manifest(trace)["files"][0]["file"])
     except (OSError, ValueError, KeyError, IndexError):
-        state = bf16_state(build_hf_from_config(HF_MODELS[model], args.seed))
+        state = bf16_state(build_hf_from_config(HF_MODELS[model], seed))
     return {n: t.to(device) for n, t in state.items()}
 
 
@@ -204,11 +203,13 @@ def _decompress(codec: Codec, payload: bytes, *, weights: State) -> dict[str, to
     return codec.decompress(payload, weights)
 
 
-def run_speed(args: argparse.Namespace) -> BenchResult:
-    device = torch.device(args.device)
-    weights = speed_weights(args.speed_model, args, device)
-    rows = speed_rows(weights, device, args.repeat, args.seed)
-    return _speed_result(args, sum(t.numel() for t in weights.values()), rows)
+def run_speed(
+    model: str, device: torch.device, repeat: int, *, gpt: GPTConfig, seed: int, cache_dir: Path | None
+) -> BenchResult:
+    """The speed table of `model`'s weights (`speed_weights`) on `device`."""
+    weights = speed_weights(model, device, gpt=gpt, seed=seed, cache_dir=cache_dir)
+    rows = speed_rows(weights, device, repeat, seed)
+    return _speed_result(model, device, sum(t.numel() for t in weights.values()), rows)
 
 
 def speed_rows(weights: State, device: torch.device, repeat: int, seed: int) -> dict[str, dict[str, float]]:
@@ -242,11 +243,11 @@ def speed_rows(weights: State, device: torch.device, repeat: int, seed: int) -> 
     return rows
 
 
-def _speed_result(args: argparse.Namespace, n: int, rows: dict[str, dict[str, float]]) -> BenchResult:
+def _speed_result(model: str, device: torch.device, n: int, rows: dict[str, dict[str, float]]) -> BenchResult:
     total = {name: r["compress_seconds"] + r["decompress_seconds"] for name, r in rows.items()}
     summary: dict[str, Any] = {
-        "model": args.speed_model,
-        "device": args.device,
+        "model": model,
+        "device": str(device),
         "params": n,
         "fp32_mb": 4 * n / 1e6,
         "codecs": rows,
@@ -266,7 +267,7 @@ def _speed_result(args: argparse.Namespace, n: int, rows: dict[str, dict[str, fl
         for name, r in rows.items()
     ]
     title = (
-        f"loco --speed on {args.device}: {args.speed_model} ({n / 1e6:.0f}M weights, {4 * n / 1e9:.2f} GB of FP32 "
+        f"loco --speed on {device}: {model} ({n / 1e6:.0f}M weights, {4 * n / 1e9:.2f} GB of FP32 "
         f"pseudo-gradient); GB/s of FP32 pseudo-gradient; peak MB above the start (decompress includes its "
         f"{4 * n / 1e6:.0f} MB output)"
     )

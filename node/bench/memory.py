@@ -17,13 +17,13 @@ pass per token, the error buffer per parameter (host), and what the first would 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, Field
 
 from node.bench.footprint import miner_state, probe_step
 from node.bench.report import BenchResult, table
@@ -37,6 +37,7 @@ from node.run.presets import configs_dir
 from node.run.setup import RunSetup
 from node.run.trainer import LMTrainer, MinerSpec
 from node.swarm.fakeminers import identity_for
+from protocol.parsing import STRICT
 from protocol.state import State
 from validator.aggregate import aggregate
 from validator.outer import OuterOptimizer
@@ -56,15 +57,31 @@ def variants(home: MemoryConfig) -> dict[str, MemoryConfig]:
     }
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--regime", choices=["pretrain", "finetune", "both"], default="both")
-    parser.add_argument("--replicas", type=int, default=4, help="miners per round")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--inner-steps", type=int, default=10, help="H")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per inner step")
-    parser.add_argument("--n-layer", type=int, default=4, help="GPT blocks (loco's size: the cached base is shared)")
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+class Options(BaseModel):
+    """`pulse bench memory`'s options."""
+
+    model_config = STRICT
+
+    regime: Literal["pretrain", "finetune", "both"] = "both"
+    """pre-training from scratch, fine-tuning the cached base, or both"""
+    replicas: int = Field(default=4, ge=1)
+    """miners per round"""
+    rounds: int = Field(default=10, ge=1)
+    """rounds per variant"""
+    inner_steps: int = Field(default=10, ge=1)
+    """H"""
+    batch_size: int = Field(default=8, ge=1)
+    """sequences per inner step"""
+    n_layer: int = Field(default=4, ge=1)
+    """GPT blocks (loco's size: the cached base is shared)"""
+    n_embd: int = Field(default=128, ge=1)
+    """GPT channels"""
+    threads: int = Field(default=1, ge=1)
+    """torch CPU threads"""
+
+    def regimes(self) -> tuple[str, ...]:
+        """The regimes `--regime` names."""
+        return ("pretrain", "finetune") if self.regime == "both" else (self.regime,)
 
 
 @dataclass
@@ -77,58 +94,54 @@ class Outcome:
     seconds: float  # per miner per round: training and compression
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    if min(args.replicas, args.rounds, args.inner_steps, args.batch_size) < 1:
-        raise SystemExit("--replicas, --rounds, --inner-steps and --batch-size must be >= 1")
-    torch.set_num_threads(args.threads)
+def run(options: Options) -> BenchResult:
+    torch.set_num_threads(options.threads)
     home = load_manifest(configs_dir() / "qwen2.5-0.5b-home-gpu.toml")
-    cfg = GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd)
+    cfg = GPTConfig(n_layer=options.n_layer, n_embd=options.n_embd)
     corpus = stdlib_corpus()
     held = [corpus.batch(derive_seed("memory-eval", i), EVAL_BATCH_SIZE, cfg.block_size, "held_out") for i in range(8)]
     results: dict[str, dict[str, Outcome]] = {}
     starts: dict[str, float] = {}
-    for regime in ("pretrain", "finetune") if args.regime == "both" else (args.regime,):
+    for regime in options.regimes():
         finetune = regime == "finetune"
         base = load_or_train(cfg, corpus=corpus).model if finetune else build_gpt(cfg)
         init = {n: t.detach().clone().float() for n, t in unique_state(base).items()}
         probe = build_gpt(cfg)
         load_bf16_state(probe, bf16_state(base))
         starts[regime] = evaluate(probe, held)
-        shared = manifest(home, cfg, args, MemoryConfig(), finetune).run_id
+        shared = manifest(home, cfg, options, MemoryConfig(), finetune).run_id
         results[regime] = {
-            name: run_variant(manifest(home, cfg, args, memory, finetune), shared, init, args, held)
+            name: run_variant(manifest(home, cfg, options, memory, finetune), shared, init, options, held)
             for name, memory in variants(home.train.memory).items()
         }
-    return _result(results, starts, args, home)
+    return _result(results, starts, options, home)
 
 
-def manifest(
-    home: Manifest, cfg: GPTConfig, args: argparse.Namespace, memory: MemoryConfig, finetune: bool
-) -> Manifest:
+def manifest(home: Manifest, cfg: GPTConfig, options: Options, memory: MemoryConfig, finetune: bool) -> Manifest:
     """The home preset's recipe on the embedded GPT, with `memory`."""
     train = home.train.model_dump(mode="python")
-    train.update(inner_steps=args.inner_steps, memory=memory.model_dump(), overlap=False)
+    train.update(inner_steps=options.inner_steps, memory=memory.model_dump(), overlap=False)
     if not finetune:
         train["inner"].update(lr=1e-3, warmup_steps=20)
     return parse_manifest(
         {
             "name": "bench-memory",
             "model": {"kind": "gpt", "gpt": cfg.model_dump()},
-            "data": {"batch_size": args.batch_size, "seq_len": cfg.block_size},
+            "data": {"batch_size": options.batch_size, "seq_len": cfg.block_size},
             "train": train,
             # the preset's fresh batch per step, as far as these steps go (a manifest refuses more)
-            "selection": {"assignment_batches": min(home.selection.assignment_batches, args.inner_steps)},
+            "selection": {"assignment_batches": min(home.selection.assignment_batches, options.inner_steps)},
         },
         "pulse bench memory",
     )
 
 
-def run_variant(m: Manifest, data_run_id: str, init: State, args: argparse.Namespace, held: list[Any]) -> Outcome:
+def run_variant(m: Manifest, data_run_id: str, init: State, options: Options, held: list[Any]) -> Outcome:
     """The variant's miners draw the assignments of `data_run_id`: every variant's manifest (so its run
     id) differs, but all of them must train on the same data."""
     setup = RunSetup.from_manifest(m)
     spec = replace(MinerSpec.from_manifest(m), run_id=data_run_id)
-    replicas, rounds = args.replicas, args.rounds
+    replicas, rounds = options.replicas, options.rounds
     codec = codec_for(m)
     outer = OuterOptimizer(m.train.outer, init)
     miners = [
@@ -161,7 +174,7 @@ def run_variant(m: Manifest, data_run_id: str, init: State, args: argparse.Names
 
 
 def _result(
-    results: dict[str, dict[str, Outcome]], starts: dict[str, float], args: argparse.Namespace, home: Manifest
+    results: dict[str, dict[str, Outcome]], starts: dict[str, float], options: Options, home: Manifest
 ) -> BenchResult:
     params_1_5b = count_hf_parameters(QWEN2_5_1_5B)
     summary: dict[str, Any] = {"home_preset_memory": home.train.memory.model_dump(), "regimes": {}}
@@ -186,7 +199,7 @@ def _result(
             for name, o in rows.items()
         ]
         title = (
-            f"memory {regime}: {args.replicas} miners x {args.rounds} rounds x H={args.inner_steps}, "
+            f"memory {regime}: {options.replicas} miners x {options.rounds} rounds x H={options.inner_steps}, "
             f"start loss {starts[regime]:.4f}"
         )
         columns = ["variant", "loss", "vs default", "bytes/round", "GPU B/param", "at 1.5B GiB", "act B/token",

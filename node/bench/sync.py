@@ -28,66 +28,77 @@ are GB of BF16 weights (one state) per second.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import BaseModel, Field
 
 from node.bench import plainpatch
 from node.bench.peakmem import PeakMemory
 from node.bench.report import BenchResult, table
-from node.bench.trace import HF_MODELS, hf_trace_dir, make_hf_trace, make_trace, read_manifest, trace_pairs
+from node.bench.trace import hf_trace_dir, make_hf_trace, make_trace, read_manifest, trace_pairs
 from node.events import steps as with_progress
 from node.learn.basecache import DEFAULT_STEPS, default_cache_dir, load_or_train
 from node.learn.data import stdlib_corpus
 from protocol import pulsesync
+from protocol.parsing import STRICT
 from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from protocol.tensorbytes import bits
 
-MODELS = ("tiny", *HF_MODELS)
 DEFAULT_TRACE_STEPS = {"tiny": 40, "qwen2-0.5b": 3}
 MEMORY_TARGET = 0.25  # extra peak memory of encode and of apply, as a share of one BF16 state
 _PHASES = ("enc", "dec", "base_enc", "base_dec", "apply", "hash", "memcpy")
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=MODELS, default="tiny", help="whose update trace: tiny (3.2M) or 0.5B")
-    parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of the trace")
-    parser.add_argument("--delay", type=int, default=1, help="patch between step t and t+delay")
-    parser.add_argument("--steps", type=int, default=None, help="trace length, made if missing (tiny 40, 0.5B 3)")
-    parser.add_argument("--trace", type=Path, default=None, help="trace folder (default: in the cache dir)")
-    parser.add_argument("--repeat", type=int, default=3, help="timing repeats per pair; the fastest counts")
-    parser.add_argument("--device", default="cpu", help="where the states live: cpu or cuda")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="base model and trace cache ($PULSE_CACHE_DIR)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the codecs use their own pool)")
+class Options(BaseModel):
+    """`pulse bench sync`'s options."""
+
+    model_config = STRICT
+
+    model: Literal["tiny", "qwen2-0.5b"] = "tiny"
+    """whose update trace: tiny (3.2M) or 0.5B"""
+    lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
+    """learning rate of the trace"""
+    delay: int = Field(default=1, ge=1)
+    """patch between step t and t+delay"""
+    steps: int | None = Field(default=None, ge=1)
+    """trace length, made if missing (tiny 40, 0.5B 3)"""
+    trace: Path | None = None
+    """trace folder (default: in the cache dir)"""
+    repeat: int = Field(default=3, ge=1)
+    """timing repeats per pair; the fastest counts"""
+    device: str = "cpu"
+    """where the states live: cpu or cuda"""
+    cache_dir: Path | None = None
+    """base model and trace cache ($PULSE_CACHE_DIR)"""
+    threads: int = Field(default=1, ge=1)
+    """torch CPU threads (the codecs use their own pool)"""
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    if args.delay < 1 or args.repeat < 1:
-        raise SystemExit("--delay and --repeat must be >= 1")
-    device = torch.device(args.device)
+def run(options: Options) -> BenchResult:
+    device = torch.device(options.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
-    torch.set_num_threads(args.threads)
-    steps = args.steps if args.steps is not None else DEFAULT_TRACE_STEPS[args.model]
-    trace_dir = _trace(args, steps)
-    if len(read_manifest(trace_dir)["files"]) <= args.delay:
-        raise SystemExit(f"the trace in {trace_dir} is too short for delay {args.delay}")
+    torch.set_num_threads(options.threads)
+    steps = options.steps if options.steps is not None else DEFAULT_TRACE_STEPS[options.model]
+    trace_dir = _trace(options, steps)
+    if len(read_manifest(trace_dir)["files"]) <= options.delay:
+        raise SystemExit(f"the trace in {trace_dir} is too short for delay {options.delay}")
     warm_up(device)
     totals, times, peaks = new_tallies()
     pairs = 0
-    n_pairs = len(read_manifest(trace_dir)["files"]) - args.delay
-    for old, new in with_progress(_pairs(trace_dir, args.delay, device), "patch pairs", total=n_pairs):
-        measure_pair(old, new, args.repeat, totals, times, peaks)
+    n_pairs = len(read_manifest(trace_dir)["files"]) - options.delay
+    for old, new in with_progress(_pairs(trace_dir, options.delay, device), "patch pairs", total=n_pairs):
+        measure_pair(old, new, options.repeat, totals, times, peaks)
         pairs += 1
     state_bytes = 2 * totals["elements"] / pairs
-    return _result(args, steps, pairs, state_bytes, totals, times, peaks, device)
+    return _result(options, steps, pairs, state_bytes, totals, times, peaks, device)
 
 
 def new_tallies() -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
@@ -97,29 +108,29 @@ def new_tallies() -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     return totals, dict.fromkeys(_PHASES, 0.0), {"encode": 0, "apply": 0, "device": 0}
 
 
-def _trace(args: argparse.Namespace, steps: int) -> Path:
+def _trace(options: Options, steps: int) -> Path:
     """The trace folder, made (and cached) if it is missing, shorter or for another lr."""
-    cache = args.cache_dir or default_cache_dir()
-    if args.trace is not None:
-        trace_dir = args.trace
-    elif args.model == "tiny":
-        trace_dir = cache / f"trace-lr{args.lr:g}"
+    cache = options.cache_dir or default_cache_dir()
+    if options.trace is not None:
+        trace_dir = options.trace
+    elif options.model == "tiny":
+        trace_dir = cache / f"trace-lr{options.lr:g}"
     else:
-        trace_dir = hf_trace_dir(cache, args.model, args.lr)
+        trace_dir = hf_trace_dir(cache, options.model, options.lr)
     try:
         manifest = read_manifest(trace_dir)
-        if manifest["lr"] == args.lr and manifest["steps"] >= steps:
+        if manifest["lr"] == options.lr and manifest["steps"] >= steps:
             return trace_dir
     except (OSError, ValueError, KeyError):
         pass  # no usable trace there: make one
-    if args.trace is not None and (trace_dir / "trace.json").exists():
+    if options.trace is not None and (trace_dir / "trace.json").exists():
         raise SystemExit(f"{trace_dir} holds a trace for another lr or fewer steps")
-    if args.model == "tiny":
+    if options.model == "tiny":
         corpus = stdlib_corpus()
-        base = load_or_train(None, DEFAULT_STEPS, args.cache_dir, corpus=corpus)
-        make_trace(trace_dir, base, corpus, args.lr, steps)
+        base = load_or_train(None, DEFAULT_STEPS, options.cache_dir, corpus=corpus)
+        make_trace(trace_dir, base, corpus, options.lr, steps)
     else:
-        make_hf_trace(trace_dir, args.model, args.lr, steps, device=args.device)
+        make_hf_trace(trace_dir, options.model, options.lr, steps, device=options.device)
     return trace_dir
 
 
@@ -216,7 +227,7 @@ def measure_pair(
 
 
 def _result(
-    args: argparse.Namespace,
+    options: Options,
     steps: int,
     pairs: int,
     state_bytes: float,
@@ -229,11 +240,11 @@ def _result(
     dense_bytes = 2 * totals["elements"]  # the trace is BF16
     gb = dense_bytes / 1e9
     summary: dict[str, Any] = {
-        "model": args.model,
+        "model": options.model,
         "device": str(device),
         "params": int(totals["elements"] / pairs),
-        "lr": args.lr,
-        "delay": args.delay,
+        "lr": options.lr,
+        "delay": options.delay,
         "steps": steps,
         "pairs": pairs,
         "lossless": totals["lossless"] == pairs,

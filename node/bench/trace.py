@@ -15,16 +15,16 @@ byte ids of the embedded corpus, each BF16 state written to disk as soon as it e
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, Field
 from safetensors.torch import load_file, save
 
 from node.bench.report import BenchResult, table
@@ -43,6 +43,7 @@ from node.learn.train import (
     evaluate,
     inner_train,
 )
+from protocol.parsing import STRICT
 from protocol.state import State, StateDict
 from protocol.statehash import state_hash
 from validator.atomicfile import write_atomic
@@ -230,59 +231,62 @@ def make_hf_trace(
     return losses
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=None, help="trace folder (default: <cache dir>/trace)")
-    parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of the written trace")
-    parser.add_argument("--steps", type=int, default=40, help="AdamW steps per trace (>= 33 to measure k=32)")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="base model cache ($PULSE_CACHE_DIR)")
-    parser.add_argument("--base-steps", type=int, default=DEFAULT_STEPS, help="pre-training steps of the base")
-    parser.add_argument(
-        "--master",
-        choices=sorted(MASTER_DTYPES),
-        default="fp32",
-        help="precision the optimizer updates: fp32 (a node's master weights) or bf16 (sub-ulp updates lost)",
-    )
+class Options(BaseModel):
+    """`pulse bench trace`'s options."""
+
+    model_config = STRICT
+
+    out: Path | None = None
+    """trace folder (default: <cache dir>/trace)"""
+    lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
+    """learning rate of the written trace"""
+    steps: int = Field(default=40, ge=1)
+    """AdamW steps per trace (>= 33 to measure k=32)"""
+    cache_dir: Path | None = None
+    """base model cache ($PULSE_CACHE_DIR)"""
+    base_steps: int = Field(default=DEFAULT_STEPS, ge=0)
+    """pre-training steps of the base"""
+    master: Literal["bf16", "fp32"] = "fp32"
+    """precision the optimizer updates: fp32 (a node's master weights) or bf16 (sub-ulp updates lost)"""
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    if args.steps < 1 or args.lr <= 0:
-        raise SystemExit("--steps must be >= 1 and --lr > 0")
-    out_dir = args.out or (args.cache_dir or default_cache_dir()) / "trace"
+def run(options: Options) -> BenchResult:
+    out_dir = options.out or (options.cache_dir or default_cache_dir()) / "trace"
     corpus = stdlib_corpus()
-    base = load_or_train(None, args.base_steps, args.cache_dir, corpus=corpus)
+    base = load_or_train(None, options.base_steps, options.cache_dir, corpus=corpus)
     seq = base.model.cfg.block_size
     held = [corpus.batch(derive_seed("trace-eval", i), BATCH_SIZE, seq, "held_out") for i in range(EVAL_BATCHES)]
     rows: dict[str, dict[str, Any]] = {}
-    for lr in sorted({*SWEEP_LRS, args.lr}):
+    for lr in sorted({*SWEEP_LRS, options.lr}):
         start = time.perf_counter()
-        if lr == args.lr:
-            trace = make_trace(out_dir, base, corpus, lr, args.steps, master=args.master)
+        if lr == options.lr:
+            trace = make_trace(out_dir, base, corpus, lr, options.steps, master=options.master)
         else:
-            trace = run_lr(base, corpus, lr, args.steps, master=args.master)
+            trace = run_lr(base, corpus, lr, options.steps, master=options.master)
         rows[f"{lr:g}"] = {
             "unchanged": {str(k): unchanged_fraction(trace.states, k) for k in DELAYS},
             "held_out_loss": evaluate(trace.model, held),
             "seconds": time.perf_counter() - start,
         }
         del trace  # ~6.5 MB per state for the default model
-    return _result(args, out_dir, base, evaluate(base.model, held), rows)
+    return _result(options, out_dir, base, evaluate(base.model, held), rows)
 
 
 def _result(
-    args: argparse.Namespace, out_dir: Path, base: CachedBase, base_loss: float, rows: dict[str, dict[str, Any]]
+    options: Options, out_dir: Path, base: CachedBase, base_loss: float, rows: dict[str, dict[str, Any]]
 ) -> BenchResult:
     summary = {
         "unchanged": {lr: row["unchanged"] for lr, row in rows.items()},
         "held_out_loss": {"base": base_loss, **{lr: row["held_out_loss"] for lr, row in rows.items()}},
         "seconds": {lr: row["seconds"] for lr, row in rows.items()},
         "trace_dir": str(out_dir),
-        "lr": args.lr,
-        "steps": args.steps,
-        "master": args.master,
+        "lr": options.lr,
+        "steps": options.steps,
+        "master": options.master,
         "batch_size": BATCH_SIZE,
         "base": {
             "cache_key": base.key,
-            "steps": args.base_steps,
+            "steps": options.base_steps,
             "loss_before": base.loss_before,
             "loss_after": base.loss_after,
             "train_seconds": base.train_seconds,
@@ -292,11 +296,11 @@ def _result(
     base_table = table(
         "base model (held-out loss, nats/byte)",
         ["cache key", "steps", "at init", "trained", "train s", "from cache"],
-        [[base.key[:16], args.base_steps, base.loss_before, base.loss_after, base.train_seconds, base.from_cache]],
+        [[base.key[:16], options.base_steps, base.loss_before, base.loss_after, base.train_seconds, base.from_cache]],
     )
     title = (
-        f"BF16 weights unchanged from step t to t+k ({args.master} master, {args.steps} steps, "
-        f"held-out loss {base_loss:.3f} at start; lr {args.lr:g} written to {out_dir})"
+        f"BF16 weights unchanged from step t to t+k ({options.master} master, {options.steps} steps, "
+        f"held-out loss {base_loss:.3f} at start; lr {options.lr:g} written to {out_dir})"
     )
     columns = ["lr", *(f"k={k}" for k in DELAYS), "held-out loss", "s"]
     body = [

@@ -10,7 +10,6 @@ A third row, the bare libp2p stream read into nothing, shows what the transport 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import multiprocessing as mp
@@ -25,27 +24,36 @@ from typing import Any
 
 import uvloop
 from hivemind.p2p import P2P, PeerID
+from pydantic import BaseModel, Field
 
 from node.bench.report import BenchResult, table
 from node.events import steps
 from node.net.blobstore import BlobStore
 from node.net.streams import DEFAULT_LIMITS, open_stream, read_reply, send_request
 from node.net.transfer import FETCH, TransferService, call_fetch, fetch_request
+from protocol.parsing import STRICT
 
 RUN_ID = "0" * 64
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 READ_BYTES = 1 << 20
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size-mib", type=int, default=256, help="blob size in MiB (default 256)")
-    parser.add_argument("--repeats", type=int, default=3, help="transfers per path; the median is reported")
-    parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp folder)")
+class Options(BaseModel):
+    """`pulse bench transfer`'s options."""
+
+    model_config = STRICT
+
+    size_mib: int = Field(default=256, ge=1)
+    """blob size in MiB"""
+    repeats: int = Field(default=3, ge=1)
+    """transfers per path; the median is reported"""
+    dir: Path | None = None
+    """work folder (default: a temp folder)"""
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    with tempfile.TemporaryDirectory(dir=args.dir, prefix="pulse-bench-transfer-") as tmp:
-        return _measure(Path(tmp), max(1, args.size_mib) << 20, max(1, args.repeats))
+def run(options: Options) -> BenchResult:
+    with tempfile.TemporaryDirectory(dir=options.dir, prefix="pulse-bench-transfer-") as tmp:
+        return _measure(Path(tmp), options.size_mib << 20, options.repeats)
 
 
 def _measure(root: Path, size: int, repeats: int) -> BenchResult:
