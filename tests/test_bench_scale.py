@@ -3,7 +3,6 @@ seconds and memory, the projection; and the phase recorder they rest on."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -18,15 +17,6 @@ from node.bench.projection import Measured, Shape, project
 from tests.models import TINY_QWEN
 
 pytest.importorskip("transformers")
-
-
-def _args(module: object, **overrides: object) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    module.configure(parser)  # type: ignore[attr-defined]
-    args = parser.parse_args([])
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    return args
 
 
 def _preset_with_inner_lr(folder: Path, lr: str) -> Path:

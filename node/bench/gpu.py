@@ -23,7 +23,6 @@ The JSON object holds at least `device`, `sync_*_gbps`, `plain_*_gbps`,
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import subprocess
@@ -31,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
@@ -201,16 +200,8 @@ def _scale_figures(options: Options, device: torch.device, small: bool, tmp: Pat
 
 def _scale_summary(device: torch.device, miners: int, model_dir: Path | None) -> dict[str, Any]:
     """scale.py's summary of validator rounds of 8 and 16 submissions, `miners` of them trained."""
-    flags: dict[str, Any] = {"device": device.type, "miners": miners, "submissions": "8,16", "model_dir": model_dir}
-    model = getattr(scale, "Options", None)
-    if model is not None:
-        return scale.run(model.model_validate(flags)).summary
-    # TRANSITIONAL: scale.py still on argparse flags (goes with bench.py's path for such modules)
-    parser = argparse.ArgumentParser()
-    getattr(scale, "configure")(parser)  # noqa: B009
-    argv = ["--device", device.type, "--miners", str(miners), "--submissions", "8,16"]
-    argv += ["--model-dir", str(model_dir)] if model_dir else []
-    return scale.run(cast(Any, parser.parse_args(argv))).summary
+    flags = {"device": device.type, "miners": miners, "submissions": "8,16", "model_dir": model_dir}
+    return scale.run(scale.Options.model_validate(flags)).summary
 
 
 def _swarm_figures(options: Options, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:

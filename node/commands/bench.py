@@ -45,10 +45,7 @@ def register(subparsers: Any) -> None:
             continue
         sub = names.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         sub.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-        if hasattr(module, "Options"):
-            add_options(sub, module.Options)
-        else:  # TRANSITIONAL: a benchmark still on argparse flags
-            module.configure(sub)
+        add_options(sub, module.Options)
         sub.set_defaults(func=lambda args, m=module, n=name: _run(m, n, args))
 
 
@@ -74,13 +71,10 @@ def _unloadable(name: str, why: str) -> int:
 
 
 def _run(module: Any, name: str, args: argparse.Namespace) -> int:
-    if hasattr(module, "Options"):
-        options = parsed(module.Options, args, f"bench {name}")
-        if options is None:
-            return 2
-        result: BenchResult = module.run(options)
-    else:  # TRANSITIONAL
-        result = module.run(args)
+    options = parsed(module.Options, args, f"bench {name}")
+    if options is None:
+        return 2
+    result: BenchResult = module.run(options)
     if args.json:
         print(json.dumps(result.summary, sort_keys=True))
     else:

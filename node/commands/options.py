@@ -52,14 +52,14 @@ def add_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None
         target = parser if group is None else groups.setdefault(group, parser.add_argument_group(group))
         key = field.alias or name
         flag = "--" + key.replace("_", "-")
-        help_text = field.description or ""
+        help_text = (field.description or "").replace("%", "%%")  # argparse formats help with %
         kind, many, choices = _value_type(name, field)
         if kind is bool:
             target.add_argument(flag, dest=key, action="store_true", default=argparse.SUPPRESS, help=help_text)
             continue
         required = field.is_required()
         if not required and field.default is not None and not many:
-            help_text += f" ({field.default})"
+            help_text += f" ({field.default})".replace("%", "%%")
         nargs = "*" if many else None
         target.add_argument(
             flag,
