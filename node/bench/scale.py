@@ -46,6 +46,7 @@ from node.bench.phases import MB, PhaseRecorder, release_memory, timed_methods
 from node.bench.report import BenchResult
 from node.learn.gpteval import GPTEvaluator
 from node.learn.train import Batch, autocast, bf16_state
+from node.run.hostmemory import return_large_frees
 from node.run.manifest import Manifest, load_manifest, parse_manifest
 from node.run.presets import preset
 from node.run.setup import RunSetup
@@ -315,11 +316,12 @@ class Bench:
                 trainer = self.task.trainer(ident, str(self.s.device))
             with self.rec.phase("miner.train"):
                 delta = trainer.train(0, self.weights)
-            with self.rec.phase("miner.compress"):
-                header, payload = trainer.package(0, delta, self.weights, self.base_hash)
+            delta_bytes = storage_bytes(delta.values())
+            with self.rec.phase("miner.compress"):  # handed over, as a miner does: freed tensor by tensor
+                header, payload = trainer.package(0, delta, self.weights, self.base_hash, handover=True)
         record = MinerRecord(
             Submission(sign(ident, header).to_bytes(), payload), trainer.last_loss, len(payload),
-            miner_state(trainer), storage_bytes(delta.values()),
+            miner_state(trainer), delta_bytes,
         )  # fmt: skip
         if calibrate:
             del delta
@@ -454,6 +456,8 @@ def run(options: Options) -> BenchResult:
     s = settings(options)
     if options.threads > 0:
         torch.set_num_threads(options.threads)
+    if s.device.type == "cuda":  # as `pulse miner --device cuda` runs
+        return_large_frees()
     rec, start = PhaseRecorder(s.device), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pulse-scale-") as tmp:
         bench = Bench(s, rec, Path(tmp))

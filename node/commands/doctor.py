@@ -31,6 +31,7 @@ from node.roles.doctor import measure, reachability
 from node.roles.forecast import Forecast, fit_advice, forecast
 from node.roles.machinefit import Machine, needs, probe_machine
 from node.roles.records import run_records
+from node.run.hostmemory import return_large_frees
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         config = options.net_config()
         if options.threads > 0:
             torch.set_num_threads(options.threads)
+        if options.device == "cuda":  # as `pulse miner --device cuda` runs
+            return_large_frees()
         with tempfile.TemporaryDirectory(prefix="pulse-doctor-") as tmp:
             folder = options.state_dir or Path(tmp)
             folder.mkdir(parents=True, exist_ok=True)

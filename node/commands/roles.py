@@ -42,6 +42,7 @@ from node.roles.records import run_records
 from node.roles.standby import ValidatorRole
 from node.roles.tasks import follower_for, miner_for, validator_for, validator_role_for
 from node.roles.validator_service import ValidatorService
+from node.run.hostmemory import return_large_frees
 from node.run.manifest import Manifest, load_manifest
 from node.run.presets import preset
 from node.run.setup import RunSetup
@@ -182,6 +183,8 @@ def run(role: str, args: argparse.Namespace) -> int:
             raise ConfigError(missing)
         if options.threads > 0:
             torch.set_num_threads(options.threads)
+        if options.device == "cuda":  # the host's big buffers are the codec's and the chain's: given back when freed
+            return_large_frees()
         setup = RunSetup.from_manifest(load_manifest(options.config))
         if role in ("miner", "validator") and setup.manifest.task == "lm":
             setup.corpus  # noqa: B018  # bad data fails here, in one line, before the network starts
