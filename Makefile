@@ -54,7 +54,7 @@ demo: install
 	$(BIN)/pulse demo
 
 test: install browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 	$(MAKE) lint
 
 # The swarm tier's dashboard test drives a real headless Chromium: the system's, installed here from
