@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -180,10 +179,8 @@ class Miner:
         fraction = self.uplink.fraction(target - time.time() - (self.compress_seconds or 0.0))
         start = time.monotonic()
         with self.clock.busy():
-            # the pseudo-gradient is handed over: it streams through the codec, freed tensor by tensor
-            package = functools.partial(trainer.package, handover=True)
-            header, payload = await asyncio.get_running_loop().run_in_executor(
-                None, package, r, delta, held.weights, held.state_hash, fraction
+            header, payload = await asyncio.get_running_loop().run_in_executor(  # handed over: freed tensor by tensor
+                None, lambda: trainer.package(r, delta, held.weights, held.state_hash, fraction, handover=True)
             )
         self.compress_seconds = time.monotonic() - start
         await self._submit(header, payload, live, compress_seconds=self.compress_seconds, fraction=fraction)
