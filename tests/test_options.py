@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from node.commands import dashboard, demo, dht, export, keygen, roles, runid, status
-from node.commands.options import options_from
+from node.commands.options import options_from, script_options
 from node.commands.receipt import ReceiptOptions, register
 from protocol.errors import ConfigError
 
@@ -141,3 +141,14 @@ def test_each_role_gets_its_own_options() -> None:
         parser.parse_args(["miner", "--device", "tpu"])
     with pytest.raises(SystemExit):
         parser.parse_args(["miner", "--audit"])
+
+
+def test_a_workers_command_line_is_its_model_and_a_bad_value_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--config", "run.toml", "--round", "3", "--miner", "ab" * 32]
+    options = script_options(ReceiptOptions, argv, "python -m worker")
+    assert options.round == 3 and options.config == Path("run.toml")
+    with pytest.raises(SystemExit) as done:
+        script_options(ReceiptOptions, ["--round", "-1"], "python -m worker")
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert "python -m worker: error: --round: Input should be greater than or equal to 0" in err

@@ -73,6 +73,17 @@ def add_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None
         )
 
 
+def script_options(model: type[M], argv: list[str] | None, prog: str, description: str | None = None) -> M:
+    """A `python -m` worker's command line as `model`: its flags generated from the model, and a bad
+    value refused as argparse refuses a bad flag (`prog: error: --flag: ...`, exit status 2)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_options(parser, model)
+    try:
+        return options_from(model, parser.parse_args(argv))
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
 def _group_of(model: type[BaseModel], name: str) -> str | None:
     """The `flag_group` of the class that declares field `name` (None: the command's own flags)."""
     for cls in model.__mro__:

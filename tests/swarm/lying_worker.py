@@ -11,7 +11,6 @@ worker out of its pools.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import tempfile
@@ -21,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from node.commands.options import add_options, options_from
+from node.commands.options import script_options
 from node.events import Events
 from node.net.netconfig import NetOptions
 from node.net.p2ppeer import P2PPeer
@@ -84,6 +83,4 @@ class LyingOptions(NetOptions):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    add_options(parser, LyingOptions)
-    asyncio.run(main(options_from(LyingOptions, parser.parse_args())))
+    asyncio.run(main(script_options(LyingOptions, None, "python -m tests.swarm.lying_worker")))

@@ -10,7 +10,6 @@ on the last verified state.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from node.commands.options import add_options, options_from
+from node.commands.options import script_options
 from node.events import Events
 from node.net.keyfile import load_key_file
 from node.net.netconfig import NetOptions
@@ -30,7 +29,6 @@ from node.roles.tasks import validator_for
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
-from protocol.errors import ConfigError
 from pulse_redteam.lying import LIES, lying_validator
 
 
@@ -63,12 +61,7 @@ class FaultOptions(NetOptions):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pulse_redteam.faults")
-    add_options(parser, FaultOptions)
-    try:
-        options = options_from(FaultOptions, parser.parse_args(argv))
-    except ConfigError as exc:
-        parser.error(str(exc))
+    options = script_options(FaultOptions, argv, "python -m pulse_redteam.faults")
     asyncio.run(_run(options))
     return 0
 

@@ -13,7 +13,6 @@ say what became of it (`ledger.py`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import logging
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
-from node.commands.options import add_options, options_from
+from node.commands.options import script_options
 from node.events import Events
 from node.events.campaign import AttackSent
 from node.learn.rl.checks import announce
@@ -40,7 +39,7 @@ from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from protocol import rollouts
-from protocol.errors import ConfigError, NetworkError
+from protocol.errors import NetworkError
 from protocol.identity import Identity
 from protocol.rollouts import RolloutBatch, RolloutGroup
 
@@ -143,12 +142,7 @@ class FabricatorOptions(NetOptions):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pulse_redteam.campaign.fabricator", description=__doc__)
-    add_options(parser, FabricatorOptions)
-    try:
-        options = options_from(FabricatorOptions, parser.parse_args(argv))
-    except ConfigError as exc:
-        parser.error(str(exc))
+    options = script_options(FabricatorOptions, argv, "python -m pulse_redteam.campaign.fabricator", __doc__)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(options.threads)
     return asyncio.run(_run(options))

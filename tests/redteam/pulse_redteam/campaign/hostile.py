@@ -20,7 +20,6 @@ the DHT after submitting and keeps the payload fetchable, as any peer could see.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import logging
@@ -36,7 +35,7 @@ import torch
 from hivemind.p2p import PeerID
 from pydantic import Field, model_validator
 
-from node.commands.options import add_options, options_from
+from node.commands.options import script_options
 from node.events import Events
 from node.events.campaign import AttackSent, AttackSkipped, HostileDone, NetAttack, Uploading
 from node.events.models import Started
@@ -49,7 +48,7 @@ from node.roles.records import run_records
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from node.swarm.fakeminers import Miner, make_adversary
-from protocol.errors import ConfigError, ProtocolError, TransferError
+from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SignedMessage
@@ -371,12 +370,7 @@ class HostileOptions(NetOptions):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pulse_redteam.campaign.hostile", description=__doc__)
-    add_options(parser, HostileOptions)
-    try:
-        options = options_from(HostileOptions, parser.parse_args(argv))
-    except ConfigError as exc:
-        parser.error(str(exc))
+    options = script_options(HostileOptions, argv, "python -m pulse_redteam.campaign.hostile", __doc__)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(options.threads)
     setup = RunSetup.from_manifest(load_manifest(options.config))
