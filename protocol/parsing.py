@@ -13,7 +13,7 @@ line) and cut to 80 characters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -34,6 +34,17 @@ def one_line(exc: ValidationError, root: str) -> str:
     where = ascii(where)[1:-1][:80]  # a key a peer chose: escaped, so it cannot forge a log line
     message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
     return f"{where}: {message}"
+
+
+def flag_line(exc: ValidationError, flags: Mapping[str, str] | None = None) -> str:
+    """`--flag: message` of the first error of an options model (`one_line`, the field as its flag:
+    `state_dir` -> `--state-dir`, `validators.2` -> `--validators`; `flags` names the flag of a field
+    that is set by another name); the message alone for a rule across fields."""
+    where, _, message = one_line(exc, "").partition(": ")
+    field = where.partition(".")[0]
+    if not field:
+        return message
+    return f"--{(flags or {}).get(field, field.replace('_', '-'))}: {message}"
 
 
 def parse_canonical(cls: type[M], data: bytes, *, what: str, max_bytes: int, encode: Callable[[M], bytes]) -> M:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from protocol.errors import ConfigError
-from protocol.parsing import STRICT, one_line
+from protocol.parsing import STRICT, flag_line
 
 OPTIONS = STRICT
 """The config of an options model: strict, closed, immutable, field docstrings as help."""
@@ -99,9 +99,7 @@ def options_from(model: type[M], args: argparse.Namespace) -> M:
     try:
         return model.model_validate({key: getattr(args, key) for key in keys if hasattr(args, key)})
     except ValidationError as exc:
-        where, _, message = one_line(exc, "").partition(": ")  # where is "" for a rule across flags
-        flag = where.partition(".")[0].replace("_", "-")  # `validators.2`: the flag, not the item
-        raise ConfigError(f"--{flag}: {message}" if flag else message) from exc
+        raise ConfigError(flag_line(exc)) from exc
 
 
 def parsed(model: type[M], args: argparse.Namespace, command: str) -> M | None:

@@ -15,7 +15,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from protocol.errors import ConfigError
-from protocol.parsing import STRICT, one_line
+from protocol.parsing import STRICT, flag_line
 
 
 class NetConfig(BaseModel):
@@ -156,10 +156,8 @@ class NetOptions(BaseModel):
         try:
             return NetConfig(**fields)
         except ValidationError as exc:
-            where, _, message = one_line(exc, "").partition(": ")
-            flag = _FLAGS.get(where.partition(".")[0], where)
-            raise ConfigError(f"--{flag}: {message}") from exc
+            raise ConfigError(flag_line(exc, _FLAGS)) from exc
 
 
-_FLAGS = {"initial_peers": "initial-peers", "host_maddrs": "host", "announce_maddrs": "announce"}
+_FLAGS = {"host_maddrs": "host", "announce_maddrs": "announce"}
 """The flag that sets a `NetConfig` field, for its errors."""

@@ -46,7 +46,7 @@ from node.roles.chainstate import checkpoint_bytes
 from protocol import pulsesync
 from protocol.identity import Identity
 from protocol.messages import BlobRef, CheckpointAnnouncement, OuterStep, RoundResult
-from protocol.parsing import STRICT, one_line
+from protocol.parsing import STRICT, flag_line
 from protocol.pieces import checkpoint_index
 from protocol.signing import sign
 from protocol.statehash import state_hash
@@ -303,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the command line splits here; the options check it (a flag left out: the option's default)
         options = WorkerOptions.model_validate(vars(parser.parse_args(argv)))
     except ValidationError as exc:  # one line, the flag named: `--patches: Input should be ...`
-        where, _, message = one_line(exc, "").partition(": ")
-        parser.error(f"--{where.replace('_', '-')}: {message}" if where else message)
+        parser.error(flag_line(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if options.what == "make":
         make(options.dir, int(options.state_mib * 2**20), options.patches)
