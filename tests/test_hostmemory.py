@@ -19,7 +19,7 @@ import numpy as np
 from node.run.hostmemory import return_large_frees
 from node.bench.phases import resident_mb
 set_it = sys.argv[1] == "set"
-done = return_large_frees() if set_it else False
+done = return_large_frees("cuda") if set_it else False
 big = np.ones(16 << 20, np.uint8); del big
 kept, freed = [], []
 for _ in range(200):
@@ -40,7 +40,13 @@ def _given_back(mode: str) -> dict[str, float]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_blocks_go_back_to_the_system() -> None:
     with_setting, without = _given_back("set"), _given_back("keep")
-    assert with_setting["done"]
+    assert with_setting["done"] and not _given_back_on_cpu()
     assert with_setting["given_back_mb"] >= 150, with_setting  # the 200 freed MiB, less what stayed mapped
     # the reason for the setting: without it the freed blocks stay with the process, as holes in its heap
     assert with_setting["given_back_mb"] > without["given_back_mb"] + 100, (with_setting, without)
+
+
+def _given_back_on_cpu() -> bool:
+    from node.run.hostmemory import return_large_frees
+
+    return return_large_frees("cpu")  # a CPU node keeps glibc's default: nothing set, in this process too

@@ -456,8 +456,7 @@ def run(options: Options) -> BenchResult:
     s = settings(options)
     if options.threads > 0:
         torch.set_num_threads(options.threads)
-    if s.device.type == "cuda":  # as `pulse miner --device cuda` runs
-        return_large_frees()
+    return_large_frees(s.device.type)  # as `pulse miner` runs on this device
     rec, start = PhaseRecorder(s.device), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pulse-scale-") as tmp:
         bench = Bench(s, rec, Path(tmp))

@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
         config = options.net_config()
         if options.threads > 0:
             torch.set_num_threads(options.threads)
-        if options.device == "cuda":  # as `pulse miner --device cuda` runs
-            return_large_frees()
+        return_large_frees(options.device)  # as `pulse miner` runs on this device
         with tempfile.TemporaryDirectory(prefix="pulse-doctor-") as tmp:
             folder = options.state_dir or Path(tmp)
             folder.mkdir(parents=True, exist_ok=True)

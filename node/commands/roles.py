@@ -183,8 +183,7 @@ def run(role: str, args: argparse.Namespace) -> int:
             raise ConfigError(missing)
         if options.threads > 0:
             torch.set_num_threads(options.threads)
-        if options.device == "cuda":  # the host's big buffers are the codec's and the chain's: given back when freed
-            return_large_frees()
+        return_large_frees(options.device)
         setup = RunSetup.from_manifest(load_manifest(options.config))
         if role in ("miner", "validator") and setup.manifest.task == "lm":
             setup.corpus  # noqa: B018  # bad data fails here, in one line, before the network starts

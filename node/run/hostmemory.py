@@ -23,9 +23,12 @@ M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
 THRESHOLD_BYTES = 64 * 1024
 
 
-def return_large_frees() -> bool:
-    """Serve allocations from 64 KiB up with their own mappings (given back on free), for the rest
-    of the process; False where the C library has no such setting (not glibc)."""
+def return_large_frees(device: str) -> bool:
+    """On a node whose `device` trains (cuda): serve allocations from 64 KiB up with their own mappings
+    (given back on free), for the rest of the process. False where it does not apply: a CPU node, or a
+    C library without the setting (not glibc)."""
+    if device != "cuda":
+        return False
     try:
         libc = ctypes.CDLL("libc.so.6")
         done = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES))
