@@ -25,7 +25,7 @@ from validator.config import GauntletConfig
 from validator.gauntlet import Assessment, NormReference, RoundPipeline, gate_median, select
 from validator.intake import Candidate, screen
 from validator.ratings import Ratings
-from validator.scoring import Gains, RoundSecret
+from validator.scoring import Gains, RoundSecret, moving_average
 
 SLICES = 40
 
@@ -37,20 +37,20 @@ def _assessed(index: int, sender: str, score: float, indicator: int = 1) -> Asse
 
 def test_a_losing_record_orders_but_does_not_lock_out() -> None:
     """Of four useful miners with own-data evidence, the one that lost every match is still aggregated
-    (last); a miner whose own-data indicator is -1 this round is not, whatever its record."""
+    (last); a miner whose own-data indicator is -1 this round is not, on a record short of steady."""
     field = [("a", 0.5), ("c", 0.4), ("d", 0.3), ("b", 0.1)]
     ratings = Ratings(7.0, 0.1, 2, {}).rate(0, field, []).rate(1, field, [])
     assert ratings.ordinal("b") < 0
     cfg = GauntletConfig(min_indicator_average=0.05)
     evaluated = [_assessed(i, m, score) for i, (m, score) in enumerate(field)]
-    selected, finals, reasons = select(cfg, evaluated, ratings, dict.fromkeys("abcd", 0.2))
+    selected, finals, reasons = select(cfg, evaluated, ratings, dict.fromkeys("abcd", 0.15))
     assert [a.sender for a in selected] == ["a", "c", "d", "b"] and not reasons
     assert finals[0] > finals[3] > 0
     evaluated[0] = _assessed(0, "a", 0.5, indicator=-1)
-    selected, _, reasons = select(cfg, evaluated, ratings, dict.fromkeys("abcd", 0.2))
-    assert "a" not in [s.sender for s in selected] and reasons[0].startswith("indicator average 0.200, this round -1")
+    selected, _, reasons = select(cfg, evaluated, ratings, dict.fromkeys("abcd", 0.15))
+    assert "a" not in [s.sender for s in selected] and reasons[0].startswith("indicator average 0.150, this round -1")
     selected, _, reasons = select(
-        cfg.model_copy(update={"top_g": 2}), evaluated[1:], ratings, dict.fromkeys("cdb", 0.2)
+        cfg.model_copy(update={"top_g": 2}), evaluated[1:], ratings, dict.fromkeys("cdb", 0.15)
     )
     assert [a.sender for a in selected] == ["c", "d"] and "ranks 3" in reasons[3]
 
@@ -175,3 +175,31 @@ def test_a_reopened_validator_knows_the_public_step(tmp_path: Path) -> None:
     assert before is not None
     again = swarm.reopen(tmp_path).previous_weights
     assert again is not None and all(torch.equal(again[n], before[n]) for n in before)
+
+
+def _record(indicators: list[int], decay: float) -> float:
+    average = 0.0
+    for i in indicators:
+        average = moving_average(average, i, decay)
+    return average
+
+
+def test_a_bad_start_fades_and_a_steady_record_outlasts_a_noisy_round() -> None:
+    """An honest miner whose first indicators came out -1 qualifies after three +1 rounds, as a fresh
+    key would (the average is floored at 0, not dug into a hole); a miner with six +1 rounds in a row
+    stays in through a -1 round; a record like a thief's (one +1 round in four) never gets there."""
+    cfg = GauntletConfig()
+    ratings = Ratings(7.0, 0.1, 2, {})
+
+    def chosen(indicators: list[int]) -> bool:
+        average = _record(indicators, cfg.indicator_decay)
+        selected, _, _ = select(cfg, [_assessed(0, "m", 0.3, indicator=indicators[-1])], ratings, {"m": average})
+        return bool(selected)
+
+    assert _record([-1, -1, -1, -1], cfg.indicator_decay) == 0.0
+    assert chosen([-1, -1, -1, -1, 1, 1, 1])
+    assert not chosen([-1, -1, -1, -1, 1, 1])
+    assert chosen([1] * 6 + [-1])
+    assert not chosen([1] * 5 + [-1]) and not chosen([1] * 3 + [-1])
+    thief = [1, -1, -1, -1] * 6 + [1, 1, -1, 1, -1]
+    assert not any(chosen(thief[: n + 1]) for n in range(len(thief))), "a one-in-four record is never eligible"

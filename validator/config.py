@@ -67,6 +67,11 @@ class SelectionRules(BaseModel):
     min_indicator_average: float = Field(default=0.1, ge=0, le=1)
     """Only miners whose own-data indicator average reaches this are aggregated (three honest rounds
     from zero)."""
+    steady_indicator_average: float = Field(default=0.2, ge=0, le=1)
+    """A miner whose indicator average (this round's included) reaches this is eligible in a round whose
+    indicator came out -1, too: its record outweighs one round's noise (an honest miner's indicator is
+    -1 in about one round in six). At decay 0.95 that takes six +1 rounds in a row from zero before
+    the -1 round, which a thief's lucky rounds (about one in four) give once in some 4,000 tries."""
 
 
 class GauntletConfig(UpdateRules, SelectionRules):

@@ -15,7 +15,8 @@
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
                            by score, everyone else last; the rounds each miner earned standing in
                            (gain on R, own-data indicator +1, no copy: `earned`)
-    select                 eligible: gain on R, own-data indicator +1 this round and on record;
+    select                 eligible: gain on R, own-data indicator +1 this round and on record, or
+                           a steady record (`on_record`);
                            final = rating strength x indicator average orders them; the top G
     outcomes               one per submission; the selected and rejected entries of the result
     --- RoundPipeline.aggregate ---
@@ -400,12 +401,13 @@ def select(
 ) -> tuple[list[Assessment], dict[int, float], dict[int, str]]:
     """(selected in aggregation order, final score by index, reason by index for the evaluated ones not selected).
 
-    Eligible, on evidence: a gain on random data above `min_score`, this round's own-data indicator
-    +1, and an indicator average of at least `min_indicator_average` (a record of training on its own
-    assignment). What helps random data without being the sender's own work (ALIE, a thief, a copy
-    or slice of someone's update) fails the indicator in about every other round, and its average
-    stays near 0. The final score, `ratings.strength` x the average, orders the eligible and weighs
-    nothing else: the top G are aggregated. A rating ranks miners against each other, so someone
+    Eligible, on evidence: a gain on random data above `min_score`, and a record of training on its
+    own assignment (`on_record`): this round's own-data indicator +1 on an average of at least
+    `min_indicator_average`, or a steady average whatever one round's noise says. What helps random
+    data without being the sender's own work (ALIE, a thief, a copy or slice of someone's update)
+    fails the indicator in about every other round, and its average stays near 0. The final score,
+    `ratings.strength` x the average, orders the eligible and weighs nothing else: the top G are
+    aggregated. A rating ranks miners against each other, so someone
     always has a losing record, honest or not; as a gate it would keep an honest miner out for good,
     so it only orders.
     """
@@ -420,10 +422,10 @@ def select(
         final = finals[a.index] = a.gains.random if a.alone else ratings.strength(a.sender) * max(average, 0.0)
         if not a.gains.random > cfg.min_score:
             reasons[a.index] = f"score {a.gains.random:.3g}: no gain on random data"
-        elif not a.alone and (average < cfg.min_indicator_average or a.indicator < 1):
+        elif not a.alone and not on_record(cfg, average, a.indicator):
             reasons[a.index] = (
                 f"indicator average {average:.3f}, this round {a.indicator:+d}: needs +1 and at least "
-                f"{cfg.min_indicator_average}"
+                f"{cfg.min_indicator_average}, or at least {cfg.steady_indicator_average}"
             )
         elif not final > 0:
             reasons[a.index] = f"final score {final:.3g} is not positive"
@@ -433,6 +435,15 @@ def select(
     for rank, a in enumerate(eligible[cfg.top_g :], start=cfg.top_g + 1):
         reasons[a.index] = f"final score {finals[a.index]:.4g} ranks {rank}, top {cfg.top_g} aggregated"
     return eligible[: cfg.top_g], finals, reasons
+
+
+def on_record(cfg: GauntletConfig, average: float, indicator: int) -> bool:
+    """Whether an indicator record (the average with this round's `indicator`) makes a miner eligible:
+    this round +1 on a record of at least `min_indicator_average`, or a steady record of at least
+    `steady_indicator_average` whatever this round's indicator."""
+    if average >= cfg.steady_indicator_average:
+        return True
+    return indicator > 0 and average >= cfg.min_indicator_average
 
 
 def outcomes_and_result(

@@ -143,7 +143,10 @@ class Gains:
 
 
 def moving_average(average: float, indicator: int, decay: float) -> float:
-    return decay * average + (1.0 - decay) * indicator
+    """decay x average + (1 - decay) x indicator, floored at 0: a record below zero would hold against a
+    key nothing that a fresh key (free, starting at 0) escapes, so it only keeps an honest miner with
+    a bad start out for longer. With the floor a bad start fades at once."""
+    return max(0.0, decay * average + (1.0 - decay) * indicator)
 
 
 class RoundEvaluation:

@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field, field_validator
 from node.bench.report import BenchResult, table
 from protocol.parsing import STRICT
 from pulse_redteam.campaign import attacks, netns, swarms
+from validator.config import GauntletConfig
 
 ATTACK_COLUMNS = [
     "attack",
@@ -102,6 +103,9 @@ class Options(BaseModel):
     """rounds of the fault run (at least 9)"""
     deadline: float = Field(default=20.0, gt=0)
     """round deadline in seconds"""
+    min_indicator_average: float = Field(default=GauntletConfig().min_indicator_average, ge=0, le=1)
+    """the indicator record a key needs before its +1 rounds count, in the LM runs: a real run's (the
+    home presets'), not the tiny demo's 0 (which trusts a key's first +1 round)"""
     fractions: str = "0.30,0.45"
     """hostile fractions of all miners, comma-separated"""
     skip_faults: bool = False
@@ -162,7 +166,15 @@ def run(options: Options) -> BenchResult:
     reports = []
     _say(f"clean run: {options.honest} honest miners, {options.rounds} rounds (logs in {out})")
     reports.append(
-        swarms.attack_run(out / "clean", keys, [], options.rounds, deadline=options.deadline, honest=options.honest)
+        swarms.attack_run(
+            out / "clean",
+            keys,
+            [],
+            options.rounds,
+            deadline=options.deadline,
+            honest=options.honest,
+            min_indicator_average=options.min_indicator_average,
+        )
     )
     _say(_line(reports[-1]))
     for fraction, n in zip(fractions, hostile, strict=True):
@@ -172,8 +184,9 @@ def run(options: Options) -> BenchResult:
         # one process per hostile miner; together they walk through every attack, one step a round
         teams = [swarms.Team(f"{name}-{i}", names, 1, rotate=True, offset=i, stride=n) for i in range(n)]
         run = swarms.attack_run(
-            out / name, keys, teams, options.rounds, deadline=options.deadline, honest=options.honest
-        )
+            out / name, keys, teams, options.rounds, deadline=options.deadline, honest=options.honest,
+            min_indicator_average=options.min_indicator_average,
+        )  # fmt: skip
         reports.append(run)
         _say(_line(reports[-1]))
     cleans = {"lm": reports[0]}
@@ -210,6 +223,7 @@ def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, options: Opt
         task=scenario.task,
         fabricators=scenario.fabricators,
         workers=RL_WORKERS,
+        min_indicator_average=options.min_indicator_average,
     )
 
 

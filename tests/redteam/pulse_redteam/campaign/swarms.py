@@ -34,10 +34,14 @@ from pulse_redteam.campaign import ledger as ledger_mod
 from validator.state import StateStore
 
 
-def campaign_manifest(deadline: float, validator: str) -> Manifest:
+def campaign_manifest(deadline: float, validator: str, min_indicator_average: float | None = None) -> Manifest:
+    """The tiny preset with the campaign's round timing; `min_indicator_average` replaces the preset's
+    record rule (tiny trusts a key's first +1 round so that a demo learns from round 0)."""
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["round"].update(deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=3)
     data["selection"]["held_out_batches"] = 2
+    if min_indicator_average is not None:
+        data["selection"]["min_indicator_average"] = min_indicator_average
     data["validators"] = [validator]
     return parse_manifest(data)
 
@@ -228,13 +232,17 @@ def attack_run(
     task: str = "lm",
     fabricators: int = 0,
     workers: int = 2,
+    min_indicator_average: float | None = None,
 ) -> RunReport:
     """Validator, honest miners and a follower for `rounds`, with hostile teams alongside. An RL run
     (`task="rl"`) has `workers` honest inference workers instead of the follower, and `fabricators`
-    workers that publish fabricated rollouts."""
+    workers that publish fabricated rollouts. `min_indicator_average`: an LM run's record rule
+    (default: the tiny preset's)."""
     start = time.monotonic()
-    make = rl_campaign_manifest if task == "rl" else campaign_manifest
-    manifest = make(deadline, keys.validator_hex())
+    if task == "rl":
+        manifest = rl_campaign_manifest(deadline, keys.validator_hex())
+    else:
+        manifest = campaign_manifest(deadline, keys.validator_hex(), min_indicator_average)
     write_manifest(out, manifest)
     swarm = CampaignSwarm(out, manifest, rounds)
     try:
