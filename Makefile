@@ -53,8 +53,14 @@ $(STAMP): pyproject.toml tests/redteam/pyproject.toml $(TORCH_STAMP)
 demo: install
 	$(BIN)/pulse demo
 
+# The in-process tier runs on TEST_WORKERS processes (a file stays on one worker: module fixtures are
+# shared as before); the swarm tier, whose processes already fill the machine and whose rounds have
+# deadlines, runs alone after it.
+TEST_WORKERS ?= 2
+
 test: install browser
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -m "not swarm" -n $(TEST_WORKERS) --dist loadfile --durations=10
+	$(BIN)/python -m pytest -q -m swarm --durations=15
 	$(MAKE) lint
 
 # The swarm tier's dashboard test drives a real headless Chromium: the system's, installed here from
@@ -68,7 +74,7 @@ browser:
 
 # The inner loop: the in-process tier (no real swarms), lint, import contracts and types.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not swarm"
+	$(BIN)/python -m pytest -q -m "not swarm" -n $(TEST_WORKERS) --dist loadfile
 	$(MAKE) lint
 
 lint: install
