@@ -11,7 +11,17 @@ from tests.swarm import procs
 
 
 @pytest.fixture(scope="session", autouse=True)
-def compiled_codecs() -> None:
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One `$PULSE_CACHE_DIR` for the whole tier, inherited by every process it starts: the RL runs'
+    warm-started W_0 (15-20 s of training on two cores) is made once, not once per test, and no test
+    writes to the user's own cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PULSE_CACHE_DIR", str(tmp_path_factory.mktemp("pulse-cache")))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_codecs(shared_cache: None) -> None:
     """Every codec kernel compiled (and cached on disk) before any node process starts, so that no
     node of a fresh checkout compiles one against a round's deadline."""
     warm_up()

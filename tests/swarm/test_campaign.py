@@ -38,6 +38,9 @@ pytestmark = pytest.mark.swarm
 # a replay resends something its process had stored in an earlier round: it rides with the payload attacks
 WIRE = tuple(a for a in TRANSPORT if a != "replay")
 PAYLOADS = (*PAYLOAD, *TRAINED, *NEEDS_HONEST, "replay")
+# hostile processes heartbeat as miners without submitting, so each RL round waits out its deadline:
+# the pool takes about 6 s to build and the submissions arrive about 3 s after the open on two cores
+RL_DEADLINE = 15.0
 
 
 def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
@@ -99,20 +102,19 @@ def test_a_flood_of_more_fresh_keys_than_seats(tmp_path: Path) -> None:
     assert all(r.event.submissions <= 128 and r.event.offered >= FLOOD for r in ledger.rounds.values())
 
 
-def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(tmp_path: Path) -> None:
     """An RL swarm (PULSELoCo) with a worker that publishes fabricated rollouts from fresh keys
     ground to sort first, and a miner pushing tiny payloads that declare every weight sent: no
     fabricated batch enters a pool (each one a pool looks at is refused as not sampled from the
     round's weights) and no tiny payload is aggregated; announcements of blobs nobody serves do not
     keep a pool from being built."""
-    monkeypatch.setenv("PULSE_CACHE_DIR", str(tmp_path / "cache"))
     keys = Keys.make(tmp_path / "keys", honest=2, hostile=2)
-    m = rl_campaign_manifest(30.0, keys.validator_hex())
+    m = rl_campaign_manifest(RL_DEADLINE, keys.validator_hex())
     warm_start(m.model.gpt, m.model.seed, m.rl)  # once here, cached for every process of the swarm
     teams = [Team("tiny", ("tiny-dense",), 1), Team("unserved", ("rl-unserved",), 1)]
-    report = attack_run(tmp_path / "run", keys, teams, rounds=2, deadline=30.0, honest=2, task="rl", fabricators=1)
+    report = attack_run(
+        tmp_path / "run", keys, teams, rounds=2, deadline=RL_DEADLINE, honest=2, task="rl", fabricators=1
+    )
     ledger = report.ledger
     assert not report.crashes and all(report.checks.values()), (report.crashes, report.checks)
     fabricated = [o for o in ledger.outcomes if o.attack == "rl-fabricated"]
