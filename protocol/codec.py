@@ -97,6 +97,10 @@ class Codec(ABC):
         freed while the new buffer fills (on a miner, 8 bytes per parameter less at the peak). Either
         way the payload is the same.
 
+        `delta` and `error` hold FP32 or BF16 tensors (a miner may store either in BF16: `train.memory`);
+        the codec works in FP32, and a BF16 tensor is widened only when it is read, one at a time, so
+        the whole state never exists in FP32 at once.
+
         `fraction` in (0, 1]: send at most that share of the values the codec would send (a miner
         whose uplink cannot carry a whole payload in time); what is left out stays in the buffer.
         The payload stays within the codec's rules, so a receiver decodes it as any other. A codec
@@ -106,8 +110,7 @@ class Codec(ABC):
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         check_inputs(delta, error, weights)
         err: State = error if error is not None else zeros_like(weights)
-        if handover:
-            delta, err = ReadOnce(delta), ReadOnce(err)
+        delta, err = (ReadOnce(delta), ReadOnce(err)) if handover else (Widened(delta), Widened(err))
         w = Writer()
         w.raw(self.magic)
         w.u8(self.version)
@@ -204,21 +207,16 @@ def zeros_like(weights: State) -> dict[str, torch.Tensor]:
     return {name: torch.zeros(t.shape, dtype=torch.float32) for name, t in weights.items()}
 
 
-class ReadOnce(Mapping[str, torch.Tensor]):
-    """A state handed over to a codec: reading a tensor takes it out (each is read once), so the
-    caller's dict frees it as the codec moves on."""
+class Widened(Mapping[str, torch.Tensor]):
+    """A state as a codec reads it: every tensor in FP32, a BF16 one widened when it is read (a new
+    tensor each read; an FP32 one is the caller's own, which the codecs only read)."""
 
     def __init__(self, state: State) -> None:
-        if not isinstance(state, dict):
-            raise TypeError("a handed-over state is a dict the codec may empty")
-        self._state: dict[str, torch.Tensor] = state
+        self._state = state
         self._names = tuple(state)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            return self._state.pop(name)
-        except KeyError:
-            raise KeyError(f"{name}: a handed-over tensor is read once") from None
+        return self._state[name].float()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -227,8 +225,26 @@ class ReadOnce(Mapping[str, torch.Tensor]):
         return len(self._names)
 
 
+class ReadOnce(Widened):
+    """A state handed over to a codec: reading a tensor takes it out (each is read once), so the
+    caller's dict frees it as the codec moves on; a BF16 one is widened then, not before."""
+
+    def __init__(self, state: State) -> None:
+        if not isinstance(state, dict):
+            raise TypeError("a handed-over state is a dict the codec may empty")
+        super().__init__(state)
+        self._owned: dict[str, torch.Tensor] = state
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self._owned.pop(name).float()
+        except KeyError:
+            raise KeyError(f"{name}: a handed-over tensor is read once") from None
+
+
 def check_inputs(delta: State, error: State | None, weights: State) -> None:
-    """Raise unless delta (and error) are FP32 with the weights' names and shapes. Finiteness is
+    """Raise unless delta (and error) are FP32 or BF16 (`Codec.compress` widens them one tensor at a
+    time) with the weights' names and shapes. Finiteness is
     checked by each codec on the sum it forms (`require_finite`), which is NaN or inf whenever
     either part is, so the inputs are not read one more time for it."""
     for label, state in (("delta", delta), ("error", error)):
@@ -237,7 +253,7 @@ def check_inputs(delta: State, error: State | None, weights: State) -> None:
         if set(state) != set(weights):
             raise IncompatibleStates(f"{label} names differ from the weights': {sorted(set(state) ^ set(weights))[:5]}")
         for name, t in state.items():
-            if t.dtype != torch.float32 or t.shape != weights[name].shape:
+            if t.dtype not in (torch.float32, torch.bfloat16) or t.shape != weights[name].shape:
                 raise IncompatibleStates(
                     f"{label} {name}: {t.dtype}{tuple(t.shape)}, weights are {tuple(weights[name].shape)}"
                 )

@@ -130,6 +130,30 @@ def test_a_handed_over_update_streams_through_and_gives_the_same_bytes(
     assert alive[0] == 2 * len(weights) and alive[-1] <= 2, alive
 
 
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("handover", [False, True])
+def test_bf16_inputs_are_widened_as_read(name: str, handover: bool) -> None:
+    """A miner may store its buffer and pseudo-gradient in BF16: the codec widens each tensor when it
+    reads it (the rest stay BF16 until then) and codes what their FP32 widening gives."""
+    codec = make_codec(name)
+    weights, delta, error = make_case(3)
+    narrow = lambda st: {n: t.to(torch.bfloat16) for n, t in st.items()}  # noqa: E731
+    wide = lambda st: {n: t.float() for n, t in st.items()}  # noqa: E731
+    expected = codec.compress(wide(narrow(delta)), wide(narrow(error)), weights)
+    unread: list[set[torch.dtype]] = []  # at each read: the dtypes still waiting in the handed dicts
+
+    class Watching(dict[str, torch.Tensor]):
+        def pop(self, key: str, *default: object) -> torch.Tensor:  # type: ignore[override]
+            unread.append({t.dtype for st in given for t in st.values()})
+            return super().pop(key, *default)  # type: ignore[no-any-return]
+
+    given = Watching(narrow(delta)), Watching(narrow(error))
+    payload, new_error, _ = codec.compress(*given, weights, handover=handover)
+    assert payload == expected[0] and same(new_error, expected[1])
+    if handover:
+        assert len(unread) == 2 * len(weights) and all(d <= {torch.bfloat16} for d in unread)
+
+
 def test_a_handover_is_a_dict_read_once() -> None:
     codec = make_codec("dense")
     weights, delta, error = make_case(5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from node.run.task import task_for
 from node.swarm.demo import summarize
 from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
 from protocol.identity import Identity
+from protocol.state import State
 from protocol.statehash import state_hash
 
 
@@ -101,3 +103,23 @@ def test_a_handed_over_pseudo_gradient_gives_the_same_payload_and_buffer(error_f
         assert keeping.error is not None and handing.error is not None
         assert all(torch.equal(keeping.error[n], handing.error[n]) for n in keeping.error)
         assert {t.dtype for t in handing.error.values()} == {setup.manifest.train.memory.error_dtype}
+
+
+def test_a_bf16_buffer_reaches_the_codec_as_stored() -> None:
+    """The stored BF16 buffer is handed to the codec as it is (widened tensor by tensor as the codec
+    reads it), never converted whole to FP32 first, which would cost 4 bytes a parameter at once."""
+    train = {"inner_steps": 2, "codec": "pulseloco", "memory": {"error_feedback": "bf16"}}
+    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "train": train}))
+    trainer = task_for(setup).trainer(Identity.generate())
+    weights = bf16_state(setup.new_model())
+    trainer.package(0, trainer.train(0, weights), weights, state_hash(weights))
+    seen: list[set[torch.dtype]] = []
+    compress = trainer.codec.compress
+
+    def spy(delta: State, error: State | None, *args: Any, **kw: Any) -> Any:
+        seen.append({t.dtype for t in (error or {}).values()})
+        return compress(delta, error, *args, **kw)
+
+    trainer.codec.compress = spy  # type: ignore[method-assign]
+    trainer.package(1, trainer.train(1, weights), weights, state_hash(weights))
+    assert seen == [{torch.bfloat16}]

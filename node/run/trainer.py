@@ -100,10 +100,9 @@ class Trainer(ABC):
         up): each tensor is freed once the codec has read it, so a miner's host holds the pseudo-gradient,
         the old buffer and the new one whole only for the tensor in hand (`Codec.compress`). Should the
         codec refuse the update (NaN), the buffer starts afresh next round."""
-        old, self.error = self.error, None
-        error = None if old is None else {n: old.pop(n).float() for n in list(old)}  # BF16 storage: FP32 for the codec
+        old, self.error = self.error, None  # handed over as stored: the codec widens a BF16 tensor when it reads it
         given = delta if handover and isinstance(delta, dict) else dict(delta)  # a copy frees nothing of the caller's
-        payload, new_error, stats = self.codec.compress(given, error, weights, fraction=fraction, handover=True)
+        payload, new_error, stats = self.codec.compress(given, old, weights, fraction=fraction, handover=True)
         self.last_stats = stats
         dtype = self.spec.memory.error_dtype
         self.error = {n: new_error.pop(n).to(dtype) for n in list(new_error)}  # one tensor at a time
