@@ -85,17 +85,21 @@ def test_trainer_submission_decodes() -> None:
     assert set(update) == set(weights) and any(bool(t.abs().sum() > 0) for t in update.values())
 
 
-@pytest.mark.parametrize("error_feedback", ["fp32", "bf16"])
-def test_a_handed_over_pseudo_gradient_gives_the_same_payload_and_buffer(error_feedback: str) -> None:
+@pytest.mark.parametrize(("error_feedback", "pseudo_gradient"), [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")])
+def test_a_handed_over_pseudo_gradient_gives_the_same_payload_and_buffer(
+    error_feedback: str, pseudo_gradient: str
+) -> None:
     """The miner hands its pseudo-gradient to the codec (freed tensor by tensor): the same bytes and
-    the same error buffer as a trainer that keeps its copy, stored as `train.memory` says."""
-    train = {"inner_steps": 2, "codec": "pulseloco", "memory": {"error_feedback": error_feedback}}
+    the same error buffer as a trainer that keeps its copy, both stored as `train.memory` says."""
+    memory = {"error_feedback": error_feedback, "pseudo_gradient": pseudo_gradient}
+    train = {"inner_steps": 2, "codec": "pulseloco", "memory": memory}
     setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "train": train}))
     identity = Identity.generate()
     keeping, handing = task_for(setup).trainer(identity), task_for(setup).trainer(identity)
     weights = bf16_state(setup.new_model())
     for r in range(2):  # the second round carries the first one's buffer
         delta = keeping.train(r, weights)
+        assert {t.dtype for t in delta.values()} == {setup.manifest.train.memory.delta_dtype}
         given = {n: t.clone() for n, t in delta.items()}
         kept = keeping.package(r, delta, weights, state_hash(weights))
         handed = handing.package(r, given, weights, state_hash(weights), handover=True)
