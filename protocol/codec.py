@@ -90,6 +90,7 @@ class Codec(ABC):
         *,
         fraction: float = 1.0,
         handover: bool = False,
+        error_dtype: torch.dtype = torch.float32,
     ) -> tuple[bytes, dict[str, torch.Tensor], CodecStats]:
         """(payload, new error buffer, stats). Reads its arguments, never modifies them, unless
         `handover`: then `delta` and `error` (dicts the caller gives up) lose each tensor as soon as the
@@ -98,8 +99,10 @@ class Codec(ABC):
         way the payload is the same.
 
         `delta` and `error` hold FP32 or BF16 tensors (a miner may store either in BF16: `train.memory`);
-        the codec works in FP32, and a BF16 tensor is widened only when it is read, one at a time, so
-        the whole state never exists in FP32 at once.
+        the codec works in FP32 on one tensor at a time (`carried_sum`), so a BF16 state never exists
+        whole in FP32. No buffer (`error` None) is zeros made one tensor
+        at a time as read. The new buffer is stored as `error_dtype` (a miner's `train.memory`), each
+        tensor narrowed as soon as the codec has finished it, so it never exists whole in FP32 either.
 
         `fraction` in (0, 1]: send at most that share of the values the codec would send (a miner
         whose uplink cannot carry a whole payload in time); what is left out stays in the buffer.
@@ -109,14 +112,15 @@ class Codec(ABC):
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         check_inputs(delta, error, weights)
-        err: State = error if error is not None else zeros_like(weights)
-        delta, err = (ReadOnce(delta), ReadOnce(err)) if handover else (Widened(delta), Widened(err))
+        err: State = Zeros(weights) if error is None else ReadOnce(error) if handover else error
+        if handover:
+            delta = ReadOnce(delta)
         w = Writer()
         w.raw(self.magic)
         w.u8(self.version)
         w.varint(len(weights))
         w.raw(layout_digest(weights))
-        new_error, stats = self._encode(w, delta, err, weights, fraction)
+        new_error, stats = self._encode(w, delta, err, weights, fraction, error_dtype)
         payload = w.getvalue()
         return payload, new_error, _with_size(stats, len(payload))
 
@@ -141,10 +145,12 @@ class Codec(ABC):
 
     @abstractmethod
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State, fraction: float
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
-        """Append the body (at most `fraction` of the values); return the new error buffer and stats
-        (payload_bytes filled in later)."""
+        """Append the body (at most `fraction` of the values); return the new error buffer, each tensor
+        in `error_dtype` as soon as it is done, and stats (payload_bytes filled in later). `delta` and
+        `error` give FP32 or BF16 tensors, each read once (the caller's own unless handed over: only
+        read them); `carried_sum` makes the FP32 tensor the codec works on."""
 
     @abstractmethod
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
@@ -160,14 +166,14 @@ class DenseCodec(Codec):
     version = 1
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State, fraction: float
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         for name in sorted(weights):  # every value, whatever `fraction`: a dense payload has no smaller form
-            s = (error[name] + delta[name]).reshape(-1)
+            s = carried_sum(error[name], delta[name]).reshape(-1)
             require_finite(name, s)
             w.raw(s.cpu().numpy().astype("<f4", copy=False).tobytes())
         n = numel(weights)
-        return zeros_like(weights), CodecStats(elements=n, sent=n, payload_bytes=0, value_bytes=4 * n)
+        return zeros_like(weights, error_dtype), CodecStats(elements=n, sent=n, payload_bytes=0, value_bytes=4 * n)
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         sections = [(name, r.raw(4 * weights[name].numel())) for name in sorted(weights)]
@@ -203,20 +209,42 @@ def default_max_bytes(weights: State) -> int:
     return 4 * numel(weights) * 11 // 10 + _HEADER_SLACK
 
 
-def zeros_like(weights: State) -> dict[str, torch.Tensor]:
-    return {name: torch.zeros(t.shape, dtype=torch.float32) for name, t in weights.items()}
+def zeros_like(weights: State, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    return {name: torch.zeros(t.shape, dtype=dtype) for name, t in weights.items()}
 
 
-class Widened(Mapping[str, torch.Tensor]):
-    """A state as a codec reads it: every tensor in FP32, a BF16 one widened when it is read (a new
-    tensor each read; an FP32 one is the caller's own, which the codecs only read)."""
+class Zeros(Mapping[str, torch.Tensor]):
+    """No error buffer yet (a first round): zeros shaped like each weight, made when read (BF16: they
+    are exact), so a whole zero state never exists at once."""
+
+    def __init__(self, weights: State) -> None:
+        self._weights = weights
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return torch.zeros(self._weights[name].shape, dtype=torch.bfloat16)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+
+class ReadOnce(Mapping[str, torch.Tensor]):
+    """A state handed over to a codec: reading a tensor takes it out (each is read once), so the
+    caller's dict frees it as the codec moves on."""
 
     def __init__(self, state: State) -> None:
-        self._state = state
+        if not isinstance(state, dict):
+            raise TypeError("a handed-over state is a dict the codec may empty")
+        self._state: dict[str, torch.Tensor] = state
         self._names = tuple(state)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self._state[name].float()
+        try:
+            return self._state.pop(name)
+        except KeyError:
+            raise KeyError(f"{name}: a handed-over tensor is read once") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -225,21 +253,19 @@ class Widened(Mapping[str, torch.Tensor]):
         return len(self._names)
 
 
-class ReadOnce(Widened):
-    """A state handed over to a codec: reading a tensor takes it out (each is read once), so the
-    caller's dict frees it as the codec moves on; a BF16 one is widened then, not before."""
+SUM_CHUNK = 1 << 22  # elements: the FP32 widening of BF16 inputs exists for one chunk (16 MiB) at a time
 
-    def __init__(self, state: State) -> None:
-        if not isinstance(state, dict):
-            raise TypeError("a handed-over state is a dict the codec may empty")
-        super().__init__(state)
-        self._owned: dict[str, torch.Tensor] = state
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            return self._owned.pop(name).float()
-        except KeyError:
-            raise KeyError(f"{name}: a handed-over tensor is read once") from None
+def carried_sum(error: torch.Tensor, delta: torch.Tensor, beta: float | None = None) -> torch.Tensor:
+    """A new FP32 tensor `error + delta` (`beta * error + delta` with `beta`), from FP32 or BF16 inputs,
+    filled SUM_CHUNK elements at a time: widening whole BF16 tensors first would add 8 bytes per
+    element of the largest tensor beside the sum. Bit for bit the whole-tensor expression in FP32."""
+    out = torch.empty(delta.shape, dtype=torch.float32, device=delta.device)
+    flat, e, d = out.view(-1), error.reshape(-1), delta.reshape(-1)
+    for at in range(0, flat.numel(), SUM_CHUNK):
+        part = e[at : at + SUM_CHUNK].float()
+        torch.add(part if beta is None else part * beta, d[at : at + SUM_CHUNK].float(), out=flat[at : at + SUM_CHUNK])
+    return out
 
 
 def check_inputs(delta: State, error: State | None, weights: State) -> None:
@@ -261,9 +287,12 @@ def check_inputs(delta: State, error: State | None, weights: State) -> None:
 
 def require_finite(name: str, t: torch.Tensor, magnitude: torch.Tensor | None = None) -> None:
     """Raise NonFiniteUpdate if the error buffer plus pseudo-gradient `t` has NaN or inf values.
-    `magnitude`: |t| if the caller has it already (one reduction over it, no temporary)."""
-    peak = magnitude.max() if magnitude is not None else t.abs().max()
-    if t.numel() and not bool(torch.isfinite(peak)):
+    `magnitude`: |t| if the caller has it already. Reductions only (max and min propagate NaN; an
+    inf is one of them): no temporary the size of `t`."""
+    if not t.numel():
+        return
+    ends = (magnitude.max(),) if magnitude is not None else torch.aminmax(t)
+    if not all(bool(torch.isfinite(end)) for end in ends):
         raise NonFiniteUpdate(f"{name}: the error buffer plus pseudo-gradient has NaN or inf values")
 
 

@@ -37,7 +37,17 @@ import torch
 
 from protocol import changes, floatcode, positions, tensorbytes
 from protocol.ans import AnsDecoder, AnsEncoder, require
-from protocol.codec import Codec, CodecStats, State, f32_zeros, numel, read_words, require_finite, write_words
+from protocol.codec import (
+    Codec,
+    CodecStats,
+    State,
+    carried_sum,
+    f32_zeros,
+    numel,
+    read_words,
+    require_finite,
+    write_words,
+)
 from protocol.contexts import EXPONENT, NUM_CONTEXTS, check_full_classes, class_counts, place, take_class_major
 from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.parallel import parallel_map
@@ -48,10 +58,19 @@ VALUE_FORMATS = {"fp32": (0, floatcode.FP32_MANTISSA), "bf16": (1, floatcode.BF1
 _MANTISSA_BY_CODE = {code: mant for code, mant in VALUE_FORMATS.values()}
 
 
+GATE_CHUNK = 1 << 22  # elements: the gate's FP32 temporaries are of one chunk (16 MiB), not of a whole embedding
+
+
 def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """(n,) bool: where bf16(W - s) differs from W (in W's own dtype), i.e. where sending s is visible."""
-    w = weights.reshape(-1)
-    return (w.float() - s.reshape(-1)).to(w.dtype) != w
+    """(n,) bool: where bf16(W - s) differs from W (in W's own dtype), i.e. where sending s is visible.
+    Chunk by chunk: whole-tensor FP32 temporaries of W and W - s would be 8 bytes per element of the
+    largest tensor (1.1 GB for a 0.5B model's embedding) on top of s."""
+    w, flat = weights.reshape(-1), s.reshape(-1)
+    out = torch.empty(w.shape, dtype=torch.bool, device=w.device)
+    for at in range(0, w.numel(), GATE_CHUNK):
+        part = w[at : at + GATE_CHUNK]
+        out[at : at + GATE_CHUNK] = (part.float() - flat[at : at + GATE_CHUNK]).to(w.dtype) != part
+    return out
 
 
 def largest(mask: torch.Tensor, s: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -118,13 +137,18 @@ class PulseLoCoCodec(Codec):
         self.value_format = value_format
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State, fraction: float
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         code, mantissa_bits = VALUE_FORMATS[self.value_format]
         w.u8(code)
         names = sorted(weights)
+
+        def sparsify(name: str) -> tuple[_Part, torch.Tensor]:  # the buffer narrowed as soon as it is done
+            part, e_new = self._sparsify(weights[name], carried_sum(error[name], delta[name]), fraction)
+            return part, e_new.to(error_dtype)
+
         # tensors gate and sparsify independently (compiled kernels without the GIL): all cores
-        done = parallel_map(lambda name: self._sparsify(weights[name], error[name] + delta[name], fraction), names)
+        done = parallel_map(sparsify, names)
         new_error = {name: e for name, (_, e) in zip(names, done, strict=True)}
         parts = [part for part, _ in done]
         del done

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from node.learn import train
 from node.learn.data import Corpus, stdlib_corpus
 from node.learn.model import GPTConfig, build_gpt
-from node.learn import train
 from node.learn.train import (
     InnerOptimConfig,
     MemoryConfig,

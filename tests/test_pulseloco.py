@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import floatcode, positions
+from protocol import floatcode, positions, pulseloco
 from protocol.ans import AnsEncoder
 from protocol.codec import layout_digest, write_words
 from protocol.errors import (
@@ -82,6 +82,14 @@ def test_gate_agrees_with_brute_force(w_bits: list[int], log_scale: float, seed:
     rng = np.random.default_rng(seed)
     s = (rng.standard_normal(len(bits16)) * 10.0**log_scale * np.abs(w.float().numpy() + 1e-30)).astype(np.float32)
     assert np.array_equal(gate(w, torch.from_numpy(s)).numpy(), brute_gate(bits16, s))
+
+
+def test_gate_chunk_by_chunk_is_the_whole_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(1000, generator=g) * 0.02).to(torch.bfloat16)
+    s = torch.randn(1000, generator=g) * 2e-4
+    monkeypatch.setattr(pulseloco, "GATE_CHUNK", 7)  # chunks that do not divide the tensor
+    assert np.array_equal(gate(w, s).numpy(), brute_gate(w.view(torch.int16).numpy().view(np.uint16), s.numpy()))
 
 
 @pytest.mark.parametrize("value_format", ["bf16", "fp32"])

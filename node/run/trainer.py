@@ -103,10 +103,9 @@ class Trainer(ABC):
         codec refuse the update (NaN), the buffer starts afresh next round."""
         old, self.error = self.error, None  # handed over as stored: the codec widens a BF16 tensor when it reads it
         given = delta if handover and isinstance(delta, dict) else dict(delta)  # a copy frees nothing of the caller's
-        payload, new_error, stats = self.codec.compress(given, old, weights, fraction=fraction, handover=True)
-        self.last_stats = stats
-        dtype = self.spec.memory.error_dtype
-        self.error = {n: new_error.pop(n).to(dtype) for n in list(new_error)}  # one tensor at a time
+        payload, self.error, self.last_stats = self.codec.compress(
+            given, old, weights, fraction=fraction, handover=True, error_dtype=self.spec.memory.error_dtype
+        )  # the new buffer comes stored as train.memory says, each tensor narrowed once the codec is done with it
         return payload
 
     def header(self, round_: int, payload: bytes, base_hash: str, digest: str | None = None) -> SubmissionHeader:
