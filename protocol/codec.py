@@ -122,6 +122,7 @@ class Codec(ABC):
         w.raw(layout_digest(weights))
         new_error, stats = self._encode(w, delta, err, weights, fraction, error_dtype)
         payload = w.getvalue()
+        del w  # its parts: the payload a second time
         return payload, new_error, _with_size(stats, len(payload))
 
     def decompress(self, payload: bytes, weights: State, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
@@ -314,9 +315,10 @@ def f32_tensor(flat: np.ndarray, like: torch.Tensor, name: str, *, owned: bool =
 
 
 def write_words(w: Writer, words: np.ndarray) -> None:
-    """An entropy-coded stream (ans.py): varint words | u16 words."""
+    """An entropy-coded stream (ans.py): varint words | u16 words. One copy (the bytes the writer
+    keeps): a stream is most of a payload, hundreds of MB on a miner."""
     w.varint(words.size)
-    w.raw(words.astype("<u2").tobytes())
+    w.raw(np.ascontiguousarray(words, dtype="<u2").tobytes())
 
 
 def read_words(r: Reader) -> np.ndarray:

@@ -92,6 +92,21 @@ def test_gate_chunk_by_chunk_is_the_whole_gate(monkeypatch: pytest.MonkeyPatch) 
     assert np.array_equal(gate(w, s).numpy(), brute_gate(w.view(torch.int16).numpy().view(np.uint16), s.numpy()))
 
 
+def test_values_are_split_per_tensor_and_never_held_whole_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each tensor's sent values are split into symbol and mantissa as the tensor is done, so the FP32
+    values of the whole payload never exist beside their split (4 bytes a sent value at the peak)."""
+    g = torch.Generator().manual_seed(5)
+    weights = {f"t{i}": (torch.randn(64, 100, generator=g) * 0.02).to(torch.bfloat16) for i in range(4)}
+    delta = {n: torch.randn(64, 100, generator=g) * 1e-3 for n in weights}
+    expected = PulseLoCoCodec().compress(delta, None, weights)
+    sizes: list[int] = []
+    split = floatcode.split
+    monkeypatch.setattr(floatcode, "split", lambda v, *a: sizes.append(len(v)) or split(v, *a))
+    payload, _, stats = PulseLoCoCodec().compress(delta, None, weights)
+    assert payload == expected[0] and len(sizes) == len(weights) and sum(sizes) == stats.sent
+    assert max(sizes) <= 64 * 100
+
+
 @pytest.mark.parametrize("value_format", ["bf16", "fp32"])
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), log_scale=st.floats(-7, -1))
