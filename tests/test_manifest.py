@@ -135,3 +135,12 @@ def test_an_rl_run_needs_the_byte_level_gpt_and_no_overlap() -> None:
         parse_manifest({**rl, "model": {"kind": "hf", "path": "/nowhere"}})
     with pytest.raises(ConfigError, match=r"rl\.group_size"):
         parse_manifest({**rl, "rl": {"group_size": 1}})
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b-home-gpu", "qwen2.5-1.5b-home-gpu"])
+def test_the_home_presets_keep_the_buffer_and_the_pseudo_gradient_in_bf16(name: str) -> None:
+    """A home PC's host RAM: 2 bytes a parameter each for the error buffer and the pseudo-gradient."""
+    from node.run.presets import preset
+
+    memory = load_manifest(preset(name)).train.memory
+    assert (memory.error_dtype, memory.delta_dtype) == (torch.bfloat16, torch.bfloat16)
