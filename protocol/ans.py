@@ -452,7 +452,9 @@ class AnsEncoder:
         for kernel, args in reversed(self._segments):
             x, pos = kernel(x, out, pos, *args)
         out[pos - 2], out[pos - 1] = x >> WORD_BITS, x & 0xFFFF
-        return out[pos - 2 :].copy()
+        # a view, not a copy: the buffer is written from its end, so only the stream's own pages are
+        # resident, and a copy would hold a stream of hundreds of MB twice at once
+        return out[pos - 2 :]
 
 
 class AnsDecoder:

@@ -90,12 +90,19 @@ class Codec(ABC):
         *,
         fraction: float = 1.0,
         handover: bool = False,
+        error_dtype: torch.dtype = torch.float32,
     ) -> tuple[bytes, dict[str, torch.Tensor], CodecStats]:
         """(payload, new error buffer, stats). Reads its arguments, never modifies them, unless
         `handover`: then `delta` and `error` (dicts the caller gives up) lose each tensor as soon as the
         codec has read it, so the pseudo-gradient streams through tensor by tensor and its memory is
         freed while the new buffer fills (on a miner, 8 bytes per parameter less at the peak). Either
         way the payload is the same.
+
+        `delta` and `error` hold FP32 or BF16 tensors (a miner may store either in BF16: `train.memory`);
+        the codec works in FP32 on one tensor at a time (`carried_sum`), so a BF16 state never exists
+        whole in FP32. No buffer (`error` None) is zeros made one tensor
+        at a time as read. The new buffer is stored as `error_dtype` (a miner's `train.memory`), each
+        tensor narrowed as soon as the codec has finished it, so it never exists whole in FP32 either.
 
         `fraction` in (0, 1]: send at most that share of the values the codec would send (a miner
         whose uplink cannot carry a whole payload in time); what is left out stays in the buffer.
@@ -105,16 +112,17 @@ class Codec(ABC):
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         check_inputs(delta, error, weights)
-        err: State = error if error is not None else zeros_like(weights)
+        err: State = Zeros(weights) if error is None else ReadOnce(error) if handover else error
         if handover:
-            delta, err = ReadOnce(delta), ReadOnce(err)
+            delta = ReadOnce(delta)
         w = Writer()
         w.raw(self.magic)
         w.u8(self.version)
         w.varint(len(weights))
         w.raw(layout_digest(weights))
-        new_error, stats = self._encode(w, delta, err, weights, fraction)
+        new_error, stats = self._encode(w, delta, err, weights, fraction, error_dtype)
         payload = w.getvalue()
+        del w  # its parts: the payload a second time
         return payload, new_error, _with_size(stats, len(payload))
 
     def decompress(self, payload: bytes, weights: State, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
@@ -138,10 +146,12 @@ class Codec(ABC):
 
     @abstractmethod
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State, fraction: float
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
-        """Append the body (at most `fraction` of the values); return the new error buffer and stats
-        (payload_bytes filled in later)."""
+        """Append the body (at most `fraction` of the values); return the new error buffer, each tensor
+        in `error_dtype` as soon as it is done, and stats (payload_bytes filled in later). `delta` and
+        `error` give FP32 or BF16 tensors, each read once (the caller's own unless handed over: only
+        read them); `carried_sum` makes the FP32 tensor the codec works on."""
 
     @abstractmethod
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
@@ -157,14 +167,14 @@ class DenseCodec(Codec):
     version = 1
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State, fraction: float
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         for name in sorted(weights):  # every value, whatever `fraction`: a dense payload has no smaller form
-            s = (error[name] + delta[name]).reshape(-1)
+            s = carried_sum(error[name], delta[name]).reshape(-1)
             require_finite(name, s)
             w.raw(s.cpu().numpy().astype("<f4", copy=False).tobytes())
         n = numel(weights)
-        return zeros_like(weights), CodecStats(elements=n, sent=n, payload_bytes=0, value_bytes=4 * n)
+        return zeros_like(weights, error_dtype), CodecStats(elements=n, sent=n, payload_bytes=0, value_bytes=4 * n)
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         sections = [(name, r.raw(4 * weights[name].numel())) for name in sorted(weights)]
@@ -200,8 +210,25 @@ def default_max_bytes(weights: State) -> int:
     return 4 * numel(weights) * 11 // 10 + _HEADER_SLACK
 
 
-def zeros_like(weights: State) -> dict[str, torch.Tensor]:
-    return {name: torch.zeros(t.shape, dtype=torch.float32) for name, t in weights.items()}
+def zeros_like(weights: State, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    return {name: torch.zeros(t.shape, dtype=dtype) for name, t in weights.items()}
+
+
+class Zeros(Mapping[str, torch.Tensor]):
+    """No error buffer yet (a first round): zeros shaped like each weight, made when read (BF16: they
+    are exact), so a whole zero state never exists at once."""
+
+    def __init__(self, weights: State) -> None:
+        self._weights = weights
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return torch.zeros(self._weights[name].shape, dtype=torch.bfloat16)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
 
 
 class ReadOnce(Mapping[str, torch.Tensor]):
@@ -227,8 +254,24 @@ class ReadOnce(Mapping[str, torch.Tensor]):
         return len(self._names)
 
 
+SUM_CHUNK = 1 << 22  # elements: the FP32 widening of BF16 inputs exists for one chunk (16 MiB) at a time
+
+
+def carried_sum(error: torch.Tensor, delta: torch.Tensor, beta: float | None = None) -> torch.Tensor:
+    """A new FP32 tensor `error + delta` (`beta * error + delta` with `beta`), from FP32 or BF16 inputs,
+    filled SUM_CHUNK elements at a time: widening whole BF16 tensors first would add 8 bytes per
+    element of the largest tensor beside the sum. Bit for bit the whole-tensor expression in FP32."""
+    out = torch.empty(delta.shape, dtype=torch.float32, device=delta.device)
+    flat, e, d = out.view(-1), error.reshape(-1), delta.reshape(-1)
+    for at in range(0, flat.numel(), SUM_CHUNK):
+        part = e[at : at + SUM_CHUNK].float()
+        torch.add(part if beta is None else part * beta, d[at : at + SUM_CHUNK].float(), out=flat[at : at + SUM_CHUNK])
+    return out
+
+
 def check_inputs(delta: State, error: State | None, weights: State) -> None:
-    """Raise unless delta (and error) are FP32 with the weights' names and shapes. Finiteness is
+    """Raise unless delta (and error) are FP32 or BF16 (`Codec.compress` widens them one tensor at a
+    time) with the weights' names and shapes. Finiteness is
     checked by each codec on the sum it forms (`require_finite`), which is NaN or inf whenever
     either part is, so the inputs are not read one more time for it."""
     for label, state in (("delta", delta), ("error", error)):
@@ -237,7 +280,7 @@ def check_inputs(delta: State, error: State | None, weights: State) -> None:
         if set(state) != set(weights):
             raise IncompatibleStates(f"{label} names differ from the weights': {sorted(set(state) ^ set(weights))[:5]}")
         for name, t in state.items():
-            if t.dtype != torch.float32 or t.shape != weights[name].shape:
+            if t.dtype not in (torch.float32, torch.bfloat16) or t.shape != weights[name].shape:
                 raise IncompatibleStates(
                     f"{label} {name}: {t.dtype}{tuple(t.shape)}, weights are {tuple(weights[name].shape)}"
                 )
@@ -245,9 +288,12 @@ def check_inputs(delta: State, error: State | None, weights: State) -> None:
 
 def require_finite(name: str, t: torch.Tensor, magnitude: torch.Tensor | None = None) -> None:
     """Raise NonFiniteUpdate if the error buffer plus pseudo-gradient `t` has NaN or inf values.
-    `magnitude`: |t| if the caller has it already (one reduction over it, no temporary)."""
-    peak = magnitude.max() if magnitude is not None else t.abs().max()
-    if t.numel() and not bool(torch.isfinite(peak)):
+    `magnitude`: |t| if the caller has it already. Reductions only (max and min propagate NaN; an
+    inf is one of them): no temporary the size of `t`."""
+    if not t.numel():
+        return
+    ends = (magnitude.max(),) if magnitude is not None else torch.aminmax(t)
+    if not all(bool(torch.isfinite(end)) for end in ends):
         raise NonFiniteUpdate(f"{name}: the error buffer plus pseudo-gradient has NaN or inf values")
 
 
@@ -269,9 +315,10 @@ def f32_tensor(flat: np.ndarray, like: torch.Tensor, name: str, *, owned: bool =
 
 
 def write_words(w: Writer, words: np.ndarray) -> None:
-    """An entropy-coded stream (ans.py): varint words | u16 words."""
+    """An entropy-coded stream (ans.py): varint words | u16 words. One copy (the bytes the writer
+    keeps): a stream is most of a payload, hundreds of MB on a miner."""
     w.varint(words.size)
-    w.raw(words.astype("<u2").tobytes())
+    w.raw(np.ascontiguousarray(words, dtype="<u2").tobytes())
 
 
 def read_words(r: Reader) -> np.ndarray:

@@ -30,6 +30,7 @@ Version 1 (constriction's coder) is refused as unknown.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,17 @@ import torch
 
 from protocol import changes, floatcode, positions, tensorbytes
 from protocol.ans import AnsDecoder, AnsEncoder, require
-from protocol.codec import Codec, CodecStats, State, f32_zeros, numel, read_words, require_finite, write_words
+from protocol.codec import (
+    Codec,
+    CodecStats,
+    State,
+    carried_sum,
+    f32_zeros,
+    numel,
+    read_words,
+    require_finite,
+    write_words,
+)
 from protocol.contexts import EXPONENT, NUM_CONTEXTS, check_full_classes, class_counts, place, take_class_major
 from protocol.errors import InvalidPositions, MalformedPayload
 from protocol.parallel import parallel_map
@@ -48,10 +59,19 @@ VALUE_FORMATS = {"fp32": (0, floatcode.FP32_MANTISSA), "bf16": (1, floatcode.BF1
 _MANTISSA_BY_CODE = {code: mant for code, mant in VALUE_FORMATS.values()}
 
 
+GATE_CHUNK = 1 << 22  # elements: the gate's FP32 temporaries are of one chunk (16 MiB), not of a whole embedding
+
+
 def gate(weights: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """(n,) bool: where bf16(W - s) differs from W (in W's own dtype), i.e. where sending s is visible."""
-    w = weights.reshape(-1)
-    return (w.float() - s.reshape(-1)).to(w.dtype) != w
+    """(n,) bool: where bf16(W - s) differs from W (in W's own dtype), i.e. where sending s is visible.
+    Chunk by chunk: whole-tensor FP32 temporaries of W and W - s would be 8 bytes per element of the
+    largest tensor (1.1 GB for a 0.5B model's embedding) on top of s."""
+    w, flat = weights.reshape(-1), s.reshape(-1)
+    out = torch.empty(w.shape, dtype=torch.bool, device=w.device)
+    for at in range(0, w.numel(), GATE_CHUNK):
+        part = w[at : at + GATE_CHUNK]
+        out[at : at + GATE_CHUNK] = (part.float() - flat[at : at + GATE_CHUNK]).to(w.dtype) != part
+    return out
 
 
 def largest(mask: torch.Tensor, s: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -70,41 +90,62 @@ def largest(mask: torch.Tensor, s: torch.Tensor, fraction: float) -> torch.Tenso
 
 @dataclass
 class _Part:
-    """One tensor's sparse part, positions in class-major order."""
+    """One tensor's sparse part, positions in class-major order, its values already split for coding
+    (symbol and mantissa: as many bytes as the FP32 values, which are dropped per tensor, never held
+    whole beside the split)."""
 
     table: positions.ClassTable  # which exponent classes hold sent positions, how many, their gap codes
     gaps: np.ndarray  # per sent position, class-major
-    ctx: np.ndarray  # W's exponent per sent position
-    values: np.ndarray  # FP32 value per sent position
+    coded: floatcode.Coded  # per sent position: W's exponent (ctx), symbol, mantissa; with their counts
 
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
 
 
-def _part(gaps: np.ndarray, values: np.ndarray, counts: np.ndarray, k_all: np.ndarray) -> _Part:
+def _part(gaps: np.ndarray, values: np.ndarray, counts: np.ndarray, k_all: np.ndarray, mantissa_bits: int) -> _Part:
     """A tensor's part from its class-major gaps and values, class sizes and sent counts per class."""
     codes, _ = positions.choose_codes(None, gaps, counts, k_all)
     classes = np.flatnonzero(k_all)
     table = positions.ClassTable(classes, k_all[classes], codes[classes])
-    return _Part(table, gaps, np.repeat(classes, k_all[classes]).astype(np.uint8), values)
+    ctx = np.repeat(classes, k_all[classes]).astype(np.uint8)
+    return _Part(table, gaps, floatcode.split(values, ctx, mantissa_bits))
 
 
-def _gather(parts: list[_Part]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every part's gaps, contexts and values end to end. Each part's arrays are released once copied
-    (the parts are spent), so the peak is the whole plus one tensor's part, not the whole twice."""
-    n = sum(len(p.values) for p in parts)
+def _gather(parts: list[_Part]) -> tuple[np.ndarray, floatcode.Coded]:
+    """Every part's gaps and split values end to end (one value model per context over all of them).
+    Each part's arrays are released once copied (the parts are spent), so the peak is the whole plus
+    one tensor's part, not the whole twice."""
+    n = sum(len(p.gaps) for p in parts)
     gap_dtype = np.result_type(*(p.gaps.dtype for p in parts)) if parts else np.int32
-    gaps, ctx, values = np.empty(n, gap_dtype), np.empty(n, np.uint8), np.empty(n, np.float32)
+    sym_dtype = parts[0].coded.sym.dtype if parts else np.int16
+    mant_dtype = parts[0].coded.mantissa.dtype if parts else np.uint16
+    gaps, ctx = np.empty(n, gap_dtype), np.empty(n, np.uint8)
+    sym, mantissa = np.empty(n, sym_dtype), np.empty(n, mant_dtype)
+    counts = np.zeros((floatcode.CONTEXTS, floatcode.ALPHABET), np.int64)
     at = 0
     for p in parts:
-        end = at + len(p.values)
-        gaps[at:end], ctx[at:end], values[at:end] = p.gaps, p.ctx, p.values
-        p.gaps = p.ctx = p.values = _SPENT
+        end, c = at + len(p.gaps), p.coded
+        gaps[at:end], ctx[at:end], sym[at:end], mantissa[at:end] = p.gaps, c.ctx, c.sym, c.mantissa
+        counts[c.models.keys] += c.models.counts
+        p.gaps = c.ctx = c.sym = c.mantissa = _SPENT
         at = end
-    return gaps, ctx, values
+    keys = np.flatnonzero(counts.sum(axis=1))
+    return gaps, floatcode.Coded(sym, mantissa, ctx, floatcode.Models(keys, counts[keys]))
 
 
 _SPENT = np.zeros(0, np.uint8)
+
+
+def _stream(
+    which: int, gaps: np.ndarray, groups: tuple[np.ndarray, np.ndarray], coded: floatcode.Coded, mantissa_bits: int
+) -> np.ndarray:
+    """The positions stream (0) or the values stream (1), entropy-coded."""
+    enc = AnsEncoder()
+    if which == 0:
+        positions.encode_gaps(enc, gaps, *groups)
+    else:
+        floatcode.encode(enc, coded, mantissa_bits)
+    return enc.finish()
 
 
 class PulseLoCoCodec(Codec):
@@ -118,39 +159,35 @@ class PulseLoCoCodec(Codec):
         self.value_format = value_format
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State, fraction: float
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         code, mantissa_bits = VALUE_FORMATS[self.value_format]
         w.u8(code)
         names = sorted(weights)
+
+        def sparsify(name: str) -> tuple[_Part, torch.Tensor]:  # the buffer narrowed as soon as it is done
+            part, e_new = self._sparsify(weights[name], carried_sum(error[name], delta[name]), fraction)
+            return part, e_new.to(error_dtype)
+
         # tensors gate and sparsify independently (compiled kernels without the GIL): all cores
-        done = parallel_map(lambda name: self._sparsify(weights[name], error[name] + delta[name], fraction), names)
+        done = parallel_map(sparsify, names)
         new_error = {name: e for name, (_, e) in zip(names, done, strict=True)}
         parts = [part for part, _ in done]
         del done
         tables = [part.table for part in parts]
         for table in tables:
             positions.write_table(w, table)
-        gaps, ctx, values = _gather(parts)
-        coded = floatcode.split(values, ctx, mantissa_bits)
-        sent = len(values)
-        del values  # coded holds what the stream needs
+        gaps, coded = _gather(parts)
+        sent = len(gaps)
         before_model = len(w.getvalue())
         floatcode.write_models(w, coded.models)
         model_bytes = len(w.getvalue()) - before_model
         groups = positions.table_groups(tables)
 
-        def encode_stream(which: int) -> np.ndarray:  # the two streams are independent: one thread each
-            enc = AnsEncoder()
-            if which == 0:
-                positions.encode_gaps(enc, gaps, *groups)
-            else:
-                floatcode.encode(enc, coded, mantissa_bits)
-            return enc.finish()
-
-        pos_words, val_words = parallel_map(encode_stream, [0, 1])
-        write_words(w, pos_words)
-        write_words(w, val_words)
+        # the two streams are independent: one thread each
+        stream = functools.partial(_stream, gaps=gaps, groups=groups, coded=coded, mantissa_bits=mantissa_bits)
+        pos_words, val_words = parallel_map(stream, [0, 1])
+        del stream, gaps, coded  # the streams hold all they say
         stats = CodecStats(
             elements=numel(weights),
             sent=sent,
@@ -158,6 +195,9 @@ class PulseLoCoCodec(Codec):
             position_bytes=2 * pos_words.size,
             value_bytes=2 * val_words.size + model_bytes,
         )
+        write_words(w, pos_words)
+        del pos_words  # the writer's copy is enough: the payload is not held three times at the end
+        write_words(w, val_words)
         return new_error, stats
 
     def _sparsify(self, weights: torch.Tensor, s: torch.Tensor, fraction: float) -> tuple[_Part, torch.Tensor]:
@@ -176,7 +216,7 @@ class PulseLoCoCodec(Codec):
         host = flat.numpy()
         offsets = np.zeros(0, np.int32 if len(raw) < 1 << 31 else np.int64)
         gaps, values = take_class_major(raw, mask, host, shift, emask, k_all, self.value_format == "bf16", offsets)
-        return _part(gaps, values, counts, k_all), flat.reshape(s.shape)
+        return _part(gaps, values, counts, k_all, VALUE_FORMATS[self.value_format][1]), flat.reshape(s.shape)
 
     def _sparsify_on_device(
         self, weights: torch.Tensor, flat: torch.Tensor, marked: torch.Tensor
@@ -194,7 +234,9 @@ class PulseLoCoCodec(Codec):
         flat[at] = flat[at] - values  # the buffer is ours: the sent part taken out in place
         k_all = torch.bincount(cls, minlength=NUM_CONTEXTS).cpu().numpy()
         gap_dtype = torch.int32 if raw.numel() < 1 << 31 else torch.int64
-        return _part(gaps.to(gap_dtype).cpu().numpy(), values.cpu().numpy(), counts.cpu().numpy(), k_all), flat
+        mantissa_bits = VALUE_FORMATS[self.value_format][1]
+        host = gaps.to(gap_dtype).cpu().numpy(), values.cpu().numpy(), counts.cpu().numpy()
+        return _part(*host, k_all, mantissa_bits), flat
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         code = r.u8()

@@ -41,6 +41,7 @@ from protocol.codec import (
     Codec,
     CodecStats,
     State,
+    carried_sum,
     f32_tensor,
     f32_zeros,
     numel,
@@ -126,7 +127,7 @@ class SparseLoCoCodec(Codec):
         return max(1, min(self.k, int(self.k * fraction + 1e-9)))
 
     def _encode(
-        self, w: Writer, delta: State, error: State, weights: State, fraction: float
+        self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
         k_send = self.send_k(fraction)
         w.varint(k_send)
@@ -134,15 +135,15 @@ class SparseLoCoCodec(Codec):
         sparse: list[_Sparse] = []
         dense: list[np.ndarray] = []
         for name in sorted(weights):
-            acc = (error[name] * self.beta + delta[name]).reshape(-1)
+            acc = carried_sum(error[name], delta[name], self.beta).reshape(-1)
             if is_dense(weights[name].shape):
                 require_finite(name, acc)
                 sent = acc.to(torch.bfloat16).float()  # acc - sent is exact (Sterbenz)
                 dense.append(sent.cpu().numpy())
-                new_error[name] = (acc - sent).reshape(weights[name].shape)
+                new_error[name] = (acc - sent).reshape(weights[name].shape).to(error_dtype)
                 continue
             part, e_new = self._sparsify(acc, weights[name].shape, k_send)
-            new_error[name] = e_new.reshape(weights[name].shape)
+            new_error[name] = e_new.reshape(weights[name].shape).to(error_dtype)  # narrowed once done
             w.u8(part.code)
             w.raw(part.centroids.astype("<f4").tobytes())
             for c in np.bincount(part.bins, minlength=BINS).tolist():

@@ -14,6 +14,7 @@ from node.bench import memory as memory_bench
 from node.bench import scale
 from node.bench.phases import PhaseRecorder, reset_peak, timed_methods
 from node.bench.projection import Measured, Shape, project
+from node.learn.train import MemoryConfig
 from tests.models import TINY_QWEN
 
 pytest.importorskip("transformers")
@@ -119,3 +120,15 @@ def test_scale_skips_later_rounds_past_its_time_budget(tmp_path: Path) -> None:
     s = scale.run(options).summary
     assert [r["submissions"] for r in s["rounds"]] == [1] and s["skipped_rounds"] == [2]
     assert s["validator_peak_ratio"] is None and s["follower_hash_ok"]
+
+
+def test_the_host_projection_uses_the_sizes_own_preset_memory() -> None:
+    """A 1.5B miner's host is projected with the 1.5B preset's train.memory, not the measured run's:
+    the BF16 weights, the buffer and the pseudo-gradient as that preset stores them, plus the codec's
+    measured peak per parameter."""
+    small = Shape("s", 1000, layers=2, hidden=8, vocab=300)
+    m = Measured(small, 12.0, False, 10.0, 0.0, 14.0, 20.0, 0.0, 3.0, codec_bpp=1.5)
+    assert project(m, small, 100).miner_host_gib * 2**30 == pytest.approx(14.0 * 1000)  # as measured
+    narrow = MemoryConfig(error_feedback="bf16", pseudo_gradient="bf16")
+    assert project(m, small, 100, narrow).miner_host_gib * 2**30 == pytest.approx((2 + 2 + 2 + 1.5) * 1000)
+    assert project(m, small, 100, MemoryConfig()).miner_host_gib * 2**30 == pytest.approx((2 + 4 + 4 + 1.5) * 1000)

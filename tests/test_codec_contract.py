@@ -20,7 +20,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.codec import REGISTRY, Codec, CodecStats, DenseCodec, ReadOnce, make_codec
+from protocol import codec as codec_module
+from protocol.codec import REGISTRY, Codec, CodecStats, DenseCodec, ReadOnce, carried_sum, make_codec
 from protocol.errors import (
     LayoutMismatch,
     MalformedPayload,
@@ -130,6 +131,30 @@ def test_a_handed_over_update_streams_through_and_gives_the_same_bytes(
     assert alive[0] == 2 * len(weights) and alive[-1] <= 2, alive
 
 
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("handover", [False, True])
+def test_bf16_inputs_are_widened_as_read(name: str, handover: bool) -> None:
+    """A miner may store its buffer and pseudo-gradient in BF16: the codec widens each tensor when it
+    reads it (the rest stay BF16 until then) and codes what their FP32 widening gives."""
+    codec = make_codec(name)
+    weights, delta, error = make_case(3)
+    narrow = lambda st: {n: t.to(torch.bfloat16) for n, t in st.items()}  # noqa: E731
+    wide = lambda st: {n: t.float() for n, t in st.items()}  # noqa: E731
+    expected = codec.compress(wide(narrow(delta)), wide(narrow(error)), weights)
+    unread: list[set[torch.dtype]] = []  # at each read: the dtypes still waiting in the handed dicts
+
+    class Watching(dict[str, torch.Tensor]):
+        def pop(self, key: str, *default: object) -> torch.Tensor:  # type: ignore[override]
+            unread.append({t.dtype for st in given for t in st.values()})
+            return super().pop(key, *default)  # type: ignore[no-any-return]
+
+    given = Watching(narrow(delta)), Watching(narrow(error))
+    payload, new_error, _ = codec.compress(*given, weights, handover=handover)
+    assert payload == expected[0] and same(new_error, expected[1])
+    if handover:
+        assert len(unread) == 2 * len(weights) and all(d <= {torch.bfloat16} for d in unread)
+
+
 def test_a_handover_is_a_dict_read_once() -> None:
     codec = make_codec("dense")
     weights, delta, error = make_case(5)
@@ -199,3 +224,27 @@ def test_dense_codec_is_exact_and_keeps_no_error() -> None:
     out = codec.decompress(payload, weights)
     assert all(torch.equal(out[n], error[n] + delta[n]) and not new_error[n].any() for n in weights)
     assert stats == CodecStats(stats.elements, stats.elements, len(payload), 0, 4 * stats.elements)
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_the_new_buffer_comes_in_the_asked_dtype_and_no_buffer_is_never_a_whole_zero_state(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    codec = make_codec(name)
+    weights, delta, error = make_case(8)
+    payload, wide, _ = codec.compress(delta, error, weights)
+    narrow = codec.compress(clone(delta), clone(error), weights, error_dtype=torch.bfloat16, handover=True)
+    assert narrow[0] == payload and same(narrow[1], {n: t.to(torch.bfloat16) for n, t in wide.items()})
+    first = codec.compress(delta, None, weights)
+    if name != "dense":  # dense's new buffer is zeros by definition
+        monkeypatch.setattr("protocol.codec.zeros_like", lambda *a: pytest.fail("a whole zero buffer was built"))
+    assert codec.compress(delta, None, weights)[0] == first[0]
+
+
+def test_the_carried_sum_is_the_whole_tensor_expression_chunk_by_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, delta, error = make_case(2)
+    monkeypatch.setattr(codec_module, "SUM_CHUNK", 7)  # chunks that divide no tensor
+    for e, d in ((error, delta), ({n: t.to(torch.bfloat16) for n, t in error.items()}, delta)):
+        for n in d:
+            assert torch.equal(carried_sum(e[n], d[n]), e[n].float() + d[n].float())
+            assert torch.equal(carried_sum(e[n], d[n], 0.95), e[n].float() * 0.95 + d[n].float())

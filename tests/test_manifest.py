@@ -135,3 +135,17 @@ def test_an_rl_run_needs_the_byte_level_gpt_and_no_overlap() -> None:
         parse_manifest({**rl, "model": {"kind": "hf", "path": "/nowhere"}})
     with pytest.raises(ConfigError, match=r"rl\.group_size"):
         parse_manifest({**rl, "rl": {"group_size": 1}})
+
+
+@pytest.mark.parametrize(
+    ("name", "buffer"), [("qwen2.5-0.5b-home-gpu", torch.float32), ("qwen2.5-1.5b-home-gpu", torch.bfloat16)]
+)
+def test_the_home_presets_keep_the_pseudo_gradient_in_bf16_and_the_1_5b_buffer_too(
+    name: str, buffer: torch.dtype
+) -> None:
+    """A home PC's host RAM: 2 bytes a parameter for the pseudo-gradient; at 1.5B, for the error buffer too
+    (what fits 16 GiB; at 0.5B the FP32 buffer fits and keeps long runs' tiny residuals exactly)."""
+    from node.run.presets import preset
+
+    memory = load_manifest(preset(name)).train.memory
+    assert (memory.error_dtype, memory.delta_dtype) == (buffer, torch.bfloat16)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from node.run.task import task_for
 from node.swarm.demo import summarize
 from protocol.errors import ConfigError, MalformedPayload, StateHashMismatch
 from protocol.identity import Identity
+from protocol.state import State
 from protocol.statehash import state_hash
 
 
@@ -83,17 +85,21 @@ def test_trainer_submission_decodes() -> None:
     assert set(update) == set(weights) and any(bool(t.abs().sum() > 0) for t in update.values())
 
 
-@pytest.mark.parametrize("error_feedback", ["fp32", "bf16"])
-def test_a_handed_over_pseudo_gradient_gives_the_same_payload_and_buffer(error_feedback: str) -> None:
+@pytest.mark.parametrize(("error_feedback", "pseudo_gradient"), [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")])
+def test_a_handed_over_pseudo_gradient_gives_the_same_payload_and_buffer(
+    error_feedback: str, pseudo_gradient: str
+) -> None:
     """The miner hands its pseudo-gradient to the codec (freed tensor by tensor): the same bytes and
-    the same error buffer as a trainer that keeps its copy, stored as `train.memory` says."""
-    train = {"inner_steps": 2, "codec": "pulseloco", "memory": {"error_feedback": error_feedback}}
+    the same error buffer as a trainer that keeps its copy, both stored as `train.memory` says."""
+    memory = {"error_feedback": error_feedback, "pseudo_gradient": pseudo_gradient}
+    train = {"inner_steps": 2, "codec": "pulseloco", "memory": memory}
     setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "train": train}))
     identity = Identity.generate()
     keeping, handing = task_for(setup).trainer(identity), task_for(setup).trainer(identity)
     weights = bf16_state(setup.new_model())
     for r in range(2):  # the second round carries the first one's buffer
         delta = keeping.train(r, weights)
+        assert {t.dtype for t in delta.values()} == {setup.manifest.train.memory.delta_dtype}
         given = {n: t.clone() for n, t in delta.items()}
         kept = keeping.package(r, delta, weights, state_hash(weights))
         handed = handing.package(r, given, weights, state_hash(weights), handover=True)
@@ -101,3 +107,23 @@ def test_a_handed_over_pseudo_gradient_gives_the_same_payload_and_buffer(error_f
         assert keeping.error is not None and handing.error is not None
         assert all(torch.equal(keeping.error[n], handing.error[n]) for n in keeping.error)
         assert {t.dtype for t in handing.error.values()} == {setup.manifest.train.memory.error_dtype}
+
+
+def test_a_bf16_buffer_reaches_the_codec_as_stored() -> None:
+    """The stored BF16 buffer is handed to the codec as it is (widened tensor by tensor as the codec
+    reads it), never converted whole to FP32 first, which would cost 4 bytes a parameter at once."""
+    train = {"inner_steps": 2, "codec": "pulseloco", "memory": {"error_feedback": "bf16"}}
+    setup = RunSetup.from_manifest(Manifest.model_validate({"name": "t", "train": train}))
+    trainer = task_for(setup).trainer(Identity.generate())
+    weights = bf16_state(setup.new_model())
+    trainer.package(0, trainer.train(0, weights), weights, state_hash(weights))
+    seen: list[set[torch.dtype]] = []
+    compress = trainer.codec.compress
+
+    def spy(delta: State, error: State | None, *args: Any, **kw: Any) -> Any:
+        seen.append({t.dtype for t in (error or {}).values()})
+        return compress(delta, error, *args, **kw)
+
+    trainer.codec.compress = spy  # type: ignore[method-assign]
+    trainer.package(1, trainer.train(1, weights), weights, state_hash(weights))
+    assert seen == [{torch.bfloat16}]

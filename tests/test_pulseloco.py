@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import floatcode, positions
+from protocol import floatcode, positions, pulseloco
 from protocol.ans import AnsEncoder
 from protocol.codec import layout_digest, write_words
 from protocol.errors import (
@@ -82,6 +82,29 @@ def test_gate_agrees_with_brute_force(w_bits: list[int], log_scale: float, seed:
     rng = np.random.default_rng(seed)
     s = (rng.standard_normal(len(bits16)) * 10.0**log_scale * np.abs(w.float().numpy() + 1e-30)).astype(np.float32)
     assert np.array_equal(gate(w, torch.from_numpy(s)).numpy(), brute_gate(bits16, s))
+
+
+def test_gate_chunk_by_chunk_is_the_whole_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(1000, generator=g) * 0.02).to(torch.bfloat16)
+    s = torch.randn(1000, generator=g) * 2e-4
+    monkeypatch.setattr(pulseloco, "GATE_CHUNK", 7)  # chunks that do not divide the tensor
+    assert np.array_equal(gate(w, s).numpy(), brute_gate(w.view(torch.int16).numpy().view(np.uint16), s.numpy()))
+
+
+def test_values_are_split_per_tensor_and_never_held_whole_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each tensor's sent values are split into symbol and mantissa as the tensor is done, so the FP32
+    values of the whole payload never exist beside their split (4 bytes a sent value at the peak)."""
+    g = torch.Generator().manual_seed(5)
+    weights = {f"t{i}": (torch.randn(64, 100, generator=g) * 0.02).to(torch.bfloat16) for i in range(4)}
+    delta = {n: torch.randn(64, 100, generator=g) * 1e-3 for n in weights}
+    expected = PulseLoCoCodec().compress(delta, None, weights)
+    sizes: list[int] = []
+    split = floatcode.split
+    monkeypatch.setattr(floatcode, "split", lambda v, *a: sizes.append(len(v)) or split(v, *a))
+    payload, _, stats = PulseLoCoCodec().compress(delta, None, weights)
+    assert payload == expected[0] and len(sizes) == len(weights) and sum(sizes) == stats.sent
+    assert max(sizes) <= 64 * 100
 
 
 @pytest.mark.parametrize("value_format", ["bf16", "fp32"])

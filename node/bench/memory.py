@@ -53,6 +53,7 @@ def variants(home: MemoryConfig) -> dict[str, MemoryConfig]:
         "checkpointing": MemoryConfig(checkpointing=True),
         "bf16 moments": MemoryConfig(moments="bf16"),
         "bf16 error feedback": MemoryConfig(error_feedback="bf16"),
+        "bf16 pseudo-gradient": MemoryConfig(pseudo_gradient="bf16"),
         "home preset": home,
     }
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from node.learn.hfmodel import ARCHITECTURES, LOSS_CHUNK_TOKENS, count_hf_parameters
+from node.learn.train import MemoryConfig
 
 GIB = 2**30
 AUTOCAST_CACHE_BYTES = 2  # per parameter: autocast's BF16 weight copies, when its cache is on (no checkpointing)
@@ -21,6 +24,7 @@ LOSS_CHUNK_TENSORS = 4  # FP32 (chunk, vocab) tensors alive in one loss chunk's 
 CUDA_CONTEXT_GIB = 1.0  # what the CUDA context and its kernels take outside the allocator
 FRAGMENTATION_GIB = 1.0  # allocator slack a projection of allocated bytes leaves for (a measurement reads reserved)
 CARD_GIB = 24.0
+BF16_BYTES = 2  # the global weights every node holds
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Measured:
     validator_bpp: float  # validator's own peak (host) per parameter
     validator_device_bpp: float  # its evaluation model on the device (CUDA), per parameter
     follower_bpp: float  # follower: held state plus what applying a patch takes
+    codec_bpp: float = 0.0  # miner host: the codec's own peak above the weights, buffer and pseudo-gradient
 
 
 @dataclass(frozen=True)
@@ -75,12 +80,23 @@ def miner_device_bytes(m: Measured, shape: Shape, tokens: int) -> float:
     return m.state_bpp * shape.params + cache + activations + loss_chunk
 
 
-def project(m: Measured, shape: Shape, tokens: int) -> Projection:
-    """Each role's memory at `shape` for a miner step of `tokens` tokens."""
+def miner_host_bpp(m: Measured, memory: MemoryConfig | None) -> float:
+    """A miner's host bytes per parameter at compress: as measured, or with the error buffer and the
+    pseudo-gradient stored as `memory` says (another preset's settings) beside the BF16 weights and
+    the codec's measured peak."""
+    if memory is None:
+        return m.host_bpp
+    size = lambda dtype: torch.empty(0, dtype=dtype).element_size()  # noqa: E731
+    return BF16_BYTES + size(memory.error_dtype) + size(memory.delta_dtype) + m.codec_bpp
+
+
+def project(m: Measured, shape: Shape, tokens: int, memory: MemoryConfig | None = None) -> Projection:
+    """Each role's memory at `shape` for a miner step of `tokens` tokens (`memory`: the miner's host
+    with these settings instead of the measured ones)."""
     return Projection(
         shape=shape,
         miner_device_gib=miner_device_bytes(m, shape, tokens) / GIB,
-        miner_host_gib=m.host_bpp * shape.params / GIB,
+        miner_host_gib=miner_host_bpp(m, memory) * shape.params / GIB,
         validator_gib=m.validator_bpp * shape.params / GIB,
         validator_device_gib=m.validator_device_bpp * shape.params / GIB,
         follower_gib=m.follower_bpp * shape.params / GIB,

@@ -24,7 +24,11 @@ Memory: per phase, the process's resident peak (and CUDA's allocated peak), see 
 a role's own memory is its peak minus what was resident when it started. What a miner holds is
 also counted tensor by tensor (`footprint.py`), which is what the projection to 1.5B, 7B and 72B
 parameters scales. On CUDA, `--measure-1-5b` trains the 1.5B architecture itself with the
-preset's settings and reads the allocator's peak.
+preset's settings and reads the allocator's peak. A miner's host at compress is measured in a
+steady round (it holds a buffer from an earlier round) and projected with the `train.memory` of
+the size's own preset where there is one (`configs/qwen2.5-1.5b-home-gpu.toml` for 1.5B): the BF16
+weights, the buffer and the pseudo-gradient as that preset stores them, plus the codec's measured
+peak above them per parameter; the projection says which preset's settings it used.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from node.run.trainer import LMTrainer
 from node.swarm.fakeminers import identity_for
 from protocol import pulsesync
 from protocol.assignment import Assignment
+from protocol.codec import zeros_like
 from protocol.messages import SubmissionHeader
 from protocol.parsing import STRICT
 from protocol.signing import SignedMessage, sign
@@ -314,6 +319,10 @@ class Bench:
         with self.rec.phase("miner"):
             with self.rec.phase("miner.build"):
                 trainer = self.task.trainer(ident, str(self.s.device))
+                # the buffer a miner holds from its second round on, stored as train.memory says (zeros:
+                # the payload of a first round), so that compress is measured in its steady state: the
+                # old buffer consumed while the new one fills, not a new one on top of nothing
+                trainer.error = zeros_like(self.weights, self.s.run.train.memory.error_dtype)
             with self.rec.phase("miner.train"):
                 delta = trainer.train(0, self.weights)
             delta_bytes = storage_bytes(delta.values())

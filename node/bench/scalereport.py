@@ -17,12 +17,25 @@ from typing import TYPE_CHECKING, Any
 from node.bench.phases import MB
 from node.bench.projection import Measured, Projection, Shape, fits_measured, project
 from node.bench.report import BenchResult, table
+from node.learn.train import MemoryConfig
+from node.run.manifest import load_manifest
+from node.run.presets import preset
 from protocol.codec import numel
 
 if TYPE_CHECKING:
     from node.bench.scale import Bench, RoundRecord
 
 PROJECTED = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-72b")
+SIZE_PRESETS = {"qwen2.5-1.5b": "qwen2.5-1.5b-home-gpu"}  # a size with its own preset: its memory settings
+
+
+def projection_memory(b: Bench, name: str) -> tuple[str, MemoryConfig]:
+    """(preset, train.memory) a projection to architecture `name` is made with: the size's own preset
+    where there is one, else the measured preset's."""
+    own = SIZE_PRESETS.get(name)
+    if own is None:
+        return b.s.preset.name, b.s.run.train.memory
+    return own, load_manifest(preset(own)).train.memory
 
 
 def miner_round_seconds(b: Bench) -> float:
@@ -93,6 +106,7 @@ def measured_costs(b: Bench) -> Measured:
         validator_bpp=own_peak_mb(largest) * MB / params,
         validator_device_bpp=largest.device_peak_mb * MB / params,
         follower_bpp=(weights + follower.host_extra_mb * MB) / params,
+        codec_bpp=compress.host_extra_mb * MB / params,
     )
 
 
@@ -100,7 +114,8 @@ def summarize(b: Bench) -> BenchResult:
     m = measured_costs(b)
     p = b.s.preset
     tokens = p.data.batch_size * p.data.seq_len
-    projections = [project(m, Shape.of(name), tokens) for name in PROJECTED]
+    memories = {name: projection_memory(b, name) for name in PROJECTED}
+    projections = [project(m, Shape.of(name), tokens, memories[name][1]) for name in PROJECTED]
     miner_s = miner_round_seconds(b)
     val_s, val_basis = validator_seconds_8(b)
     peaks = {r.size: own_peak_mb(r) for r in b.rounds}
@@ -122,13 +137,14 @@ def summarize(b: Bench) -> BenchResult:
         "miner_bytes_per_param_basis": "measured" if measured_device else "projected to the preset's batch",
         "miner_state_bytes_per_param": m.state_bpp,
         "miner_host_bytes_per_param": m.host_bpp,
+        "miner_host_codec_bytes_per_param": m.codec_bpp,
         "fits_24gb_1_5b": fits,
         "fits_24gb_basis": basis,
         "follower_hash_ok": b.follower_ok,
         **_bytes(b),
         "rounds": [_round_json(b, r) for r in b.rounds],
         "measured_1_5b": b.measured_1_5b,
-        "projection": [_projection_json(x) for x in projections],
+        "projection": [_projection_json(x, *memories[x.shape.name]) for x in projections],
         "phases": {
             k: {
                 "calls": v.calls,
@@ -178,8 +194,10 @@ def _round_json(b: Bench, r: RoundRecord) -> dict[str, Any]:
     }
 
 
-def _projection_json(x: Projection) -> dict[str, Any]:
+def _projection_json(x: Projection, preset_name: str, memory: MemoryConfig) -> dict[str, Any]:
     return {
+        "memory_of": preset_name,  # the miner host is projected with this preset's train.memory
+        "memory": memory.model_dump(),
         "model": x.shape.name,
         "params": x.shape.params,
         "miner_device_gib": x.miner_device_gib,
@@ -189,6 +207,12 @@ def _projection_json(x: Projection) -> dict[str, Any]:
         "follower_gib": x.follower_gib,
         "fits_24gb": x.fits_24gb,
     }
+
+
+def _memory_label(row: dict[str, Any]) -> str:
+    """Which preset's host settings a projection row uses, in a few words."""
+    memory = row["memory"]
+    return f"{row['memory_of']}: buffer {memory['error_feedback']}, pseudo-gradient {memory['pseudo_gradient']}"
 
 
 def _settings(b: Bench) -> dict[str, Any]:
@@ -257,6 +281,7 @@ def _tables(b: Bench, s: dict[str, Any], m: Measured, projections: list[Projecti
         ["activations kept for backward, per token", m.saved_per_token, "measured (saved-tensor hooks)"],
         ["one recomputed block, per token", m.block_per_token, "measured"],
         ["host: BF16 global weights, error buffer, delta, codec work", m.host_bpp, "measured"],
+        ["host: the codec's peak above them", m.codec_bpp, "measured"],
         ["validator (own peak) per parameter", m.validator_bpp, "measured"],
         ["follower per parameter", m.follower_bpp, "measured"],
     ]
@@ -269,8 +294,9 @@ def _tables(b: Bench, s: dict[str, Any], m: Measured, projections: list[Projecti
             x.validator_gib,
             x.follower_gib,
             x.fits_24gb,
+            _memory_label(row),
         ]
-        for x in projections
+        for x, row in zip(projections, s["projection"], strict=True)
     ]
     return [
         table(
@@ -287,7 +313,7 @@ def _tables(b: Bench, s: dict[str, Any], m: Measured, projections: list[Projecti
         table("scale: bytes per parameter at the measured size", ["what", "bytes", "how"], per_param),
         table(
             f"scale: projection at the preset's step ({pre['batch_size']}x{pre['seq_len']} tokens), GiB",
-            ["model", "params", "miner GPU", "miner host", "validator", "follower", "miner fits 24 GB"],
+            ["model", "params", "miner GPU", "miner host", "validator", "follower", "miner fits 24 GB", "host at"],
             proj,
         ),
     ]

@@ -4,7 +4,8 @@
   tensor: tied aliases such as `head.weight` -> `wte.weight` appear once).
 - `inner_train`: H AdamW steps on FP32 master weights, gradient clipping, per-step losses.
 - `MemoryConfig`: what the inner loop spends memory on (BF16 AdamW moments, activation
-  checkpointing, a BF16 error-feedback buffer); `make_optimizer` and `apply_memory` honour it.
+  checkpointing, a BF16 error-feedback buffer, a BF16 pseudo-gradient); `make_optimizer`,
+  `apply_memory` and `pseudo_gradient` honour it.
 - `evaluate`: mean loss over batches without gradients.
 
 Deterministic for a given model, config and batch source: nothing here draws random numbers.
@@ -75,6 +76,13 @@ class MemoryConfig(BaseModel):
     pass. Exact (the same loss); about one more forward pass of compute per step."""
     error_feedback: Literal["fp32", "bf16"] = "fp32"
     """How the error-feedback buffer is stored between rounds (the codec works on it in FP32)."""
+    pseudo_gradient: Literal["fp32", "bf16"] = "fp32"
+    """How the pseudo-gradient W - W_local waits on the host for the codec: each tensor is computed in
+    FP32, then stored as this (BF16: 2 bytes a parameter instead of 4); the codec widens it back one
+    tensor at a time. BF16 is enough: the codec sends a value only at BF16 precision or coarser
+    (PULSELoCo's gate asks whether it moves a BF16 weight and sends 8 significant bits; SparseLoCo
+    sends 2 bits), so the half ulp BF16 storage loses is far below what any value carries, and
+    error feedback keeps what was not sent for the next round."""
 
     def check_betas(self, inner: InnerOptimConfig) -> None:
         if self.moments == "bf16" and max(inner.beta1, inner.beta2) > BF16_MAX_BETA:
@@ -83,6 +91,31 @@ class MemoryConfig(BaseModel):
     @property
     def error_dtype(self) -> torch.dtype:
         return torch.bfloat16 if self.error_feedback == "bf16" else torch.float32
+
+    @property
+    def delta_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.pseudo_gradient == "bf16" else torch.float32
+
+
+DELTA_CHUNK = 1 << 22  # elements: the FP32 temporaries of one pseudo-gradient chunk (16 MiB each)
+
+
+def pseudo_gradient(
+    weights: Mapping[str, torch.Tensor], model: nn.Module, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """W - W_local on the host: FP32 arithmetic, stored as `dtype`. Computed DELTA_CHUNK elements at a
+    time into the stored tensor, so no whole-tensor FP32 temporary exists beside it (an embedding is a
+    quarter of a 0.5B model); the values are those of the whole-tensor subtraction, bit for bit."""
+    local = unique_state(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        into = torch.empty(w.shape, dtype=dtype)
+        flat, wf, lf = into.view(-1), w.reshape(-1), local[name].detach().reshape(-1)
+        for at in range(0, flat.numel(), DELTA_CHUNK):
+            end = at + DELTA_CHUNK
+            flat[at:end] = wf[at:end].float() - lf[at:end].float().cpu()
+        out[name] = into
+    return out
 
 
 def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """A miner's local work in a round: H inner steps from W_r, then the run's codec with error feedback.
 
     trainer = task.trainer(identity)                        # an LMTrainer or an RLTrainer
-    delta = trainer.train(r, weights)                       # FP32 W_r - W_local after H steps
+    delta = trainer.train(r, weights)                       # W_r - W_local after H steps (FP32 or BF16: train.memory)
     header, payload = trainer.package(r, delta, weights, base_hash, fraction)   # fraction: of the codec's values
 
 The one implementation of the honest miner's step: the `pulse miner` role, the benchmarks' fake
@@ -35,7 +35,7 @@ from node.learn.train import (
     inner_train,
     load_bf16_state,
     make_optimizer,
-    unique_state,
+    pseudo_gradient,
 )
 from node.run.manifest import Manifest
 from protocol.assignment import Assignment
@@ -85,7 +85,8 @@ class Trainer(ABC):
 
     @abstractmethod
     def train(self, round_: int, weights: State) -> State:
-        """FP32 pseudo-gradient W - W_local after H steps from the BF16 `weights` of round `round_`."""
+        """Pseudo-gradient W - W_local after H steps from the BF16 `weights` of round `round_` (LM: stored
+        as `train.memory.pseudo_gradient` says)."""
 
     def assignment(self, round_: int, miner: str | None = None) -> Assignment:
         """The data assignment of `miner` (default: this one) in `round_`."""
@@ -100,13 +101,11 @@ class Trainer(ABC):
         up): each tensor is freed once the codec has read it, so a miner's host holds the pseudo-gradient,
         the old buffer and the new one whole only for the tensor in hand (`Codec.compress`). Should the
         codec refuse the update (NaN), the buffer starts afresh next round."""
-        old, self.error = self.error, None
-        error = None if old is None else {n: old.pop(n).float() for n in list(old)}  # BF16 storage: FP32 for the codec
+        old, self.error = self.error, None  # handed over as stored: the codec widens a BF16 tensor when it reads it
         given = delta if handover and isinstance(delta, dict) else dict(delta)  # a copy frees nothing of the caller's
-        payload, new_error, stats = self.codec.compress(given, error, weights, fraction=fraction, handover=True)
-        self.last_stats = stats
-        dtype = self.spec.memory.error_dtype
-        self.error = {n: new_error.pop(n).to(dtype) for n in list(new_error)}  # one tensor at a time
+        payload, self.error, self.last_stats = self.codec.compress(
+            given, old, weights, fraction=fraction, handover=True, error_dtype=self.spec.memory.error_dtype
+        )  # the new buffer comes stored as train.memory says, each tensor narrowed once the codec is done with it
         return payload
 
     def header(self, round_: int, payload: bytes, base_hash: str, digest: str | None = None) -> SubmissionHeader:
@@ -136,8 +135,8 @@ class Trainer(ABC):
         return self.header(round_, payload, base_hash), payload
 
     def _delta(self, weights: State) -> StateDict:
-        local = unique_state(self.model)
-        return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
+        """W - W_local, stored on the host as `train.memory.pseudo_gradient` says."""
+        return pseudo_gradient(weights, self.model, self.spec.memory.delta_dtype)
 
 
 class LMTrainer(Trainer):

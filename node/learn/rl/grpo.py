@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from node.learn.model import CausalLM
 from node.learn.rl.config import RLConfig
 from node.learn.rl.task import reward
-from node.learn.train import InnerOptimConfig, load_bf16_state, load_state, make_optimizer, unique_state
+from node.learn.train import InnerOptimConfig, load_bf16_state, load_state, make_optimizer, pseudo_gradient
 from protocol.rollouts import RolloutGroup
 from protocol.state import State
 
@@ -181,8 +181,7 @@ class GRPOTrainer:
         """FP32 pseudo-gradient W - W_local after `steps` AdamW steps from the BF16 `weights` on `groups`."""
         load_bf16_state(self.model, weights)
         self.steps(groups, steps)
-        local = unique_state(self.model)
-        return {name: weights[name].float() - local[name].detach().float().cpu() for name in weights}
+        return pseudo_gradient(weights, self.model)
 
     def steps(
         self, groups: Sequence[RolloutGroup], steps: int, on_step: Callable[[int], None] | None = None
