@@ -60,6 +60,19 @@ def test_records_for_rounds_beyond_the_head_are_refused() -> None:
     assert not admit(budget, sign_for(me, beat(me, 2**62), 60))[0]
 
 
+def test_a_storage_told_the_head_by_its_node_refuses_far_rounds() -> None:
+    """A storage that stored no validator record knows no head and keeps any round; told the head its
+    node read (`PulseDHT.get`), it refuses what lies beyond it, and a lower round told later changes nothing."""
+    budget = StoreBudget(RULES)
+    me = Identity.generate()
+    assert admit(budget, sign_for(me, beat(me, 2**40), 60))[0]
+    budget.learn_head(10)
+    budget.learn_head(2)
+    other = Identity.generate()
+    assert admit(budget, sign_for(other, beat(other, 10 + ROUND_WINDOW), 60))[0]
+    assert not admit(budget, sign_for(other, beat(other, 11 + ROUND_WINDOW), 60))[0]
+
+
 def test_open_records_expiring_far_ahead_are_refused_and_nodes_sign_within_the_bound() -> None:
     budget = StoreBudget(RULES)
     me = Identity.generate()

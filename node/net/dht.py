@@ -163,6 +163,7 @@ class PulseDHT:
         self.dht, self.rules, self.identity, self.config, self.timeout = dht, rules, identity, config, timeout
         self.restarts = 0
         self._validator = PulseRecordValidator(rules)  # the same checks as the DHT process runs
+        self._told_head = -1  # the highest round of a validator record this node told its storage of
 
     @property
     def run_id(self) -> str:
@@ -186,6 +187,7 @@ class PulseDHT:
         self._stop(self.dht)
         self.dht = _launch(self.config, self.rules)
         self.restarts += 1
+        self._told_head = -1  # a new process: its storage knows nothing yet
 
     @property
     def peer_id(self) -> PeerID:
@@ -238,7 +240,19 @@ class PulseDHT:
                 out.append(self._reverify(kind, round_, subkey, entry.value, entry.expiration_time))
             except ProtocolError as exc:
                 logger.warning("ignored a %s record that failed local checks: %s", kind.KIND, printable(str(exc)))
+        if kind.KIND != "head":  # a head record sits at one fixed round, not the run's
+            rounds = [v.message.round for v in out if self.rules.is_validator(bytes.fromhex(v.sender_hex))]
+            if rounds and max(rounds) > self._told_head:
+                self.learn_head(max(rounds))
         return out
+
+    def learn_head(self, round_: int) -> None:
+        """Tell this node's storage that the run's validators wrote round `round_` (a record this node
+        read and verified): a storage learns the head only from the validator records it is asked to
+        store, and until it knows one it keeps open records of any round (evicting them first). Not
+        waited for: the storage takes it with its next request."""
+        self._told_head = max(self._told_head, round_)
+        self._call().run_coroutine(functools.partial(dhtprocess.learn_head, round_=round_), return_future=True)
 
     def get_new(self, kind: type[M], round_: int, seen: SeenCache) -> list[Verified[M]]:
         """Like `get`, without messages whose id is in `seen` (replays); records the new ones."""

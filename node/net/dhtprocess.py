@@ -110,6 +110,14 @@ class WaitingPipe:
             os.set_blocking(fd, was_blocking)
 
 
+async def learn_head(dht: Any, node: Any, round_: int) -> bool:
+    """Runs in the DHT process: the node read a validator record of `round_` (`PulseDHT.get`)."""
+    for storage in (node.protocol.storage, node.protocol.cache):
+        if isinstance(storage, BoundedStorage):
+            storage.budget.learn_head(round_)
+    return True
+
+
 async def install(dht: Any, node: Any, rules: RecordRules) -> bool:
     """Runs in the DHT process (`hivemind.DHT.run_coroutine`): the waiting pipe and bounded storage."""
     if not isinstance(dht._inner_pipe, WaitingPipe):

@@ -20,7 +20,9 @@ Every record kind has a row in `POLICIES`:
 
 Records of the run's validators never count against a budget (there are at most 16 keys, and
 they are the ones a reader needs), and they are kept even when a key is full; they also tell a
-peer the run's head (the highest round they wrote) and who has standing. An open record for a
+peer the run's head (the highest round they wrote) and who has standing. A storage is asked to
+keep only the records whose keys lie near it, so its own node also tells it the head of every
+validator record it reads (`learn_head`). An open record for a
 round beyond the head + `ROUND_WINDOW`, or expiring more than `OPEN_MAX_TTL` ahead, is refused.
 Open records have totals per peer: at most `max_per_signer` per signer (its lowest rounds go
 first) and the kind's quota, past which the records of the rounds farthest from the head go first
@@ -267,6 +269,11 @@ class StoreBudget:
     def quota(self, kind: str) -> int:
         """The bytes of open records of `kind` this storage keeps: its share of `max_open_bytes`."""
         return int(self.max_open_bytes * self.rules.policy(kind).open_share)
+
+    def learn_head(self, round_: int) -> None:
+        """The run's validators wrote round `round_`: this peer's own node read and verified their record
+        (a storage is asked to store only the records whose keys are near it, so it may hold none)."""
+        self.head = round_ if self.head is None else max(self.head, round_)
 
     def _learn(self, signed: SignedMessage) -> None:
         """The head and the keys with standing, from a record of one of the run's validators."""

@@ -31,7 +31,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from node.net.dht import PulseDHT, dht_key, sign_for
 from node.net.netconfig import NetConfig
-from node.net.records import POLICIES, RecordRules
+from node.net.records import POLICIES, ROUND_WINDOW, RecordRules
 from protocol.errors import NetworkError
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, Rejection, RoundResult, SubmissionHeader
@@ -432,6 +432,36 @@ def test_a_dht_process_that_died_holding_a_shared_lock_hangs_no_other() -> None:
 def _expiration(peer: PulseDHT, round_: int) -> float:
     found = peer.dht.get(dht_key(RUN, SubmissionHeader.KIND, round_), latest=True, return_future=True).result(10)
     return max((entry.expiration_time for entry in found.value.values()), default=0.0) if found else 0.0
+
+
+def _beat(round_: int) -> Heartbeat:
+    return Heartbeat(run_id=RUN, round=round_, role="miner", peer_id="1" * 46, state_hash=None, blobs=(), sent_at=1)
+
+
+def test_a_storage_learns_the_head_from_what_its_node_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage learns the run's head only from validator records it is asked to store, so one that
+    holds none kept open records of any round. Its node tells it the head it read: far rounds are
+    then refused there, and a read of a validator's record is what tells it."""
+    lone = _peer(())
+    try:
+
+        def kept_here(round_: int) -> bool:  # a fresh key each time: a refused record is not a stored owner
+            sybil = Identity.generate()
+            return lone.store_signed(sign_for(sybil, _beat(round_), 60)).here
+
+        assert kept_here(500)  # no head known: kept (and evicted first)
+        lone.learn_head(3)
+        assert poll(lambda: not kept_here(4 + ROUND_WINDOW))
+        assert kept_here(3 + ROUND_WINDOW)
+        told: list[int] = []
+        real = lone.learn_head
+        monkeypatch.setattr(lone, "learn_head", lambda r: (told.append(r), real(r)))
+        assert lone.store_signed(sign_for(VALIDATOR, _beat(9), 60)).here  # the validator's, relayed
+        assert [v.sender_hex for v in lone.get(Heartbeat, 9)] == [VALIDATOR.public_hex] and told == [9]
+        lone.get(Heartbeat, 9)
+        assert told == [9]  # told once per new head, not at every read
+    finally:
+        lone.shutdown()
 
 
 def test_records_of_unknown_kind_are_ignored_by_typed_reads(swarm: Swarm) -> None:
