@@ -4,7 +4,8 @@ It stores and serves the run's records under the same rules as every other peer,
 the run's validator keys: `--config run.toml` (the run id and validators come from the manifest),
 or `--run-id` with `--validators`. With `--run-id` alone it knows no validator, and so stores no
 record that only validators may write (results, checkpoints): the other peers hold those.
-If its DHT process dies it starts another (the same peer id with `--p2p-identity`).
+If its DHT process dies it starts another (the same peer id with `--p2p-identity`). Every few seconds
+it reads the run's head, so that its storage knows which rounds lie beyond it (`PulseDHT.learn_head`).
 
 With `--metrics-port` it serves Prometheus metrics too: the peers it knows and its process's figures.
 """
@@ -28,7 +29,7 @@ from node.net.records import RecordRules
 from node.run.manifest import load_manifest
 from protocol.errors import ConfigError, NetworkError
 from protocol.identity import Identity
-from protocol.messages import PublicKeyHex
+from protocol.messages import HEAD_ROUND, PublicKeyHex, RunHead
 
 WATCH_SECONDS = 5.0
 
@@ -66,6 +67,15 @@ def rules_from(options: DhtOptions) -> RecordRules:
     return RecordRules(str(options.run_id), tuple(options.validators))
 
 
+def learn_head(dht: PulseDHT) -> None:
+    """Read the run's head: a bootstrap reads nothing else, and the read tells its storage which rounds
+    lie beyond the head (`PulseDHT.learn_head`). A read that fails is tried again at the next watch."""
+    try:
+        dht.get(RunHead, HEAD_ROUND)
+    except NetworkError as exc:
+        print(f"pulse dht: reading the run's head: {exc}", file=sys.stderr, flush=True)
+
+
 def run_dht(args: argparse.Namespace) -> int:
     try:
         options = options_from(DhtOptions, args)
@@ -101,6 +111,8 @@ def run_dht(args: argparse.Namespace) -> int:
             if not dht.alive:
                 dht.restart()
                 print(f"pulse dht: restarted; peer id {dht.peer_id}", flush=True)
+            if rules.validators:
+                learn_head(dht)
     except NetworkError as exc:
         print(f"pulse dht: {exc}", file=sys.stderr)
         return 1

@@ -55,7 +55,7 @@ from protocol.errors import (
     WrongRun,
 )
 from protocol.identity import PUBLIC_KEY_BYTES, Identity
-from protocol.messages import PROTOCOL_VERSION, Heartbeat, WireModel
+from protocol.messages import PROTOCOL_VERSION, Heartbeat, RunHead, WireModel
 from protocol.signing import MAX_ENVELOPE_BYTES, SeenCache, SignedMessage, Verified, open_parsed, sign
 
 logger = logging.getLogger(__name__)
@@ -240,10 +240,9 @@ class PulseDHT:
                 out.append(self._reverify(kind, round_, subkey, entry.value, entry.expiration_time))
             except ProtocolError as exc:
                 logger.warning("ignored a %s record that failed local checks: %s", kind.KIND, printable(str(exc)))
-        if kind.KIND != "head":  # a head record sits at one fixed round, not the run's
-            rounds = [v.message.round for v in out if self.rules.is_validator(bytes.fromhex(v.sender_hex))]
-            if rounds and max(rounds) > self._told_head:
-                self.learn_head(max(rounds))
+        rounds = [_run_round(v.message) for v in out if self.rules.is_validator(bytes.fromhex(v.sender_hex))]
+        if rounds and max(rounds) > self._told_head:
+            self.learn_head(max(rounds))
         return out
 
     def learn_head(self, round_: int) -> None:
@@ -292,6 +291,11 @@ class PulseDHT:
             dht.shutdown()
         except (OSError, ValueError) as exc:  # a dead process's pipe is already closed
             logger.debug("DHT shutdown: %s", exc)
+
+
+def _run_round(message: WireModel) -> int:
+    """The round of the run a validator's record says it reached (a head sits at one fixed round)."""
+    return message.open_round if isinstance(message, RunHead) else message.round
 
 
 def sign_for(identity: Identity, message: WireModel, ttl: float) -> SignedMessage:

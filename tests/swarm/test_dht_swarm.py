@@ -34,7 +34,15 @@ from node.net.netconfig import NetConfig
 from node.net.records import POLICIES, ROUND_WINDOW, RecordRules
 from protocol.errors import NetworkError
 from protocol.identity import Identity
-from protocol.messages import Heartbeat, Rejection, RoundResult, SubmissionHeader
+from protocol.messages import (
+    HEAD_ROUND,
+    CheckpointAnnouncement,
+    Heartbeat,
+    Rejection,
+    RoundResult,
+    RunHead,
+    SubmissionHeader,
+)
 from protocol.signing import SeenCache
 from tests import helpers
 from tests.helpers import commitments
@@ -434,6 +442,16 @@ def _expiration(peer: PulseDHT, round_: int) -> float:
     return max((entry.expiration_time for entry in found.value.values()), default=0.0) if found else 0.0
 
 
+def run_head(open_round: int) -> RunHead:
+    checkpoint = CheckpointAnnouncement(
+        run_id=RUN, round=0, state_hash=h("state"), blob_sha256=h("blob"), blob_size=1, format="safetensors"
+    )
+    return RunHead(
+        run_id=RUN, round=HEAD_ROUND, open_round=open_round, state_hash=h("state"), checkpoint=checkpoint,
+        validator_peer="1" * 46, sent_at=int(time.time()),
+    )  # fmt: skip
+
+
 def _beat(round_: int) -> Heartbeat:
     return Heartbeat(run_id=RUN, round=round_, role="miner", peer_id="1" * 46, state_hash=None, blobs=(), sent_at=1)
 
@@ -535,6 +553,16 @@ def test_pulse_dht_command_serves_as_bootstrap(swarm: Swarm) -> None:
         message = header(joined[0].identity, round_=11)
         joined[0].publish(message, ttl=60)
         assert [v.message for v in poll(lambda: joined[1].get(SubmissionHeader, 11))] == [message]
+
+        def others_keep_far_round() -> int:  # how many peers besides the writer keep a round-1000 record
+            sybil = Identity.generate()
+            return joined[0].store_signed(sign_for(sybil, _beat(1000), 60)).others
+
+        assert others_keep_far_round() >= 1  # nobody knows the head yet: kept (and evicted first)
+        joined[0].store_signed(sign_for(VALIDATOR, run_head(open_round=20), 60))  # the validator's, relayed
+        assert poll(lambda: joined[1].get(RunHead, HEAD_ROUND))  # this reader learns the head by reading it
+        # the bootstrap reads the head on its own every few seconds: then no peer but the writer keeps it
+        assert poll(lambda: others_keep_far_round() == 0, timeout=20)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
