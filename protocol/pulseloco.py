@@ -157,12 +157,12 @@ class PulseLoCoCodec(Codec):
         if value_format not in VALUE_FORMATS:
             raise ValueError(f"value_format must be one of {sorted(VALUE_FORMATS)}, got {value_format!r}")
         self.value_format = value_format
+        self.format_code, self.mantissa_bits = VALUE_FORMATS[value_format]
 
     def _encode(
         self, w: Writer, delta: State, error: State, weights: State, fraction: float, error_dtype: torch.dtype
     ) -> tuple[dict[str, torch.Tensor], CodecStats]:
-        code, mantissa_bits = VALUE_FORMATS[self.value_format]
-        w.u8(code)
+        w.u8(self.format_code)
         names = sorted(weights)
 
         def sparsify(name: str) -> tuple[_Part, torch.Tensor]:  # the buffer narrowed as soon as it is done
@@ -185,7 +185,7 @@ class PulseLoCoCodec(Codec):
         groups = positions.table_groups(tables)
 
         # the two streams are independent: one thread each
-        stream = functools.partial(_stream, gaps=gaps, groups=groups, coded=coded, mantissa_bits=mantissa_bits)
+        stream = functools.partial(_stream, gaps=gaps, groups=groups, coded=coded, mantissa_bits=self.mantissa_bits)
         pos_words, val_words = parallel_map(stream, [0, 1])
         del stream, gaps, coded  # the streams hold all they say
         stats = CodecStats(
@@ -216,7 +216,7 @@ class PulseLoCoCodec(Codec):
         host = flat.numpy()
         offsets = np.zeros(0, np.int32 if len(raw) < 1 << 31 else np.int64)
         gaps, values = take_class_major(raw, mask, host, shift, emask, k_all, self.value_format == "bf16", offsets)
-        return _part(gaps, values, counts, k_all, VALUE_FORMATS[self.value_format][1]), flat.reshape(s.shape)
+        return _part(gaps, values, counts, k_all, self.mantissa_bits), flat.reshape(s.shape)
 
     def _sparsify_on_device(
         self, weights: torch.Tensor, flat: torch.Tensor, marked: torch.Tensor
@@ -234,9 +234,8 @@ class PulseLoCoCodec(Codec):
         flat[at] = flat[at] - values  # the buffer is ours: the sent part taken out in place
         k_all = torch.bincount(cls, minlength=NUM_CONTEXTS).cpu().numpy()
         gap_dtype = torch.int32 if raw.numel() < 1 << 31 else torch.int64
-        mantissa_bits = VALUE_FORMATS[self.value_format][1]
         host = gaps.to(gap_dtype).cpu().numpy(), values.cpu().numpy(), counts.cpu().numpy()
-        return _part(*host, k_all, mantissa_bits), flat
+        return _part(*host, k_all, self.mantissa_bits), flat
 
     def _decode(self, r: Reader, weights: State) -> dict[str, torch.Tensor]:
         code = r.u8()
