@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from node.learn.hfmodel import ARCHITECTURES, LOSS_CHUNK_TOKENS, count_hf_parameters
 from node.learn.train import MemoryConfig
 
@@ -86,8 +84,7 @@ def miner_host_bpp(m: Measured, memory: MemoryConfig | None) -> float:
     the codec's measured peak."""
     if memory is None:
         return m.host_bpp
-    size = lambda dtype: torch.empty(0, dtype=dtype).element_size()  # noqa: E731
-    return BF16_BYTES + size(memory.error_dtype) + size(memory.delta_dtype) + m.codec_bpp
+    return BF16_BYTES + memory.error_dtype.itemsize + memory.delta_dtype.itemsize + m.codec_bpp
 
 
 def project(m: Measured, shape: Shape, tokens: int, memory: MemoryConfig | None = None) -> Projection:
