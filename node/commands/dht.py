@@ -67,7 +67,7 @@ def rules_from(options: DhtOptions) -> RecordRules:
     return RecordRules(str(options.run_id), tuple(options.validators))
 
 
-def learn_head(dht: PulseDHT) -> None:
+def read_head(dht: PulseDHT) -> None:
     """Read the run's head: a bootstrap reads nothing else, and the read tells its storage which rounds
     lie beyond the head (`PulseDHT.learn_head`). A read that fails is tried again at the next watch."""
     try:
@@ -112,7 +112,7 @@ def run_dht(args: argparse.Namespace) -> int:
                 dht.restart()
                 print(f"pulse dht: restarted; peer id {dht.peer_id}", flush=True)
             if rules.validators:
-                learn_head(dht)
+                read_head(dht)
     except NetworkError as exc:
         print(f"pulse dht: {exc}", file=sys.stderr)
         return 1
