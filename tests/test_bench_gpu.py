@@ -66,3 +66,39 @@ def test_swarm_figures_come_from_the_demo_summary(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(gpu.subprocess, "run", lambda cmd, **_: None)
     got = gpu._swarm_figures(options, torch.device("cpu"), True, tmp_path / "again")
     assert got["swarm_rounds"] == 0 and got["swarm_hashes_agree"] is False
+
+
+def test_a_failed_part_is_reported_and_the_others_still_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One broken part (here the rounds) is named in `errors` with its reason; the codec figures
+    before it and the swarm part after it are still measured, and the command still prints its result."""
+    tiny = {**gpu.SMALL, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "vocab_size": 512}
+    monkeypatch.setattr(gpu, "SMALL", tiny)
+
+    def broken(*_: object) -> dict[str, float]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(gpu, "_scale_figures", broken)
+    argv = ["bench", "gpu", "--json", "--device", "cpu", "--repeat", "1", "--swarm-rounds", "0"]
+    assert main(argv) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["errors"] == {"rounds": "RuntimeError: CUDA error: an illegal memory access was encountered"}
+    assert "validator_seconds_8" not in s
+    assert s["sync_lossless"] and s["sync_encode_gbps"] > 0 and set(s["loco_seconds_per_payload"]) >= {"pulseloco"}
+    assert s["swarm_rounds"] == 0
+
+
+def test_device_paths_match_the_host_paths_on_the_small_pair() -> None:
+    """The cross-check a GPU run makes (patch bytes, decoded updates) holds where both sides are the
+    host, and it reads every codec of the speed table."""
+    tiny = {**gpu.SMALL, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "vocab_size": 512}
+    model = gpu.build_hf_from_config(tiny, 0)
+    old = gpu.bf16_state(model)
+    new = {n: (t.float() * 1.001).bfloat16() for n, t in old.items()}
+    got = gpu._same_as_host(old, new, 0)
+    assert got == {
+        "sync_patch_same_as_host": True,
+        "sparseloco_decode_same_as_host": True,
+        "pulseloco_decode_same_as_host": True,
+    }

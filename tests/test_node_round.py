@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from node.events import Events, read_events
-from node.events.models import Baseline, Done, Exited, Final, RoundClosed, Started
+from node.events.models import Baseline, Done, Exited, Final, PatchApplied, RoundClosed, Started, Submitted
 from node.learn.train import bf16_state
 from node.roles.chainstate import checkpoint_bytes, load_checkpoint
 from node.run.manifest import Manifest, codec_for
@@ -55,13 +55,16 @@ def test_summary_of_events(tmp_path: Path) -> None:
     closed = RoundClosed(
         round=0, submissions=2, selected=2, bytes=10, dense_bytes=1000, patch_bytes=20, state_bytes=500, loss=4.0,
         changed_fraction=0.01, scores={m0: 0.1, m1: 0.3}, rejections={}, state_hash=h, seconds=0.2,
+        decide_seconds=0.1,
     )  # fmt: skip
-    second = closed.model_copy(update={"round": 1, "loss": 3.0, "scores": {m0: 0.2}})
+    second = closed.model_copy(update={"round": 1, "loss": 3.0, "scores": {m0: 0.2}, "seconds": 0.4})
     validator, miner = Events("validator", tmp_path / "validator.jsonl"), Events("miner", tmp_path / "miner0.jsonl")
     validator.emit(Baseline(loss=5.0), "baseline")
     validator.emit(closed, "round 0")
     validator.emit(second, "round 1")
     miner.emit(Started(sender=m0), "start")
+    miner.emit(Submitted(round=0, bytes=9, loss=4.0, busy_fraction=1.0, step_seconds=0.5, compress_seconds=2.0), "sub")
+    miner.emit(PatchApplied(round=0, patch_bytes=20, state_hash=h, seconds=0.25), "patch")
     validator.emit(Done(round=1, state_hash=h), "done")
     miner.emit(Final(round=1, state_hash=h, busy_fraction=0.5), "final")
     miner.emit(Exited(peak_rss_mb=300.0), "exit")
@@ -69,6 +72,11 @@ def test_summary_of_events(tmp_path: Path) -> None:
     assert s["rounds"] == 2 and s["hashes_agree"] and s["bytes_ratio_vs_dense"] == 100.0
     assert (s["loss_first"], s["loss_last"], s["miner_busy_fraction"]) == (5.0, 3.0, 0.5)
     assert s["peak_rss_mb"] == {"miner": 300.0}
+    # each role's mean seconds per phase, from the phases its events report
+    assert s["role_seconds"] == {
+        "miner": {"step": 0.5, "compress": 2.0, "apply_patch": 0.25},
+        "validator": {"decide": 0.1, "round": pytest.approx(0.3)},
+    }
     # the leaderboard over rounds: places among the aggregated, named where the key is known
     assert s["places_per_round"] == {"efefefef": [1, None], "miner0": [2, 1]}
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,12 @@ from node.learn.basecache import default_cache_dir
 from node.learn.hfmodel import QWEN2_5_0_5B, build_hf_from_config
 from node.learn.train import bf16_state
 from node.run.presets import preset
+from protocol import pulsesync
+from protocol.codec import make_codec
 from protocol.parsing import STRICT
 from protocol.state import StateDict
+
+log = logging.getLogger(__name__)
 
 SMALL: dict[str, Any] = {  # Qwen2's architecture, small enough for a CPU run in seconds
     **QWEN2_5_0_5B,
@@ -96,15 +102,36 @@ def run(options: Options) -> BenchResult:
     if small:
         summary["note"] = "small model on this device: checks the machinery, the targets are for one GPU at 0.5B"
     with tempfile.TemporaryDirectory(prefix="pulse-gpu-") as tmp:
-        old, new, source = _sync_pair(options, device, small, Path(tmp))
-        summary["sync_states"] = source
-        summary.update(_sync_figures(old, new, options.repeat))
-        summary["loco_seconds_per_payload"] = _loco_figures(old, device, options.repeat, options.seed)
-        del old, new
-        summary.update(_scale_figures(options, device, small, Path(tmp)))
-        summary.update(_swarm_figures(options, device, small, Path(tmp)))
+        pair = _stage(summary, "states", lambda: _sync_pair(options, device, small, Path(tmp)))
+        if pair is not None:
+            old, new, summary["sync_states"] = pair
+            _stage(summary, "sync", lambda: _sync_figures(old, new, options.repeat))
+            _stage(summary, "codecs", lambda: {"loco_seconds_per_payload": _loco_figures(old, device, options)})
+            if device.type != "cpu":
+                _stage(summary, "same_as_host", lambda: _same_as_host(old, new, options.seed))
+            del old, new, pair
+        _stage(summary, "rounds", lambda: _scale_figures(options, device, small, Path(tmp)))
+        _stage(summary, "swarm", lambda: _swarm_figures(options, device, small, Path(tmp)))
     summary["seconds"] = time.perf_counter() - started
     return BenchResult(summary, _tables(summary))
+
+
+def _stage(summary: dict[str, Any], name: str, measure: Callable[[], Any]) -> Any:
+    """Run one part of the check. A part that fails is logged with its traceback and named in
+    `errors`, and the parts after it still run: on a lent GPU the minutes are few, and one broken
+    part must not cost the figures of the others. Each part's figures are logged as it ends, so a
+    run cut short still says what it measured."""
+    start = time.perf_counter()
+    try:
+        got = measure()
+    except Exception as e:  # any failure: reported in the result, and the check goes on
+        log.exception("pulse bench gpu: %s failed after %.1f s", name, time.perf_counter() - start)
+        summary.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
+        return None
+    figures = got if isinstance(got, dict) else {}
+    summary.update(figures)
+    log.info("pulse bench gpu: %s in %.1f s %s", name, time.perf_counter() - start, json.dumps(figures, default=str))
+    return got
 
 
 def _device_name(device: torch.device) -> str:
@@ -166,8 +193,8 @@ def _sync_figures(old: StateDict, new: StateDict, repeat: int) -> dict[str, Any]
     }
 
 
-def _loco_figures(weights: StateDict, device: torch.device, repeat: int, seed: int) -> dict[str, dict[str, float]]:
-    rows = locospeed.speed_rows(weights, device, repeat, seed)
+def _loco_figures(weights: StateDict, device: torch.device, options: Options) -> dict[str, dict[str, float]]:
+    rows = locospeed.speed_rows(weights, device, options.repeat, options.seed)
     return {
         name: {
             "compress": r["compress_seconds"],
@@ -176,6 +203,26 @@ def _loco_figures(weights: StateDict, device: torch.device, repeat: int, seed: i
         }
         for name, r in rows.items()
     }
+
+
+def _same_as_host(old: StateDict, new: StateDict, seed: int) -> dict[str, bool]:
+    """Whether the device paths give exactly what the host paths give on the same inputs: the
+    PULSESync patch byte for byte, and each codec's decoded update bit for bit (a device payload
+    decoded where it was made and on the host). The tests check this on CPU tensors; here it is
+    checked where the device's own kernels run."""
+    host_old, host_new = _on(old, torch.device("cpu")), _on(new, torch.device("cpu"))
+    figures = {"sync_patch_same_as_host": pulsesync.encode(old, new) == pulsesync.encode(host_old, host_new)}
+    del host_new
+    gen = torch.Generator().manual_seed(seed)
+    device = next(iter(old.values())).device
+    delta = {n: (torch.randn(t.shape, generator=gen) * locospeed.DELTA_STD).to(device) for n, t in old.items()}
+    for name, codec_options in locospeed.SPEED_CODECS.items():
+        codec = make_codec(name, **codec_options)
+        payload, _, _ = codec.compress(delta, None, old)
+        here, there = codec.decompress(payload, old), codec.decompress(payload, host_old)
+        figures[f"{name}_decode_same_as_host"] = all(torch.equal(here[n].cpu(), there[n]) for n in here)
+        del here, there
+    return figures
 
 
 def _scale_figures(options: Options, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
@@ -225,32 +272,42 @@ def _swarm_figures(options: Options, device: torch.device, small: bool, tmp: Pat
         "swarm_rounds": int(report.get("rounds", 0)),
         "swarm_hashes_agree": bool(report.get("hashes_agree", False)),
         "swarm_seconds": seconds,
+        "swarm_role_seconds": report.get("role_seconds", {}),
+        "swarm_loss": [report.get("loss_first"), report.get("loss_last")],
     }
 
 
 def _tables(s: dict[str, Any]) -> list[Any]:
+    def get(key: str) -> Any:  # a part that failed leaves its figures out
+        return s.get(key, "-")
+
     sync_rows = [
-        ["PULSESync", s["sync_encode_gbps"], s["sync_decode_gbps"], s["sync_apply_gbps"]],
-        ["plain", s["plain_encode_gbps"], s["plain_decode_gbps"], ""],
-        ["memcpy (both states once)", s["memcpy_gbps"], s["memcpy_gbps"], ""],
+        ["PULSESync", get("sync_encode_gbps"), get("sync_decode_gbps"), get("sync_apply_gbps")],
+        ["plain", get("plain_encode_gbps"), get("plain_decode_gbps"), ""],
+        ["memcpy (both states once)", get("memcpy_gbps"), get("memcpy_gbps"), ""],
     ]
     loco = [
-        [name, r["compress"], r["decompress"], r["payload_bytes"]] for name, r in s["loco_seconds_per_payload"].items()
+        [name, r["compress"], r["decompress"], r["payload_bytes"]]
+        for name, r in s.get("loco_seconds_per_payload", {}).items()
     ]
     rounds = [
-        ["validator, round of 8", s["validator_seconds_8"]],
-        ["validator, round of 16", s["validator_seconds_16"]],
-        ["miner, one round", s["miner_seconds_per_round"]],
-        ["swarm rounds closed", s["swarm_rounds"]],
-        ["swarm hashes agree", s["swarm_hashes_agree"]],
+        ["validator, round of 8", get("validator_seconds_8")],
+        ["validator, round of 16", get("validator_seconds_16")],
+        ["miner, one round", get("miner_seconds_per_round")],
+        ["swarm rounds closed", get("swarm_rounds")],
+        ["swarm hashes agree", get("swarm_hashes_agree")],
     ]
-    title = f"Device data path on {s['device']}, {s['params'] / 1e6:.1f}M parameters" + (
-        " (small)" if s["small"] else ""
-    )
+    roles: dict[str, dict[str, float]] = s.get("swarm_role_seconds") or {}
+    rounds += [[f"swarm {role}: {phase} (s)", v] for role, phases in roles.items() for phase, v in phases.items()]
+    rounds += [[key.replace("_", " "), v] for key, v in s.items() if key.endswith("_same_as_host")]
+    rounds += [[f"failed: {part}", why] for part, why in s.get("errors", {}).items()]
+    params = s.get("params")
+    size = f", {params / 1e6:.1f}M parameters" if params else ""
+    title = f"Device data path on {s['device']}{size}" + (" (small)" if s["small"] else "")
     return [
         table(
             title + ": PULSESync, GB/s of BF16 state", ["codec", "encode", "decode", "apply (both hashes)"], sync_rows
         ),
         table("Pseudo-gradient codecs, seconds per payload", ["codec", "compress", "decompress", "bytes"], loco),
-        table("Rounds (seconds at the preset's settings)", ["what", "value"], rounds),
+        table("Rounds (seconds at the preset's settings) and checks", ["what", "value"], rounds),
     ]

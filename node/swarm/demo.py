@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from node.events import EventLog
-from node.events.models import Baseline, Exited, Final, RoundClosed
+from node.events.models import Baseline, Exited, Final, PatchApplied, RoundClosed, Submitted
 from node.net.keyfile import write_key_file
 from node.run.manifest import Manifest
 from node.swarm.netns import ShapedNetwork
@@ -302,8 +302,38 @@ def summarize(log: EventLog, rounds: int) -> dict[str, Any]:
         # PULSESync patches against shipping the whole BF16 state every round
         "sync_ratio_vs_dense": sum(e.state_bytes for e in closed) / patch if patch else None,
         "peak_rss_mb": rss,
+        "role_seconds": role_seconds(log),
         "places_per_round": places([e.scores for e in closed], {key: name for name, key in log.keys().items()}),
     }
+
+
+def role_seconds(log: EventLog) -> dict[str, dict[str, float]]:
+    """Each role's mean seconds per round and phase: a miner's inner step, compress, upload and
+    patch apply; the validator's open window, decide (intake, decode, scoring), patch encode and
+    whole step. A phase no event reported is left out."""
+    submitted, closed = log.events(Submitted), log.events(RoundClosed)
+    patches = [r.event for r in log.of(PatchApplied) if r.role == "miner"]
+    phases = {
+        "miner": {
+            "step": [e.step_seconds for e in submitted],
+            "compress": [e.compress_seconds for e in submitted],
+            "upload": [e.upload_seconds for e in submitted],
+            "apply_patch": [e.seconds for e in patches],
+        },
+        "validator": {
+            "open": [e.open_seconds for e in closed],
+            "decide": [e.decide_seconds for e in closed],
+            "encode_patch": [e.encode_seconds for e in closed],
+            "round": [e.seconds for e in closed],
+        },
+    }
+    out: dict[str, dict[str, float]] = {}
+    for role, by_phase in phases.items():
+        for phase, values in by_phase.items():
+            seen = [v for v in values if v is not None]
+            if seen:
+                out.setdefault(role, {})[phase] = sum(seen) / len(seen)
+    return out
 
 
 def places(scores: Sequence[Mapping[str, float]], names: Mapping[str, str]) -> dict[str, list[int | None]]:

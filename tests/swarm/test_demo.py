@@ -32,6 +32,9 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert summary["bytes_ratio_vs_dense"] > 17
     assert 0 < summary["miner_busy_fraction"] <= 1
     assert set(summary["peak_rss_mb"]) >= {"validator", "miner", "follow"}
+    times = summary["role_seconds"]  # per-role phase times, each a positive mean
+    assert {"step", "compress", "apply_patch"} <= set(times["miner"]) and {"decide", "round"} <= set(times["validator"])
+    assert all(v >= 0 for phases in times.values() for v in phases.values()) and times["validator"]["round"] > 0
     for name in ("summary.json", "loss.png", "bytes.png", "leaderboard.png"):
         assert (tmp_path / name).stat().st_size > 0
     places = summary["places_per_round"]  # every aggregated miner has a place in its rounds
