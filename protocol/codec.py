@@ -222,7 +222,8 @@ class Zeros(Mapping[str, torch.Tensor]):
         self._weights = weights
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return torch.zeros(self._weights[name].shape, dtype=torch.bfloat16)
+        weight = self._weights[name]
+        return torch.zeros(weight.shape, dtype=torch.bfloat16, device=weight.device)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._weights)

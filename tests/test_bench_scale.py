@@ -40,6 +40,7 @@ def test_scale_runs_whole_rounds_with_the_real_pieces(tmp_path: Path) -> None:
     assert s["scaled"] and s["follower_hash_ok"]
     assert [r["submissions"] for r in s["rounds"]] == [2, 4] and [r["copies"] for r in s["rounds"]] == [0, 2]
     assert s["rounds"][0]["aggregated"] >= 1  # the round moved the master: the follower applied a real patch
+    assert s["rounds"][1]["aggregated"] >= 1  # copies rejected, their authors still aggregated: the cost is a run's
     assert s["validator_seconds_basis"] == "round of 2 + per-submission steps"
     assert s["miner_seconds_per_round"] > 0 and s["validator_seconds_per_round"] > 0
     assert {"validator_peak_mb_2", "validator_peak_mb_4", "miner_bytes_per_param", "fits_24gb_1_5b"} <= set(s)

@@ -162,9 +162,19 @@ class RoundPipeline:
         spill_dir: Path | None = None,
         previous: State | None = None,
     ) -> None:
-        """`previous`: W_{r-1}, whose step to W_r every node knows (None: no such check this round)."""
-        self.cfg, self.weights, self.evaluator, self.batch_fn = cfg, weights, evaluator, batch_fn
-        self.previous = previous
+        """`previous`: W_{r-1}, whose step to W_r every node knows (None: no such check this round).
+
+        The round works where the evaluator's model is (`evaluator.device`, the host when it has
+        none): W_r and W_{r-1} are copied there once, payloads decode there, and every norm,
+        sketch, cosine, reference and the aggregate's sum are computed there, so on a GPU no
+        decoded update crosses to the host except to be spilled, and the evaluator loads each
+        update from device memory. The aggregate comes back to the host for the outer step. The
+        norms and the aggregate are exact float64 sums in a fixed order (aggregate.py): the same
+        bits on every device."""
+        self.cfg, self.evaluator, self.batch_fn = cfg, evaluator, batch_fn
+        self.device = torch.device(getattr(evaluator, "device", "cpu"))
+        self.weights = _on(weights, self.device)
+        self.previous = None if previous is None else _on(previous, self.device)
         self.codec = build_codec(cfg.codec, cfg.codec_options)
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
         self.spill = DecodedSpill(spill_dir, cfg.decoded_spill_bytes)
@@ -232,7 +242,7 @@ class RoundPipeline:
         if update is None:
             update = self.decode(a.candidate.payload)
             self.spill.put(digest, update)
-        return update
+        return _on(update, self.device)
 
     def inspect(
         self, candidates: Sequence[Candidate], secret: RoundSecret, reference: NormReference | None = None
@@ -283,8 +293,7 @@ class RoundPipeline:
         key = a.candidate.header.payload_sha256
         try:
             update = self.spill.get(key)
-            if update is None:
-                update = self.decode(a.candidate.payload)
+            update = self.decode(a.candidate.payload) if update is None else _on(update, self.device)
         except ProtocolError as exc:
             a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
             return None
@@ -390,7 +399,8 @@ class RoundPipeline:
         """The clipped mean of `selected`, in that order, from the norms the round measured (None: nothing)."""
         if not selected:
             return None
-        return aggregate(list(selected), self.update_of, norms=[a.norm for a in selected])
+        done = aggregate(list(selected), self.update_of, norms=[a.norm for a in selected])
+        return replace(done, update=_on(done.update, torch.device("cpu")))  # the outer step is the host's
 
 
 def select(
@@ -617,6 +627,11 @@ def support_cosine(update: State, direction: Callable[[str, torch.Tensor], torch
         d = direction(name, sent).double()
         dot, mine, theirs = dot + float(u @ d), mine + float(u @ u), theirs + float(d @ d)
     return dot / math.sqrt(mine * theirs) if mine > 0 and theirs > 0 else 0.0
+
+
+def _on(state: State, device: torch.device) -> StateDict:
+    """`state` with every tensor on `device` (the same tensors where they already are)."""
+    return {name: t.to(device) for name, t in state.items()}
 
 
 def _accumulate(total: StateDict | None, update: State, scale: float) -> StateDict:

@@ -202,7 +202,7 @@ class Sketch:
     def of(cls, update: State, stride: int, offset: int) -> Sketch:
         positions, values, base = [], [], 0
         for name in sorted(update):
-            sample = update[name].reshape(-1)[offset::stride].double().numpy()
+            sample = update[name].reshape(-1)[offset::stride].double().cpu().numpy()
             nz = np.flatnonzero(sample)
             positions.append(nz + base)
             values.append(sample[nz])

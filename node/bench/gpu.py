@@ -238,6 +238,7 @@ def _scale_figures(options: Options, device: torch.device, small: bool, tmp: Pat
         "validator_seconds_8": by_size[8]["seconds_at_preset"],
         "validator_seconds_16": by_size[16]["seconds_at_preset"],
         "validator_seconds_run": {n: r["seconds_run"] for n, r in by_size.items()},
+        "validator_steps": {n: {k: v["seconds"] for k, v in r["steps"].items()} for n, r in by_size.items()},
         "miner_seconds_per_round": s["miner_seconds_per_round"],
         "validator_keeps_up": by_size[8]["seconds_at_preset"] < s["miner_seconds_per_round"],
         "rounds_scaled_to_preset": s["scaled"],

@@ -209,12 +209,17 @@ class SteadyValidator(Validator):
     nothing (indicator averages start at 0), and what a round costs depends on what it aggregates."""
 
     veterans: tuple[str, ...] = ()
+    copiers: tuple[str, ...] = ()
+    """Veterans whose record is half the others': the copies' senders. Under equal records no
+    member of a copy group owns it and all are rejected (`copy_owners`), so nothing would be
+    aggregated; with the authors leading on record, their updates are, as in a run."""
 
     def standing(self) -> Standing:
         cfg = self.cfg
         settled = {k: RatingRecord(mu=30.0, sigma=1.0, last_round=self.round) for k in self.veterans}
         ratings = Ratings(cfg.openskill_beta, cfg.openskill_tau, cfg.missing_rounds, settled)
-        return Standing(ratings, dict.fromkeys(self.veterans, 1.0))
+        indicators = {k: 0.5 if k in self.copiers else 1.0 for k in self.veterans}
+        return Standing(ratings, indicators)
 
 
 @dataclass
@@ -397,6 +402,7 @@ class Bench:
             )
             assert isinstance(v, SteadyValidator)
             v.veterans = tuple(_sender(sub) for sub in subs)
+            v.copiers = v.veterans[size - copies :]
         with timed_methods(self.rec, self.validator_steps(evaluator, prefix)), self.rec.phase(f"{prefix}.round"):
             report = v.run_round(subs)
         stats = self.rec.stats
@@ -409,7 +415,10 @@ class Bench:
         del v, evaluator, subs
         shutil.rmtree(folder)
         release_memory()
-        log.info("validator round of %d: %.1f s, peak %.0f MB", size, record.seconds, record.peak_mb)
+        steps = ", ".join(f"{k} {sec:.1f} s/{n}" for k, (n, sec) in sorted(record.steps.items()) if k != "round")
+        log.info("validator round of %d: %.1f s, peak %.0f MB (%s)", size, record.seconds, record.peak_mb, steps)
+        for o in report.outcomes:  # why a round aggregated what it did: its cost depends on it
+            log.info("  submission %d: %s %s", o.index, o.status, o.reason[:120])
         return record
 
     def validator_steps(self, evaluator: GPTEvaluator, prefix: str) -> list[tuple[Any, str, str]]:
