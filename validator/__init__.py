@@ -11,6 +11,7 @@ Files:
 - `scoring.py`    the `Evaluator` interface, loss gains before/after an evaluation step, indicator, copy sketches
 - `ratings.py`    persistent OpenSkill Plackett-Luce ratings, one match per round, missing/invalid rank last
 - `gauntlet.py`   `RoundPipeline`: a round's whole decision (inspect, evaluate, copies, rate, select), the aggregate
+- `decodeahead.py` the round's next payloads decoded on their own threads while one is inspected
 - `atomicfile.py` atomic whole-file writes (temp file, fsync, rename, fsync folder); `node` uses them too
 - `ledger.py`     every round's signed result in an append-only file; the hash-chain check anyone can run
 - `state.py`      the state on disk: atomic files, one commit point per round, resume after a kill

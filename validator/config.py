@@ -162,6 +162,11 @@ class GauntletConfig(UpdateRules, SelectionRules):
     fp32_checkpoint_every: int = Field(default=5, ge=1)
     """Every this many rounds the result names the FP32 state after its step as a blob, where an
     auditor can start (a run manifest sets it to its `checkpoint_every`)."""
+    decode_ahead: int = Field(default=2, ge=0, le=16)
+    """Payloads decoded ahead of the one being inspected, each on its own thread (decodeahead.py):
+    a payload's streams decode serially, so this is what puts a round's other cores to work. Each
+    waiting update holds its decoded size (2 GB at 0.5B) where the validator evaluates; 0 decodes
+    one at a time."""
     decoded_spill_bytes: int = Field(default=32 * 2**30, ge=0)
     """Disk for a round's decoded updates (spill.py, deleted when the round ends), so each payload is
     decoded once, not once per step; updates beyond it are decoded again when needed. 0 = no spill."""

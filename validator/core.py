@@ -130,12 +130,24 @@ class Validator:
     def round(self) -> int:
         return self.book.round
 
-    def _adopt(self, book: Book, result: bytes | None, patch: bytes | None, evidence: bytes | None) -> None:
+    def _adopt(
+        self,
+        book: Book,
+        result: bytes | None,
+        patch: bytes | None,
+        evidence: bytes | None,
+        weights: tuple[StateDict, str] | None = None,
+    ) -> None:
+        """Take `book` and the master's BF16 weights as the current round's; `weights`: those weights
+        and their hash when the caller has just made them from this master (a round's step), so
+        that a 0.5B round does not convert and hash them a second time."""
         self.book = book
         self.ratings = Ratings(self.cfg.openskill_beta, self.cfg.openskill_tau, self.cfg.missing_rounds, book.ratings)
         self.seen = SeenCache(self.cfg.seen_capacity, book.seen)
-        self.weights = self.outer.bf16_weights()
-        self.state_hash = state_hash(self.weights)
+        if weights is None:
+            bf16 = self.outer.bf16_weights()
+            weights = bf16, state_hash(bf16)
+        self.weights, self.state_hash = weights
         self.last_result, self.last_patch, self.last_evidence = result, patch, evidence
 
     def context(self, pipeline: RoundPipeline) -> RoundContext:
@@ -168,7 +180,7 @@ class Validator:
         checkpoint = self.fp32_checkpoint() if (self.round + 1) % self.cfg.fp32_checkpoint_every == 0 else None
         result = self._result(decision, patch, new_hash, before, master_after, evidence, checkpoint)
         envelope = sign(self.identity, result).to_bytes()
-        self._commit(book, envelope, patch, evidence)
+        self._commit(book, envelope, patch, evidence, (new_weights, new_hash))
         self.fp32_hash = master_after
         self._broken = False
 
@@ -254,12 +266,15 @@ class Validator:
             states=[*self.book.states, new_hash][-(self.cfg.behind_rounds + 1) :],
         )
 
-    def _commit(self, book: Book, envelope: bytes, patch: bytes, evidence: bytes) -> None:
-        """Write the state of the next round (state.py), then adopt it in memory."""
+    def _commit(
+        self, book: Book, envelope: bytes, patch: bytes, evidence: bytes, weights: tuple[StateDict, str]
+    ) -> None:
+        """Write the state of the next round (state.py), then adopt it in memory (`weights`: the new
+        BF16 weights and their hash, as the step made them)."""
         snap = Snapshot(book, self.outer.master, self.outer.state_tensors(), envelope, patch, evidence)
         self.store.commit(snap)
         self.previous_weights = self.weights
-        self._adopt(book, envelope, patch, evidence)
+        self._adopt(book, envelope, patch, evidence, weights)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
-    inspect                decode each distinct payload once (spill.py keeps it on disk for the
+    inspect                decode each distinct payload once, the next ones ahead on their own
+                           threads (decodeahead.py; spill.py keeps each on disk for the
                            rest of the round): finite, norm, sketch, cosine with the public
                            previous step; the norm gate's median (`gate_median`: the senior
                            miners', younger established ones capped; of all when none sent one);
@@ -26,9 +27,10 @@
 `decide` changes nothing: it reads the miners' `Standing` of round r and returns the next one in
 its `Decision`, which the validator commits with the new weights or not at all.
 
-Memory: payloads stay compressed; at most one decoded update is in use at a time, beside the
-round's sum of directions, the one reference built from it and the aggregate, so a round's peak
-does not grow with the number of miners beyond their compressed bytes. Decoded updates read back
+Memory: payloads stay compressed; at most one decoded update is in use at a time (and at most
+`cfg.decode_ahead` more waiting, decoded ahead during inspect), beside the round's sum of
+directions, the one reference built from it and the aggregate, so a round's peak does not grow
+with the number of miners beyond their compressed bytes. Decoded updates read back
 are memory-mapped from their spill file (at most `cfg.decoded_spill_bytes` of them on disk, deleted
 by `close` when the round ends; what does not fit is decoded again), so a round decodes each
 distinct payload once, not once per step.
@@ -44,6 +46,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -58,6 +61,7 @@ from protocol.messages import Rejection, ScoredSubmission
 from protocol.state import State, StateDict
 from validator.aggregate import Aggregate, aggregate, global_norm
 from validator.config import GauntletConfig
+from validator.decodeahead import decode_ahead
 from validator.intake import Candidate, Screened, reason_text
 from validator.ratings import Ratings
 from validator.scoring import (
@@ -254,18 +258,17 @@ class RoundPipeline:
         established sent one): a majority of fresh or newly established keys must not move the
         reference that decides whether the honest updates are "99x the median" or free riders."""
         offset = secret.sketch_offset(self.cfg.sketch_stride)
+        out = [Assessment(c) for c in candidates]
         first: dict[str, Assessment] = {}  # payload hash -> its first submission
-        out: list[Assessment] = []
+        for a in out:
+            first.setdefault(a.candidate.header.payload_sha256, a)  # later exact copies: judged with it below
         directions: StateDict | None = None  # sum of update / norm
-        for c in candidates:
-            out.append(a := Assessment(c))
-            if c.header.payload_sha256 in first:
-                continue  # an exact copy: judged with its original below
-            first[c.header.payload_sha256] = a
-            update = self._measure(a, offset)
+        # the next payloads decode on their own threads while this one is measured (decodeahead.py)
+        for a, decoded in decode_ahead(self._decoded, list(first.values()), self.cfg.decode_ahead):
+            update = self._measure(a, offset, decoded)
             if update is not None and a.norm > 0:
                 directions = _accumulate(directions, update, 1.0 / a.norm)
-            del update  # invariant: one decoded update alive at a time
+            del update, decoded  # invariant: one decoded update in use at a time (and `decode_ahead` waiting)
         distinct = [a for a in first.values() if a.problem is None]
         median = gate_median([(a.sender, a.norm) for a in distinct], reference or NormReference())
         for a in distinct:
@@ -288,12 +291,16 @@ class RoundPipeline:
                 copies[h] = tuple(other for other in hashes if other != h)
         return copies
 
-    def _measure(self, a: Assessment, offset: int) -> StateDict | None:
-        """Decode, norm and sketch one payload; the update, or None with `a.problem` set."""
+    def _decoded(self, a: Assessment) -> StateDict:
+        """`a`'s update: from the spill if it is there, else decoded from its payload."""
+        update = self.spill.get(a.candidate.header.payload_sha256)
+        return self.decode(a.candidate.payload) if update is None else _on(update, self.device)
+
+    def _measure(self, a: Assessment, offset: int, decoded: Future[StateDict]) -> StateDict | None:
+        """Norm and sketch one decoded payload; the update, or None with `a.problem` set."""
         key = a.candidate.header.payload_sha256
         try:
-            update = self.spill.get(key)
-            update = self.decode(a.candidate.payload) if update is None else _on(update, self.device)
+            update = decoded.result()
         except ProtocolError as exc:
             a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
             return None

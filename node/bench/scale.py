@@ -68,6 +68,7 @@ from validator.core import RoundReport, Validator
 from validator.gauntlet import RoundPipeline, Standing
 from validator.intake import Submission, payload_size
 from validator.ratings import RatingRecord, Ratings
+from validator.spill import DecodedSpill
 
 log = logging.getLogger(__name__)
 HOME_PRESET = "qwen2.5-0.5b-home-gpu"
@@ -432,6 +433,14 @@ class Bench:
             (Validator, "_step", "outer_step"),
             (pulsesync, "encode", "sync_encode"),
             (Validator, "_commit", "commit"),
+            (Validator, "_adopt", "adopt"),
+            (validator_core, "state_hash", "state_hash"),
+            (validator_core, "build_evidence", "evidence"),
+            (RoundPipeline, "mark_copies", "mark_copies"),
+            (RoundPipeline, "rate", "rate"),
+            (RoundPipeline, "__init__", "pipeline_setup"),
+            (DecodedSpill, "put", "spill_put"),
+            (DecodedSpill, "close", "spill_close"),
             (type(evaluator), "load", "load"),
             (type(evaluator), "loss", "forward"),
         ]
