@@ -9,6 +9,7 @@ Files:
 - `intake.py`     cheap checks before decoding: signature, run, round, replay, duplicate, base hash, size, digest
                   (`check_header`: those a header fails before its body is read, for the node's intake)
 - `scoring.py`    the `Evaluator` interface, loss gains before/after an evaluation step, indicator, copy sketches
+- `sketchmatch.py` two copy sketches compared in one merge pass (shared positions, dot product)
 - `ratings.py`    persistent OpenSkill Plackett-Luce ratings, one match per round, missing/invalid rank last
 - `gauntlet.py`   `RoundPipeline`: a round's whole decision (inspect, evaluate, copies, rate, select), the aggregate
 - `decodeahead.py` the round's next payloads decoded on their own threads while one is inspected

@@ -36,6 +36,7 @@ any decoded update.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
@@ -47,6 +48,7 @@ import numpy as np
 
 from protocol.identity import Identity, verify_signature
 from protocol.state import State
+from validator.sketchmatch import shared_and_dot
 
 Batch = Any  # opaque to the validator: whatever the node's batch function returns
 BatchFn = Callable[[int], Batch]  # batch seed -> batch of the run's training split
@@ -211,15 +213,24 @@ class Sketch:
 
     def overlap(self, other: Sketch) -> float:
         """Shared nonzero positions over the smaller update's count (0 when either is empty)."""
-        smaller = min(len(self.positions), len(other.positions))
-        if smaller == 0:
-            return 0.0
-        return len(np.intersect1d(self.positions, other.positions, assume_unique=True)) / smaller
+        return self.compare(other)[0]
 
     def cosine(self, other: Sketch) -> float:
-        _, mine, theirs = np.intersect1d(self.positions, other.positions, assume_unique=True, return_indices=True)
-        norms = float(np.linalg.norm(self.values)) * float(np.linalg.norm(other.values))
-        return float(self.values[mine] @ other.values[theirs]) / norms if norms > 0 else 0.0
+        """Dot product on the shared positions over the product of both sketches' whole norms."""
+        return self.compare(other)[1]
+
+    def compare(self, other: Sketch) -> tuple[float, float]:
+        """(`overlap`, `cosine`) with `other`, from one merge of the sorted positions (sketchmatch.py)."""
+        smaller = min(len(self.positions), len(other.positions))
+        if smaller == 0:
+            return 0.0, 0.0
+        shared, dot = shared_and_dot(self.positions, self.values, other.positions, other.values)
+        norms = self.norm * other.norm
+        return shared / smaller, dot / norms if norms > 0 else 0.0
+
+    @functools.cached_property
+    def norm(self) -> float:
+        return float(np.linalg.norm(self.values))
 
 
 @dataclass(frozen=True)
@@ -245,11 +256,18 @@ def copy_groups(items: Sequence[tuple[str, Sketch]], overlap: float, cosine: flo
             i = parent[i]
         return i
 
+    first: dict[str, int] = {}  # payload hash -> its first position: exact copies are compared once
     for j, (later_hash, later) in enumerate(items):
-        for i in range(j):
-            earlier_hash, earlier = items[i]
-            if earlier_hash == later_hash or (earlier.overlap(later) >= overlap and earlier.cosine(later) >= cosine):
+        if later_hash in first:
+            parent[root(j)] = root(first[later_hash])
+            continue
+        for i in first.values():
+            if root(i) == root(j):
+                continue  # already one group: the comparison would change nothing
+            shared, cos = items[i][1].compare(later)
+            if shared >= overlap and cos >= cosine:
                 parent[root(j)] = root(i)
+        first[later_hash] = j
     groups: dict[int, list[int]] = {}
     for i in range(len(items)):
         groups.setdefault(root(i), []).append(i)
