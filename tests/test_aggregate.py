@@ -14,6 +14,7 @@ from protocol.codec import make_codec
 from protocol.errors import IncompatibleStates, TruncatedPayload
 from protocol.state import State
 from tests.tracked import Tracked
+from validator import outer as outer_module
 from validator.aggregate import aggregate, clip_scales, global_norm
 from validator.outer import OuterConfig, OuterOptimizer
 
@@ -119,6 +120,24 @@ def test_matches_torch_sgd(momentum: float, nesterov: bool) -> None:
     for n in master:
         torch.testing.assert_close(outer.master[n], params[n].detach(), rtol=1e-6, atol=1e-6)
     assert outer.steps == 4 and torch.equal(master["w"], master_and_grads(1)[0]["w"])  # the input is not modified
+
+
+@pytest.mark.parametrize("momentum, nesterov", [(0.0, False), (0.9, False), (0.9, True)])
+def test_the_step_in_chunks_is_the_same_bytes(monkeypatch: pytest.MonkeyPatch, momentum: float, nesterov: bool) -> None:
+    """The step runs chunk by chunk (cache-sized float64 temporaries): chunks of 5 elements, which
+    split every tensor unevenly, give the bytes of one chunk per tensor, step after step."""
+    master, grads = master_and_grads(3)
+    cfg = OuterConfig(lr=0.7, momentum=momentum, nesterov=nesterov)
+    whole = OuterOptimizer(cfg, master)
+    for grad in grads:
+        whole.step(grad)
+    monkeypatch.setattr(outer_module, "CHUNK", 5)
+    chunked = OuterOptimizer(cfg, master)
+    for grad in grads:
+        chunked.step(grad)
+    for n in master:
+        assert torch.equal(whole.master[n], chunked.master[n]) and torch.equal(whole.momentum[n], chunked.momentum[n])
+    assert not torch.equal(chunked.master["w"], master["w"])  # it moved
 
 
 def test_state_round_trip_and_rejections() -> None:

@@ -313,7 +313,7 @@ def role_seconds(log: EventLog) -> dict[str, dict[str, float]]:
     whole step. A phase no event reported is left out."""
     submitted, closed = log.events(Submitted), log.events(RoundClosed)
     patches = [r.event for r in log.of(PatchApplied) if r.role == "miner"]
-    phases = {
+    phases: dict[str, dict[str, list[float | None]]] = {
         "miner": {
             "step": [e.step_seconds for e in submitted],
             "compress": [e.compress_seconds for e in submitted],
