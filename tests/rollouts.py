@@ -32,6 +32,9 @@ class Workers:
             peer = self.peers[worker.public_hex] = self.network.join(
                 worker, self.root / worker.public_hex[:8], role="follower"
             )
+        # a worker made this batch from W_r, so its node read the validator's result of round r-1:
+        # the storages learn where the run is from such reads (records of far rounds are refused)
+        self.network.budget.learn_head(max(batch.round - 1, 0))
         data = rollouts.encode(batch) if data is None else data
         peer.hold(peer.store.put(data), batch.round, "other")
         await peer.heartbeat(batch.round, batch.state_hash)

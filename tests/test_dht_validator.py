@@ -184,6 +184,7 @@ def test_a_key_keeps_a_bounded_number_of_open_signers_and_always_the_validators(
 
 def test_one_signer_keeps_its_newest_rounds_only() -> None:
     budget = StoreBudget(RULES, max_per_signer=4)
+    budget.learn_head(10)
     me = Identity.generate()
     for r in range(10):
         assert _admit(budget, sign_for(me, beat(me, r), 60))
@@ -197,17 +198,17 @@ def test_open_records_of_fresh_keys_stay_within_the_byte_budget() -> None:
     budget = StoreBudget(RULES, max_open_bytes=20_000)
     evicted: list[tuple[bytes, bytes]] = []
     first_full: int | None = None
-    for r in range(200):
-        me = Identity.generate()
+    for i in range(200):  # no head known: the run's first rounds (far ones are refused)
+        me, r = Identity.generate(), i % 5
         signed = sign_for(me, beat(me, r), 60)
         admitted = budget.admit(dht_key_id(RUN, "heartbeat", r), me.public_key, signed.to_bytes(), signed.expires_at)
         assert admitted.stored
         if admitted.evict and first_full is None:
-            first_full = r
+            first_full = i
         evicted += admitted.evict
     assert budget.bytes <= 20_000 and len(budget) < 200
-    assert first_full is not None  # no head known: the highest round stored so far goes first
-    assert evicted[0] == (dht_key_id(RUN, "heartbeat", first_full - 1), evicted[0][1])
+    assert first_full is not None  # the round farthest from the run's start goes first
+    assert evicted[0] == (dht_key_id(RUN, "heartbeat", 4), evicted[0][1])
     for r in range(50):  # the validator's records are outside the budget: a flood never pushes them out
         assert _admit(budget, sign_for(VALIDATOR, beat(VALIDATOR, 1000 + r), 60))
     assert budget.bytes <= 20_000

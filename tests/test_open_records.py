@@ -61,11 +61,15 @@ def test_records_for_rounds_beyond_the_head_are_refused() -> None:
 
 
 def test_a_storage_told_the_head_by_its_node_refuses_far_rounds() -> None:
-    """A storage that stored no validator record knows no head and keeps any round; told the head its
-    node read (`PulseDHT.get`), it refuses what lies beyond it, and a lower round told later changes nothing."""
+    """A storage that has seen no validator record takes the run's start (round 0) for the head: it keeps
+    the first rounds and refuses far ones (before, any round, so a flood filled future keys in advance);
+    told the head its node read (`PulseDHT.get`), it keeps the rounds near that head and refuses what lies
+    beyond it, and a lower round told later changes nothing."""
     budget = StoreBudget(RULES)
     me = Identity.generate()
-    assert admit(budget, sign_for(me, beat(me, 2**40), 60))[0]
+    assert not admit(budget, sign_for(me, beat(me, 2**40), 60))[0]
+    assert not admit(budget, sign_for(me, beat(me, 1 + ROUND_WINDOW), 60))[0]
+    assert admit(budget, sign_for(me, beat(me, ROUND_WINDOW), 60))[0]
     budget.learn_head(10)
     budget.learn_head(2)
     other = Identity.generate()
@@ -85,6 +89,7 @@ def test_open_records_expiring_far_ahead_are_refused_and_nodes_sign_within_the_b
 
 def test_a_flood_of_one_kind_does_not_evict_another() -> None:
     budget = StoreBudget(RULES, max_open_bytes=40_000)
+    budget.learn_head(5)
     worker = Identity.generate()
     rollouts = sign_for(worker, announcement(5), 600)
     assert admit(budget, rollouts)[0]
@@ -100,15 +105,22 @@ def test_a_flood_of_one_kind_does_not_evict_another() -> None:
 
 
 def test_a_flood_for_far_rounds_evicts_itself_before_the_current_round() -> None:
-    """No validator record seen yet (a peer that only serves far keys): the honest record of the current
-    round outlives 10x its quota of heartbeats for future rounds (before, the oldest stored went first)."""
+    """No validator record seen yet (a peer that only serves far keys): a flood of heartbeats for far
+    rounds is refused outright. Within the window of a known head, 10x the quota of heartbeats for the
+    rounds ahead evict each other, never the honest record of the current round (before, the oldest
+    stored went first)."""
     budget = StoreBudget(RULES, max_open_bytes=40_000)
     honest = Identity.generate()
+    assert admit(budget, sign_for(honest, beat(honest, 2), 600))[0]
+    for i in range(50):
+        me = Identity.generate()
+        assert not admit(budget, sign_for(me, beat(me, 10**6 + i), 600))[0]
+    budget.learn_head(5)
     assert admit(budget, sign_for(honest, beat(honest, 5), 600))[0]
     evicted: list[tuple[bytes, bytes]] = []
     for i in range(200):
         me = Identity.generate()
-        evicted += admit(budget, sign_for(me, beat(me, 10**6 + i), 600))[1]
+        evicted += admit(budget, sign_for(me, beat(me, 6 + i % ROUND_WINDOW), 600))[1]
     assert evicted and (dht_key_id(RUN, "heartbeat", 5), honest.public_key) not in evicted
 
 

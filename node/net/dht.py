@@ -248,7 +248,7 @@ class PulseDHT:
     def learn_head(self, round_: int) -> None:
         """Tell this node's storage that the run's validators wrote round `round_` (a record this node
         read and verified): a storage learns the head only from the validator records it is asked to
-        store, and until it knows one it keeps open records of any round (evicting them first). Not
+        store, and until it knows one it takes the run's start for the head (far rounds refused). Not
         waited for: the storage takes it with its next request."""
         self._told_head = max(self._told_head, round_)
         self._call().run_coroutine(functools.partial(dhtprocess.learn_head, round_=round_), return_future=True)

@@ -23,7 +23,8 @@ they are the ones a reader needs), and they are kept even when a key is full; th
 peer the run's head (the highest round they wrote) and who has standing. A storage is asked to
 keep only the records whose keys lie near it, so its own node also tells it the head of every
 validator record it reads (`learn_head`). An open record for a
-round beyond the head + `ROUND_WINDOW`, or expiring more than `OPEN_MAX_TTL` ahead, is refused.
+round beyond the head + `ROUND_WINDOW` (round 0 + `ROUND_WINDOW` while no head is known: every run
+starts there), or expiring more than `OPEN_MAX_TTL` ahead, is refused.
 Open records have totals per peer: at most `max_per_signer` per signer (its lowest rounds go
 first) and the kind's quota, past which the records of the rounds farthest from the head go first
 (future rounds before past ones; a random one of the round, signers without standing first), so
@@ -295,8 +296,14 @@ class StoreBudget:
 
     def _refusal(self, signed: SignedMessage, expires: float, now: float) -> str:
         """Why an open record is refused before anything is evicted for it ("" if it is not)."""
-        if self.head is not None and signed.round > self.head + ROUND_WINDOW:
-            return f"{signed.kind} for round {signed.round}, beyond the head ({self.head}) + {ROUND_WINDOW}"
+        # a storage that has seen no validator record yet takes the head to be the run's start:
+        # every run begins at round 0, and a flood of far rounds stored then would hold those keys
+        # for the hours until the run got there; its own node reads the head as soon as it joins
+        # (`learn_head`), so an honest record of a later round is refused only until then
+        head = 0 if self.head is None else self.head
+        if signed.round > head + ROUND_WINDOW:
+            known = f"the head ({self.head})" if self.head is not None else "the run's start (no head seen yet)"
+            return f"{signed.kind} for round {signed.round}, beyond {known} + {ROUND_WINDOW}"
         if expires > now + OPEN_MAX_TTL + CLOCK_SKEW:
             return f"{signed.kind} expires more than {OPEN_MAX_TTL:.0f}s ahead"
         return ""

@@ -458,8 +458,9 @@ def _beat(round_: int) -> Heartbeat:
 
 def test_a_storage_learns_the_head_from_what_its_node_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A storage learns the run's head only from validator records it is asked to store, so one that
-    holds none kept open records of any round. Its node tells it the head it read: far rounds are
-    then refused there, and a read of a validator's record is what tells it."""
+    holds none knows no head: it takes the run's start for it (far rounds refused, the first rounds
+    kept). Its node tells it the head it read: the rounds near that head are then kept and those
+    beyond refused there, and a read of a validator's record is what tells it."""
     lone = _peer(())
     try:
 
@@ -467,7 +468,8 @@ def test_a_storage_learns_the_head_from_what_its_node_reads(monkeypatch: pytest.
             sybil = Identity.generate()
             return lone.store_signed(sign_for(sybil, _beat(round_), 60)).here
 
-        assert kept_here(500)  # no head known: kept (and evicted first)
+        assert not kept_here(500) and kept_here(ROUND_WINDOW)  # no head known: the run's start
+        assert not kept_here(3 + ROUND_WINDOW)
         lone.learn_head(3)
         assert poll(lambda: not kept_here(4 + ROUND_WINDOW))
         assert kept_here(3 + ROUND_WINDOW)
