@@ -18,7 +18,7 @@ from protocol.signing import SeenCache, open_signed, sign
 from tests.fakeswarm import RUN_ID, make_swarm
 from tests.tracked import Tracked
 from validator.config import GauntletConfig
-from validator.gauntlet import Decision, RoundPipeline
+from validator.gauntlet import Decision, RoundPipeline, round_device
 from validator.intake import RoundContext, Submission, reason_text, screen
 from validator.ratings import Ratings
 from validator.scoring import CopyCandidate, RoundSecret, Sketch, copy_owners
@@ -448,3 +448,16 @@ def test_one_or_two_miners_train(tmp_path: Path, miners: int) -> None:
         assert all(g.assigned_ref == g.random_ref == 0.0 for g in gains)  # no reference at all
     else:
         assert all(g.assigned_ref != g.assigned for g in gains)  # the other's update, not its own
+
+
+def test_a_round_works_on_the_evaluators_device_when_it_has_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a card whose free memory holds the round's states (two BF16 weights, four FP32 updates with
+    two decoded ahead) the round works there; with less it works on the host and says so."""
+    weights = {"w": torch.zeros(1000, dtype=torch.bfloat16)}  # 2 x 2 kB + 4 kB x (3 + 2) = 24 kB
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100_000, 10**9))
+    assert round_device(cuda, weights, 2) == cuda
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20_000, 10**9))
+    assert round_device(cuda, weights, 2) == torch.device("cpu")
+    assert round_device(cuda, weights, 0) == cuda  # nothing decoded ahead: 16 kB
+    assert round_device(torch.device("cpu"), weights, 2) == torch.device("cpu")

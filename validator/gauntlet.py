@@ -43,6 +43,7 @@ with its reason. An expected peer failure is a rejection; an exception out of `r
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,8 @@ from validator.scoring import (
     moving_average,
 )
 from validator.spill import DecodedSpill
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -169,14 +172,15 @@ class RoundPipeline:
         """`previous`: W_{r-1}, whose step to W_r every node knows (None: no such check this round).
 
         The round works where the evaluator's model is (`evaluator.device`, the host when it has
-        none): W_r and W_{r-1} are copied there once, payloads decode there, and every norm,
+        none, or when that device lacks the memory: `round_device`): W_r and W_{r-1} are copied
+        there once, payloads decode there, and every norm,
         sketch, cosine, reference and the aggregate's sum are computed there, so on a GPU no
         decoded update crosses to the host except to be spilled, and the evaluator loads each
         update from device memory. The aggregate comes back to the host for the outer step. The
         norms and the aggregate are exact float64 sums in a fixed order (aggregate.py): the same
         bits on every device."""
         self.cfg, self.evaluator, self.batch_fn = cfg, evaluator, batch_fn
-        self.device = torch.device(getattr(evaluator, "device", "cpu"))
+        self.device = round_device(torch.device(getattr(evaluator, "device", "cpu")), weights, cfg.decode_ahead)
         self.weights = _on(weights, self.device)
         self.previous = None if previous is None else _on(previous, self.device)
         self.codec = build_codec(cfg.codec, cfg.codec_options)
@@ -634,6 +638,25 @@ def support_cosine(update: State, direction: Callable[[str, torch.Tensor], torch
         d = direction(name, sent).double()
         dot, mine, theirs = dot + float(u @ d), mine + float(u @ u), theirs + float(d @ d)
     return dot / math.sqrt(mine * theirs) if mine > 0 and theirs > 0 else 0.0
+
+
+def round_device(device: torch.device, weights: State, ahead: int) -> torch.device:
+    """Where a round works: the evaluator's device if its free memory holds what the round keeps
+    there (W_r and W_{r-1}, and in FP32 the sum of directions, a reference, the update in use and
+    `ahead` decoded ahead), else the host, said in the log. A 24 GB card evaluating a 1.5B model
+    has room for the model, not for those (about 40 GB)."""
+    if device.type != "cuda":
+        return device
+    elements = sum(t.numel() for t in weights.values())
+    needed = 2 * sum(t.numel() * t.element_size() for t in weights.values()) + 4 * elements * (3 + ahead)
+    free, _ = torch.cuda.mem_get_info(device)
+    if free >= needed * 1.1:  # a margin for the evaluator's activations and the allocator's blocks
+        return device
+    log.warning(
+        "the round works on the host: %s has %.1f GiB free, the round would keep %.1f GiB there",
+        device, free / 2**30, needed / 2**30,
+    )  # fmt: skip
+    return torch.device("cpu")
 
 
 def _on(state: State, device: torch.device) -> StateDict:
