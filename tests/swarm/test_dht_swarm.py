@@ -552,19 +552,20 @@ def test_pulse_dht_command_serves_as_bootstrap(swarm: Swarm) -> None:
         maddrs = tuple(line for line in lines if line.startswith("/ip4/127.0.0.1/"))
         assert maddrs, lines
         joined += [_peer(maddrs), _peer(maddrs)]
-        message = header(joined[0].identity, round_=11)
-        joined[0].publish(message, ttl=60)
-        assert [v.message for v in poll(lambda: joined[1].get(SubmissionHeader, 11))] == [message]
 
-        def others_keep_far_round() -> int:  # how many peers besides the writer keep a round-1000 record
+        def others_keep(round_: int) -> int:  # how many peers besides the writer keep a record of `round_`
             sybil = Identity.generate()
-            return joined[0].store_signed(sign_for(sybil, _beat(1000), 60)).others
+            return joined[0].store_signed(sign_for(sybil, _beat(round_), 60)).others
 
-        assert others_keep_far_round() >= 1  # nobody knows the head yet: kept (and evicted first)
+        message = header(joined[0].identity, round_=2)  # nobody knows the head yet: the run's start
+        joined[0].publish(message, ttl=60)
+        assert [v.message for v in poll(lambda: joined[1].get(SubmissionHeader, 2))] == [message]
+        assert others_keep(1000) == 0 and others_keep(20) == 0  # far from the start: refused everywhere
         joined[0].store_signed(sign_for(VALIDATOR, run_head(open_round=20), 60))  # the validator's, relayed
         assert poll(lambda: joined[1].get(RunHead, HEAD_ROUND))  # this reader learns the head by reading it
-        # the bootstrap reads the head on its own every few seconds: then no peer but the writer keeps it
-        assert poll(lambda: others_keep_far_round() == 0, timeout=20)
+        # the bootstrap reads the head on its own every few seconds: then both keep the head's rounds
+        assert poll(lambda: others_keep(20) == 2, timeout=20)
+        assert others_keep(1000) == 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
