@@ -152,15 +152,10 @@ def _open_records(run_id: str, round_: int, me: Identity) -> list[WireModel]:
     ]
 
 
-HEAD_LEARNT_ROUNDS = 2  # rounds after which every storage has held a validator record (the head)
-
-
 async def dht_future(peer: P2PPeer, round_: int) -> Played:
-    """Far-round records and 20-hour records of the current round from fresh keys. The expiry bound
-    holds at every storage from the start; the round bound at a storage that has learnt the head from
-    a validator's records, which every storage of a small swarm has after `HEAD_LEARNT_ROUNDS` rounds
-    (before, a storage keeps far rounds but evicts them first, `node/net/records.py`): far rounds kept
-    before then are reported, not counted as a breach."""
+    """Far-round records and 20-hour records of the current round from fresh keys. Both bounds hold at
+    every storage from the start: one that has not yet learnt the head from a validator's records takes
+    the run's start for it (`node/net/records.py`), so a far round kept anywhere, in any round, is a breach."""
     far_records: list[tuple[str, bytes, float, bytes]] = []
     long_records: list[tuple[str, bytes, float, bytes]] = []
     for i in range(FUTURE_KEYS):
@@ -179,12 +174,10 @@ async def dht_future(peer: P2PPeer, round_: int) -> Played:
             )
     kept = await _store_raw(peer, far_records + long_records)  # one store pass, as the DHT flood makes
     far_kept, long_kept = sum(kept[: len(far_records)]), sum(kept[len(far_records) :])
-    judged = far_kept if round_ >= HEAD_LEARNT_ROUNDS else 0
     detail = (
-        f"{long_kept} of {len(long_records)} 20-hour and {far_kept} of {len(far_records)} far-round open records "
-        f"kept{'' if round_ >= HEAD_LEARNT_ROUNDS else ' (far rounds before the head is learnt: evicted first)'}"
+        f"{long_kept} of {len(long_records)} 20-hour and {far_kept} of {len(far_records)} far-round open records kept"
     )
-    return Played("dht", "refused" if not (long_kept or judged) else "breached", detail)
+    return Played("dht", "refused" if not (long_kept or far_kept) else "breached", detail)
 
 
 async def dht_evict(peer: P2PPeer, round_: int) -> Played:
