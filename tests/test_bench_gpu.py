@@ -102,3 +102,20 @@ def test_device_paths_match_the_host_paths_on_the_small_pair() -> None:
         "sparseloco_decode_same_as_host": True,
         "pulseloco_decode_same_as_host": True,
     }
+
+
+def test_a_budget_skips_the_round_of_16_and_the_swarm(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lent GPU has minutes: past `--budget-seconds` the round of 16 is skipped (the round of 8 and
+    its figures kept, the skip named), and a swarm with under a minute left is not started."""
+    tiny = {**gpu.SMALL, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "vocab_size": 512}
+    monkeypatch.setattr(gpu, "SMALL", tiny)
+    started: list[list[str]] = []
+    monkeypatch.setattr(gpu.subprocess, "run", lambda cmd, **_: started.append(cmd))
+    argv = ["bench", "gpu", "--json", "--device", "cpu", "--repeat", "1", "--miners", "1", "--budget-seconds", "1"]
+    assert main(argv) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["validator_seconds_8"] > 0 and "validator_seconds_16" not in s and s["validator_rounds_skipped"] == [16]
+    assert s["swarm_skipped"] == "budget spent" and s["swarm_rounds"] == 0 and not started
+    assert "errors" not in s

@@ -13,7 +13,9 @@ One command for a lent GPU: `pulse bench gpu --json` measures, on CUDA when ther
 - a swarm of `--swarm-rounds` rounds on this one device (`pulse demo --device ...`, separate
   processes on loopback): how many rounds closed and whether every node ended on one state hash.
 
-Without a GPU (or with `--small`) the same run measures a clearly smaller model of the same
+`--budget-seconds` fits the check to a lent GPU's minutes: the round of 16 is skipped once the
+round of 8 has spent the budget, and the swarm gets what is left (none under a minute); each part
+that ran still reports. Without a GPU (or with `--small`) the same run measures a clearly smaller model of the same
 architecture on the CPU (`SMALL`, about 1.6M parameters, seeded; the swarm is the embedded
 default) and says so in `note`: the figures then check the machinery, not the targets.
 The JSON object holds at least `device`, `sync_*_gbps`, `plain_*_gbps`,
@@ -86,6 +88,9 @@ class Options(BaseModel):
     """give the swarm up after this many s"""
     miners: int = Field(default=2, ge=1)
     """miners that train in the validator rounds"""
+    budget_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """the whole check's time (a lent GPU's minutes): the round of 16 is skipped once the round of 8
+    has spent it, and the swarm gets what is left, or is skipped under a minute (0: no limit)"""
     cache_dir: Path | None = None
     """trace cache ($PULSE_CACHE_DIR)"""
     seed: int = 0
@@ -110,10 +115,17 @@ def run(options: Options) -> BenchResult:
             if device.type != "cpu":
                 _stage(summary, "same_as_host", lambda: _same_as_host(old, new, options.seed))
             del old, new, pair
-        _stage(summary, "rounds", lambda: _scale_figures(options, device, small, Path(tmp)))
-        _stage(summary, "swarm", lambda: _swarm_figures(options, device, small, Path(tmp)))
+        _stage(summary, "rounds", lambda: _scale_figures(options, device, small, Path(tmp), left(started, options)))
+        _stage(summary, "swarm", lambda: _swarm_figures(options, device, small, Path(tmp), left(started, options)))
     summary["seconds"] = time.perf_counter() - started
     return BenchResult(summary, _tables(summary))
+
+
+def left(started: float, options: Options) -> float | None:
+    """Seconds of `--budget-seconds` still left (None: no budget)."""
+    if not options.budget_seconds:
+        return None
+    return options.budget_seconds - (time.perf_counter() - started)
 
 
 def _stage(summary: dict[str, Any], name: str, measure: Callable[[], Any]) -> Any:
@@ -225,20 +237,25 @@ def _same_as_host(old: StateDict, new: StateDict, seed: int) -> dict[str, bool]:
     return figures
 
 
-def _scale_figures(options: Options, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
-    """Validator rounds of 8 and 16 and a miner's round (scale.py), at the preset's settings on a GPU."""
+def _scale_figures(
+    options: Options, device: torch.device, small: bool, tmp: Path, budget: float | None = None
+) -> dict[str, Any]:
+    """Validator rounds of 8 and 16 and a miner's round (scale.py), at the preset's settings on a GPU;
+    with a `budget` (seconds left), the round of 16 is skipped once it is spent."""
     model_dir = None
     if small:
         model_dir = tmp / "small-model"
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(SMALL))
-    s = _scale_summary(device, options.miners, model_dir)
+    s = _scale_summary(device, options.miners, model_dir, max(budget, 1.0) if budget is not None else 0.0)
     by_size = {r["submissions"]: r for r in s["rounds"]}
-    return {
-        "validator_seconds_8": by_size[8]["seconds_at_preset"],
-        "validator_seconds_16": by_size[16]["seconds_at_preset"],
+    out: dict[str, Any] = {
+        f"validator_seconds_{n}": r["seconds_at_preset"] for n, r in by_size.items()
+    }  # a skipped round leaves its figure out
+    return out | {
         "validator_seconds_run": {n: r["seconds_run"] for n, r in by_size.items()},
         "validator_steps": {n: {k: v["seconds"] for k, v in r["steps"].items()} for n, r in by_size.items()},
+        "validator_rounds_skipped": s.get("skipped_rounds", []),
         "miner_seconds_per_round": s["miner_seconds_per_round"],
         "validator_keeps_up": by_size[8]["seconds_at_preset"] < s["miner_seconds_per_round"],
         "rounds_scaled_to_preset": s["scaled"],
@@ -246,24 +263,34 @@ def _scale_figures(options: Options, device: torch.device, small: bool, tmp: Pat
     }
 
 
-def _scale_summary(device: torch.device, miners: int, model_dir: Path | None) -> dict[str, Any]:
+def _scale_summary(device: torch.device, miners: int, model_dir: Path | None, budget: float = 0.0) -> dict[str, Any]:
     """scale.py's summary of validator rounds of 8 and 16 submissions, `miners` of them trained."""
-    flags = {"device": device.type, "miners": miners, "submissions": "8,16", "model_dir": model_dir}
+    flags = {
+        "device": device.type, "miners": miners, "submissions": "8,16", "model_dir": model_dir,
+        "budget_seconds": budget,
+    }  # fmt: skip
     return scale.run(scale.Options.model_validate(flags)).summary
 
 
-def _swarm_figures(options: Options, device: torch.device, small: bool, tmp: Path) -> dict[str, Any]:
-    """`pulse demo` on this device for `--swarm-rounds` rounds: rounds closed, hashes agree."""
+def _swarm_figures(
+    options: Options, device: torch.device, small: bool, tmp: Path, budget: float | None = None
+) -> dict[str, Any]:
+    """`pulse demo` on this device for `--swarm-rounds` rounds: rounds closed, hashes agree; within
+    `budget` seconds if given (skipped under a minute)."""
     if options.swarm_rounds <= 0:
         return {"swarm_rounds": 0, "swarm_hashes_agree": None, "swarm_skipped": True}
+    timeout = options.swarm_timeout if budget is None else min(options.swarm_timeout, budget - 30)
+    if budget is not None and timeout < 60:
+        log.warning("pulse bench gpu: the swarm skipped, %.0f s of the budget left", budget or 0)
+        return {"swarm_rounds": 0, "swarm_hashes_agree": None, "swarm_skipped": "budget spent"}
     out = tmp / "swarm"
     cmd = [sys.executable, "-m", "node", "demo", "--rounds", str(options.swarm_rounds), "--miners", "2"]
-    cmd += ["--out", str(out), "--device", device.type, "--timeout", str(options.swarm_timeout)]
+    cmd += ["--out", str(out), "--device", device.type, "--timeout", f"{timeout:.0f}"]
     if not small:
         cmd += ["--config", str(preset(SWARM_PRESET))]
     started = time.perf_counter()
     with contextlib.suppress(subprocess.TimeoutExpired):  # what it wrote so far still says how far it got
-        subprocess.run(cmd, capture_output=True, timeout=options.swarm_timeout + 60, check=False)
+        subprocess.run(cmd, capture_output=True, timeout=timeout + 30, check=False)
     seconds = time.perf_counter() - started
     try:
         report = json.loads((out / "summary.json").read_text())
