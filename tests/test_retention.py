@@ -71,6 +71,7 @@ def test_a_node_that_runs_for_many_rounds_keeps_a_bounded_store(tmp_path: Path) 
             if r % 2 == 0:
                 peer.hold(peer.store.put(f"checkpoint {r}".encode()), r, "checkpoint")
             peer.store.put(f"payload {r}".encode())  # a miner's own payload, untagged
+            net.budget.learn_head(r)  # the node read the validator's result of round r (storages refuse far rounds)
             await peer.heartbeat(r + 1, None)
 
     asyncio.run(main())
