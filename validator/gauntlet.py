@@ -245,12 +245,9 @@ class RoundPipeline:
     def update_of(self, a: Assessment) -> StateDict:
         """`a`'s decoded update: read back from the spill, else its payload (read only then) decoded
         and spilled."""
-        digest = a.candidate.header.payload_sha256
-        update = self.spill.get(digest)
-        if update is None:
-            update = self.decode(a.candidate.payload)
-            self.spill.put(digest, update)
-        return _on(update, self.device)
+        update = self._decoded(a)
+        self.spill.put(a.candidate.header.payload_sha256, update)  # a no-op when it came from the spill
+        return update
 
     def inspect(
         self, candidates: Sequence[Candidate], secret: RoundSecret, reference: NormReference | None = None

@@ -225,9 +225,7 @@ def _same_as_host(old: StateDict, new: StateDict, seed: int) -> dict[str, bool]:
     host_old, host_new = _on(old, torch.device("cpu")), _on(new, torch.device("cpu"))
     figures = {"sync_patch_same_as_host": pulsesync.encode(old, new) == pulsesync.encode(host_old, host_new)}
     del host_new
-    gen = torch.Generator().manual_seed(seed)
-    device = next(iter(old.values())).device
-    delta = {n: (torch.randn(t.shape, generator=gen) * locospeed.DELTA_STD).to(device) for n, t in old.items()}
+    delta = locospeed.speed_delta(old, next(iter(old.values())).device, seed)
     for name, codec_options in locospeed.SPEED_CODECS.items():
         codec = make_codec(name, **codec_options)
         payload, _, _ = codec.compress(delta, None, old)

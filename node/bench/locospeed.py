@@ -212,10 +212,15 @@ def run_speed(
     return _speed_result(model, device, sum(t.numel() for t in weights.values()), rows)
 
 
+def speed_delta(weights: State, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
+    """The seeded pseudo-gradient the speed table compresses: normal values of `DELTA_STD`."""
+    gen = torch.Generator().manual_seed(seed)
+    return {n: (torch.randn(t.shape, generator=gen) * DELTA_STD).to(device) for n, t in weights.items()}
+
+
 def speed_rows(weights: State, device: torch.device, repeat: int, seed: int) -> dict[str, dict[str, float]]:
     """`measure` of every codec of SPEED_CODECS and of the reference on `weights` (on `device`)."""
-    gen = torch.Generator().manual_seed(seed)
-    delta = {n: (torch.randn(t.shape, generator=gen) * DELTA_STD).to(device) for n, t in weights.items()}
+    delta = speed_delta(weights, device, seed)
     n = sum(t.numel() for t in weights.values())
     rows: dict[str, dict[str, float]] = {}
     for name, options in SPEED_CODECS.items():
