@@ -79,6 +79,18 @@ def test_newcomers_always_keep_their_reserved_seats() -> None:
     assert sum(not s.established for s in a.seats.values()) == 2
 
 
+def test_a_round_waits_for_every_established_key_and_for_newcomers_only_as_many_as_seats() -> None:
+    est, newcomers = keys("established", 5), keys("newcomer", 300)
+    a = admission(est=tuple(est))
+    waited = a.awaited([*est[:4], *newcomers])  # a flood of announcements, and four established keys
+    assert set(est[:4]) <= waited and est[4] not in waited  # who did not announce is not waited for
+    drawn = waited - set(est)
+    assert drawn == set(sorted(newcomers, key=a.ticket)[:4])  # the seats left (8 - 4), by ticket
+    assert a.awaited(newcomers[:1]) == set(newcomers[:1])
+    crowded = admission(est=tuple(keys("established", 10)))
+    assert len(crowded.awaited([*keys("established", 10), *newcomers]) - set(keys("established", 10))) == 2
+
+
 def test_the_byte_budget_bounds_what_is_held_and_established_bytes_come_first() -> None:
     est = keys("established", 2)
     a = admission(capacity=16, budget=1000, est=tuple(est))

@@ -98,6 +98,18 @@ def test_when_a_round_closes() -> None:
     assert not fixed.should_close(30.0, received=3, active=4)
 
 
+def test_announced_newcomers_are_waited_for_only_until_the_others_quorum_and_the_target() -> None:
+    """A newcomer's announcement costs nothing: a flood of them may stop the early close, not hold
+    the round to its deadline, nor move the quorum the others make."""
+    c = clock(min_seconds=1.0, quorum=0.75)
+    c.record([2.0, 2.0, 2.0])  # target 2.5
+    assert not c.should_close(1.5, received=4, active=4, newcomers=8)  # everyone in? not the newcomers
+    assert c.should_close(2.6, received=4, active=4, newcomers=8)  # the quorum of the 4, past the target
+    assert c.should_close(2.6, received=3, active=4, newcomers=8)
+    assert not c.should_close(2.6, received=2, active=4, newcomers=8)
+    assert c.should_close(1.5, received=5, active=4, newcomers=1)  # the newcomer came too: everyone is in
+
+
 def test_the_uplink_sizes_the_payload_to_the_time_left() -> None:
     uplink = Uplink()
     assert uplink.fraction(1.0) == 1.0  # nothing measured yet: the whole payload

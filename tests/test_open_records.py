@@ -15,7 +15,7 @@ from node.net.memory import MemoryNetwork
 from node.net.peer import RunRecords
 from node.net.records import OPEN_MAX_TTL, POLICIES, ROUND_WINDOW, RecordRules, StoreBudget
 from protocol.identity import Identity
-from protocol.messages import Heartbeat, RolloutAnnouncement, RoundResult, ScoredSubmission
+from protocol.messages import Heartbeat, PoolEntry, RolloutAnnouncement, RolloutPool, RoundResult, ScoredSubmission
 from protocol.signing import SignedMessage, sign
 from tests.helpers import commitments
 
@@ -154,6 +154,25 @@ def test_a_full_key_takes_a_fresh_signer_and_keeps_those_with_standing() -> None
         me = Identity.generate()
         _, evict = admit(budget, sign_for(me, beat(me, 8), 600))
         assert established.public_key not in {owner for _, owner in evict}
+
+
+def test_a_worker_whose_rollouts_the_pool_took_keeps_its_announcements_through_a_flood() -> None:
+    """Rollout announcements are how the pool finds batches: a worker the validator's pool took has
+    standing, so a flood of fresh announcers displaces one of theirs, never the worker's."""
+    small = {**POLICIES, "rollouts": replace(POLICIES["rollouts"], max_signers=4)}
+    budget = StoreBudget(RecordRules(RUN, (VALIDATOR.public_hex,), policies=small))
+    worker = Identity.generate()
+    h = hashlib.sha256(b"batch").hexdigest()
+    pool = RolloutPool(
+        run_id=RUN, round=5, entries=(PoolEntry(worker=worker.public_hex, round=4, blob_sha256=h, blob_size=100),),
+        rejections=(),
+    )  # fmt: skip
+    assert admit(budget, sign_for(VALIDATOR, pool, 60))[0]
+    assert admit(budget, sign_for(worker, announcement(6), 600))[0]
+    for _ in range(60):
+        me = Identity.generate()
+        stored, evict = admit(budget, sign_for(me, announcement(6), 600))
+        assert stored and worker.public_key not in {owner for _, owner in evict}
 
 
 def test_an_honest_heartbeat_is_readable_after_256_sybils_filled_its_key(tmp_path: Path) -> None:

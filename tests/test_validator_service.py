@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from pathlib import Path
 
 from node.events import Events
-from node.net.memory import MemoryNetwork
+from node.net.dht import sign_for
+from node.net.memory import MemoryNetwork, memory_peer_id
 from node.roles.hooks import HeldOut
 from node.roles.intake import RoundIntake, terms_of
 from node.roles.records import run_records
@@ -19,7 +22,7 @@ from node.run.task import task_for
 from protocol.assignment import Assignment
 from protocol.codec import default_max_bytes
 from protocol.identity import Identity
-from protocol.messages import SubmissionHeader
+from protocol.messages import Heartbeat, SubmissionHeader
 
 
 def _header(setup: RunSetup, service: ValidatorService, size: int, sender: str, **claims: str) -> SubmissionHeader:
@@ -76,6 +79,27 @@ def test_base_state_codec_and_data_digest_are_refused_from_the_header(tmp_path: 
         refusal = service.intake.accept(_header(setup, service, 100, miner, **{field_name: value}))
         assert refusal is not None and refusal.startswith(reason), (field_name, refusal)
     assert service.intake.admission.offered == 0  # refused before admission: no seat, no bytes reserved
+
+
+def test_a_flood_of_announced_newcomers_neither_moves_the_quorum_nor_fills_the_wait(tmp_path: Path) -> None:
+    """Heartbeats are open records: 300 fresh keys announcing themselves as miners of the round are
+    waited for only as newcomers, as many as seats, and the quorum counts the miners the round knows."""
+    setup, service = _service(tmp_path)
+    _open(service)
+    network = service.peer.network  # type: ignore[attr-defined]
+    senders = {Identity.generate().public_hex for _ in range(3)}
+    service.previous_senders = senders
+    for _ in range(300):
+        me = Identity.generate()
+        beat = Heartbeat(
+            run_id=setup.run_id, round=service.round, role="miner", peer_id=memory_peer_id(me, 1),
+            state_hash=None, blobs=(), sent_at=int(time.time()),
+        )  # fmt: skip
+        network.store(sign_for(me, beat, 600))
+    assert len(network.get(Heartbeat, service.round)) >= 200
+    active, newcomers = asyncio.run(service.awaited())
+    assert active == senders
+    assert 0 < len(newcomers) <= service.intake.rules.capacity and not newcomers & senders
 
 
 def test_round_metrics_carry_the_loss_bytes_and_standings_within_bounds(tmp_path: Path) -> None:

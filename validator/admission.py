@@ -4,6 +4,7 @@
     verdict = admission.offer(sender, payload_size)   # a header arrived: seated, or refused with a reason
     refusal = admission.arrive(sender)                # its body arrived: kept, or why not any more
     unseated = admission.expire()                     # seats whose body is overdue, freed with their bytes
+    waited = admission.awaited(announced)             # of the keys announced for the round, those to wait for
 
 Every check a header passes (signature, run, round, sizes) uses public facts, so a thousand fresh
 keys pass them as easily as one honest miner. Arrival order must not decide either: the first
@@ -36,6 +37,12 @@ Seats whose body has not arrived within `body_deadline` of the first offer (the 
 needs them or the caller asks (`expire`), with that reason: a header alone holds nothing for long.
 Its sender cannot take a seat again this round.
 
+Who a round waits for is decided the same way. Announcements (open DHT heartbeats) cost nothing
+to sign, so `awaited` counts every established key that announced itself but newcomers only up to
+the seats they could hold, lowest tickets first: a flood of announcements can hold a round open
+no longer than a full set of newcomer seats that never send (until the quorum and its target close
+it), where counting them all would keep every round open to its deadline.
+
 Memory is O(seats): nothing is kept about a refused header. Every refusal and every unseating
 has a reason: refusals go back to the sender on the stream; unseatings (a newcomer displaced,
 perhaps after its body arrived) are returned to the caller, which drops the payload and reports it.
@@ -45,7 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -116,6 +123,15 @@ class Admission:
 
     def ticket(self, sender: str) -> int:
         return int.from_bytes(hashlib.sha256(self.secret + sender.encode()).digest(), "big")
+
+    def awaited(self, announced: Iterable[str]) -> set[str]:
+        """Of the keys that announced themselves for this round, those the round waits for: every
+        established one, and as many newcomers as seats could take, lowest tickets first."""
+        keys = set(announced)
+        ours = {k for k in keys if k in self.established}
+        room = max(self.rules.capacity - len(ours), self.rules.newcomer_seats)
+        newcomers = sorted(keys - ours, key=self.ticket)[: max(room, 0)]
+        return ours | set(newcomers)
 
     @property
     def held_bytes(self) -> int:

@@ -14,7 +14,8 @@ Every record kind has a row in `POLICIES`:
 - `max_value_bytes`: the largest record of the kind (each kind's worst case fits, see the tests);
 - `max_signers`: how many open signers (not validators) one key keeps, so a `get` returns a
   bounded answer; once full, a new signer replaces one drawn at random among those without
-  standing (keys a validator's round result aggregated lately), never a key's first comers for good;
+  standing (keys a validator's round result aggregated, or whose rollouts its pool took, lately),
+  never a key's first comers for good;
 - `open_share`: the share of a peer's `max_open_bytes` the open kind may fill, so a flood of one
   kind (heartbeats) cannot evict another (rollout announcements).
 
@@ -192,7 +193,8 @@ class StoreBudget:
     calls `admit` before keeping a new (key, owner) record, drops what `evict` names, and calls
     `forget` when it drops one itself. Entries that expired are purged when a bound is hit. What
     it learns of the run comes from the validators' records it is asked to store: the head (the
-    highest round they wrote) and the keys with standing (those their round results aggregated).
+    highest round they wrote) and the keys with standing (the miners their round results aggregated,
+    the inference workers their rollout pools took).
     """
 
     def __init__(
@@ -281,14 +283,16 @@ class StoreBudget:
         if signed.kind == "head":
             return  # stored at one fixed round, not the round the run is at
         self.head = signed.round if self.head is None else max(self.head, signed.round)
-        if signed.kind != "round_result":
+        if signed.kind not in ("round_result", "rollout_pool"):
             return
         try:
-            result = open_parsed(signed, run_id=self.rules.run_id).message
+            message = open_parsed(signed, run_id=self.rules.run_id).message
         except ProtocolError:
             return
-        for aggregated in getattr(result, "selected", ()):
-            owner = bytes.fromhex(aggregated.sender)
+        # a miner the round aggregated, an inference worker whose batch the pool took: work done
+        miners = [a.sender for a in getattr(message, "selected", ())]
+        for key in miners + [e.worker for e in getattr(message, "entries", ())]:
+            owner = bytes.fromhex(key)
             self.standing.pop(owner, None)
             self.standing[owner] = signed.round
         while len(self.standing) > MAX_STANDING_KEYS:

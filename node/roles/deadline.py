@@ -6,7 +6,8 @@
     clock.record([2.1, 2.4, 3.0, 9.7], active=5)     # a closed round's arrival times (seconds after its open)
 
 Both modes close at `deadline_seconds` at the latest, never before `min_seconds`, and as soon as
-every active miner (announced for the round, or a sender of the last one) has submitted.
+every active miner (announced for the round, or a sender of the last one) has submitted. A miner
+without standing that announced itself is waited for only that long: the quorum counts the others.
 
 - fixed: nothing else; the target miners aim for is the deadline.
 - adaptive: over the last `history_rounds` rounds, with A_r the arrival times of round r's quorum,
@@ -71,13 +72,15 @@ class RoundClock:
     def quorum(self, active: int) -> int:
         return max(1, math.ceil(self.timing.quorum * active))
 
-    def should_close(self, elapsed: float, *, received: int, active: int) -> bool:
-        """Whether a round open for `elapsed` seconds, with `received` of `active` miners in, closes now."""
+    def should_close(self, elapsed: float, *, received: int, active: int, newcomers: int = 0) -> bool:
+        """Whether a round open for `elapsed` seconds, with `received` of `active` miners in, closes
+        now; `newcomers` more announced themselves without standing: waited for until the quorum of
+        the others and the target close the round, not beyond (their announcements cost nothing)."""
         t = self.timing
         if elapsed >= t.deadline_seconds:
             return True
         if elapsed < t.min_seconds or received == 0:
             return False
-        if received >= active:
+        if received >= active + newcomers:
             return True
         return self.adaptive and received >= self.quorum(active) and elapsed >= self.target()

@@ -24,8 +24,9 @@ Round r, phase by phase (`Phase`):
    the deadline clock, and it names the target the clock learned, so miners can size their
    payloads) and the run's head;
 2. COLLECTING: until the deadline, or earlier (after `min_seconds`) once every miner that announced
-   itself for r or submitted in r-1 has submitted, or (adaptive deadlines) once a quorum of them has
-   and the learned target has passed: nobody is waited for beyond the deadline;
+   itself for r (established keys, and newcomers only as many as seats: `Admission.awaited`) or
+   submitted in r-1 has submitted, or (adaptive deadlines) once a quorum of them has and the
+   learned target has passed: nobody is waited for beyond the deadline;
 3. CLOSING: close the intake; run the round; store its blobs; hand the result to the standbys
    that announced the round and wait (at most `replicate_seconds`) until one holds what it names
    (`replicas.py`); check no other validator published for r; publish; measure the held-out loss or
@@ -226,13 +227,24 @@ class ValidatorService:
             await asyncio.sleep(self.poll)
             if elapsed < timing.min_seconds or not intake.received:
                 continue
-            announced = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.role == "miner"}
-            active = announced | self.previous_senders | set(intake.received)
+            active, newcomers = await self.awaited()
             self.active = len(active)
             since = self.clock() - intake.opened_at
-            if self.deadline.should_close(since, received=len(intake.received), active=len(active)):
+            received = len(intake.received)
+            if self.deadline.should_close(since, received=received, active=self.active, newcomers=len(newcomers)):
                 return
         log.info("round %d: deadline reached with %d submissions", self.round, len(intake.received))
+
+    async def awaited(self) -> tuple[set[str], set[str]]:
+        """The miners the open round waits for: (senders of the last round and of this one, and the
+        established keys that announced themselves; the newcomers that did, as many as seats, by
+        ticket: `Admission.awaited`). A flood of fresh announcements moves neither the quorum nor
+        the target (`deadline.py`); it can only keep the round from closing before them."""
+        announced = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.role == "miner"}
+        admission = self.intake.admission
+        waited = admission.awaited(announced)
+        active = self.previous_senders | set(self.intake.received) | {k for k in waited if k in admission.established}
+        return active, waited - active
 
     async def _close(self) -> None:
         self.closing = self._where()  # what the head says until the next round opens (the refresher reads it)

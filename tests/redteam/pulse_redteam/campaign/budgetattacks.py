@@ -12,7 +12,10 @@ the RL pool. Each returns what its target did (`netattacks.Played`), never raise
   far rounds (head + 1000 and beyond) and for this round with a 20-hour expiry, stored past the
   attacker's own checks. Refused if no peer kept one.
 - `dht_evict`: 320 fresh keys sign heartbeats of this round (more than a key keeps). Kept if
-  every miner heartbeat a reader found before the flood is still found after it.
+  every heartbeat of a miner with standing (one a validator's round result aggregated) that a
+  reader found before the flood is still found after it. A newcomer's heartbeat may be displaced
+  (at random, as a sybil's is): no round needs it (the validator waits for newcomers by ticket,
+  `Admission.awaited`, and serves every patch itself); the detail counts those too.
 - `rl_unserved`: 40 fresh keys announce rollout batches of this round naming blobs nobody serves
   (played in an RL swarm: the pool must still build every round).
 """
@@ -34,7 +37,14 @@ from node.net.streams import DEFAULT_LIMITS, STREAM_ERRORS, Status, open_stream,
 from node.net.transfer import FETCH
 from protocol.errors import ProtocolError, TransferError
 from protocol.identity import Identity
-from protocol.messages import Heartbeat, RolloutAnnouncement, SubmissionHeader, WireModel
+from protocol.messages import (
+    Heartbeat,
+    RolloutAnnouncement,
+    RoundResult,
+    ScoredSubmission,
+    SubmissionHeader,
+    WireModel,
+)
 from protocol.signing import SignedMessage, sign
 from pulse_redteam.campaign.netattacks import Played, _store_raw
 
@@ -187,14 +197,26 @@ async def dht_evict(peer: P2PPeer, round_: int) -> Played:
     before = await miners() - {peer.identity.public_hex}
     if not before:
         return Played("dht", "skipped", "no miner heartbeat of this round to evict")
+    standing = {s.sender for r in range(max(0, round_ - 8), round_) for s in await _aggregated(peer, r)}
     records = []
     for _ in range(EVICT_KEYS):
         me = Identity.generate()
         records.append(_raw(sign_for(me, _open_records(peer.run_id, round_, me)[0], 600)))
     stored = sum(await _store_raw(peer, records))
     lost = before - await miners()
-    detail = f"{stored} of {EVICT_KEYS} sybil heartbeats stored; {len(lost)} of {len(before)} miners' heartbeats lost"
-    return Played("dht", "kept" if not lost else "breached", detail)
+    needed = before & standing
+    detail = (
+        f"{stored} of {EVICT_KEYS} sybil heartbeats stored; {len(lost & standing)} of {len(needed)} heartbeats of "
+        f"miners with standing lost ({len(lost - standing)} of {len(before - standing)} newcomers')"
+    )
+    if not needed:
+        return Played("dht", "skipped", f"no miner with standing announced this round; {detail}")
+    return Played("dht", "kept" if not lost & needed else "breached", detail)
+
+
+async def _aggregated(peer: P2PPeer, round_: int) -> tuple[ScoredSubmission, ...]:
+    result = await peer.from_validator(RoundResult, round_)
+    return result.selected if result is not None else ()
 
 
 async def rl_unserved(peer: P2PPeer, round_: int) -> Played:
