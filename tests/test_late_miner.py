@@ -57,8 +57,8 @@ def test_a_late_miner_trains_the_next_round_at_once(tmp_path: Path) -> None:
         miner.last_train_seconds = 5.0
         assert not miner._train_ahead_instead(4, time.time() + 60.0, weights)  # in time: round 4 it is
         assert miner._train_ahead_instead(4, time.time() + 1.0, weights)  # would end after round 4's target
-        assert miner.ahead is not None and miner.ahead[0] == 5
-        await miner.ahead[1]  # the steps for round 5, ready when it opens
+        assert miner.ahead is not None and miner.ahead.round == 5
+        await miner.ahead.task  # the steps for round 5, ready when it opens
 
     asyncio.run(main())
     assert [e.round for e in seen if isinstance(e, Late)] == [4]
@@ -78,8 +78,8 @@ def test_a_first_late_join_times_a_step_and_trains_the_next_round(tmp_path: Path
         await announcer.heartbeat(4, state_hash(weights), target_seconds=1.0, sent_at=now - 2)
         await miner._mine(Held(4, weights, state_hash(weights)))
         assert miner.last_train_seconds is not None
-        assert miner.ahead is not None and miner.ahead[0] == 5
-        await miner.ahead[1]
+        assert miner.ahead is not None and miner.ahead.round == 5
+        await miner.ahead.task
 
     asyncio.run(main())
     assert [e.round for e in seen if isinstance(e, Late)] == [4]

@@ -10,10 +10,14 @@ all created here and removed on the way out; needs root, else it says why and st
 - deadlines: whole rounds of real roles (validator at 1 Gbit/s, 20% of the miners at 20 Mbit/s up,
   the rest at 100), once with fixed and once with adaptive deadlines: median round wall time,
   miners aggregated per round, deadline misses, the validator's held-out loss after the same rounds.
-- busy: miners at 50 Mbit/s training ahead (`overlap`, fixed deadlines): the share of wall time they train
-  (`miner_busy_fraction`). Meanwhile `pulse doctor` runs on a newcomer host (20 Mbit/s up, 100
-  down); a miner then starts there, and its join and upload times are compared with the doctor's
-  forecasts (`doctor_max_error`: the largest relative error).
+- busy: miners at 50 Mbit/s training ahead (`overlap`, filling the wait: `train.fill_steps` = H;
+  fixed deadlines): the share of wall time they train (`miner_busy_fraction`). Meanwhile `pulse
+  doctor` runs on a newcomer host (20 Mbit/s up, 100 down); a miner then starts there, and its join
+  and upload times are compared with the doctor's forecasts (`doctor_max_error`: the largest
+  relative error).
+- overlap: the same miners for 2 x `--rounds` rounds three ways: sequential (no overlap), training
+  ahead with H steps, and training ahead filling the wait; each one's busy fraction, round time and
+  final held-out loss (`overlap.fill_loss_vs_sequential`: the filled run's loss over the sequential one's).
 
 `--cpu-only` skips all of that and times the join's CPU phases alone, in this process
 (`joincpu.py`: piece checks, the blob committed, the state loaded, each patch applied).
@@ -70,7 +74,7 @@ class Options(BaseModel):
     """the manifest's round deadline (s)"""
     busy_inner_steps: int = Field(default=48, ge=1)
     """inner steps per round of the busy miners"""
-    skip: list[Literal["joins", "deadlines", "busy"]] = Field(default_factory=list)
+    skip: list[Literal["joins", "deadlines", "busy", "overlap"]] = Field(default_factory=list)
     """parts to skip"""
     prefix: str = Field(default=PREFIX, pattern=r"^[A-Za-z][A-Za-z0-9-]{0,15}$")
     """namespace name prefix (a letter, then letters, digits and hyphens: 16 at most)"""
@@ -108,6 +112,8 @@ def run(options: Options) -> BenchResult:
             summary["deadline_modes"] = {mode: deadline_mode(root / mode, mode, options) for mode in modes}
         if "busy" not in options.skip:
             summary.update(busy_and_doctor(root / "busy", options))
+        if "overlap" not in options.skip:
+            summary["overlap"] = overlap_modes(root / "overlap", options)
     return BenchResult(summary=summary, tables=_tables(summary))
 
 
@@ -190,7 +196,8 @@ def busy_and_doctor(out: Path, options: Options) -> dict[str, Any]:
     hosts = {"validator": netns.Link.both(1000), "newcomer": NEWCOMER}
     hosts |= {f"m{i}": netns.Link(BUSY_MBIT, 1000) for i in range(count)}
     # fixed deadlines: every submission the newcomer makes in time is taken, so its uploads can be timed
-    manifest = links_manifest("fixed", inner_steps=options.busy_inner_steps, deadline=options.deadline, overlap=True)
+    steps = options.busy_inner_steps
+    manifest = links_manifest("fixed", inner_steps=steps, deadline=options.deadline, overlap=True, fill_steps=steps)
     report: dict[str, Any] = {}
 
     def doctor_then_newcomer(swarm: Swarm) -> None:
@@ -213,6 +220,36 @@ def busy_and_doctor(out: Path, options: Options) -> dict[str, Any]:
         "doctor": {"forecast": _forecast_summary(report), "observed": observed, "errors": errors},
         "doctor_max_error": max(errors.values()) if errors else None,
     }
+
+
+def overlap_modes(out: Path, options: Options) -> dict[str, Any]:
+    """Busy fraction, round time and final loss of the same miners trained sequentially, ahead with
+    H steps, and ahead filling the wait (up to 2H steps), over the same rounds."""
+    count, steps = max(2, options.miners - 2), options.busy_inner_steps
+    miners = {f"miner{i}": f"m{i}" for i in range(count)}
+    hosts = {"validator": netns.Link.both(1000)} | {f"m{i}": netns.Link(BUSY_MBIT, 1000) for i in range(count)}
+    modes = {"sequential": (False, 0), "overlap": (True, 0), "fill": (True, steps)}
+    figures: dict[str, Any] = {}
+    for name, (overlap, fill) in modes.items():
+        manifest = links_manifest(  # one fresh batch per inner step: a run that learns, whose loss says something
+            "fixed", inner_steps=steps, deadline=options.deadline, overlap=overlap, fill_steps=fill,
+            assignment_batches=steps,
+        )  # fmt: skip
+        with netns.ShapedNetwork(options.prefix, options.subnet, hosts) as net:
+            done = run_rounds(out / name, net, manifest, miners, 2 * options.rounds)
+        busy = [e.busy_fraction for m in miners for e in done.log.events(Final, m) if e.busy_fraction is not None]
+        sent = [s.step_seconds for m in miners for s in done.log.events(Submitted, m) if s.step_seconds]
+        rounds = round_figures(done)
+        figures[name] = {
+            "busy_fraction": statistics.mean(busy) if busy else None,
+            "round_seconds": rounds["round_seconds"],
+            "final_loss": rounds["final_loss"],
+            "aggregated_per_round": rounds["aggregated_per_round"],
+            "step_seconds": statistics.median(sent) if sent else None,
+        }
+    fill, sequential = figures["fill"]["final_loss"], figures["sequential"]["final_loss"]
+    figures["fill_loss_vs_sequential"] = fill / sequential if fill and sequential else None
+    return figures
 
 
 def _doctor(swarm: Swarm) -> dict[str, Any]:
@@ -303,4 +340,8 @@ def _tables(s: dict[str, Any]) -> list[Any]:
         rows = [["miner busy fraction at 50 Mbit/s", s["miner_busy_fraction"]]]
         rows += [[f"doctor error: {k}", v] for k, v in e.items()]
         out.append(table("busy miners, pulse doctor", ["what", "value"], rows))
+    if "overlap" in s:
+        cols = ["busy_fraction", "round_seconds", "step_seconds", "aggregated_per_round", "final_loss"]
+        rows = [[mode, *(f.get(c) for c in cols)] for mode, f in s["overlap"].items() if isinstance(f, dict)]
+        out.append(table("sequential, ahead, ahead filling the wait (50 Mbit/s)", ["mode", *cols], rows))
     return out

@@ -24,8 +24,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from node.events import Events, mb
@@ -90,6 +91,15 @@ class BusyClock:
         return busy / max(now - self.first, 1e-9)
 
 
+@dataclasses.dataclass(frozen=True)
+class Ahead:
+    """Training for a later round, running: `stop` ends its filling steps (`train.fill_steps`)."""
+
+    round: int
+    task: asyncio.Task[State]
+    stop: threading.Event
+
+
 class Miner:
     def __init__(
         self,
@@ -107,11 +117,11 @@ class Miner:
         self.key = trainer.identity.public_hex
         self.chain = Chain(peer, events, self.key, poll=2 * poll)
         self.clock = BusyClock()
-        self.train_seconds: dict[int, float] = {}  # round -> seconds its inner steps took (until submitted)
+        self.train_seconds: dict[int, tuple[float, int]] = {}  # round -> (seconds, inner steps) until submitted
         self.submitted: set[tuple[int, str, int]] = set()  # (round, validator peer id, its heartbeat's sent_at)
         self.packaged: tuple[int, SignedMessage, Path] | None = None  # this round's signed header and payload
         self.dense_bytes = setup.dense_bytes()
-        self.ahead: tuple[int, asyncio.Task[State]] | None = None  # training for a later round, running
+        self.ahead: Ahead | None = None  # training for a later round, running
         self.payload_sha: str | None = None  # the last payload sent, kept fetchable until the next one
         self.uplink = Uplink()
         self.compress_seconds: float | None = None  # the last compression's
@@ -138,6 +148,8 @@ class Miner:
 
     async def _mine(self, held: Held) -> None:
         r = held.round
+        if self.ahead is not None and self.ahead.round <= r:
+            self.ahead.stop.set()  # W_r is held: training for round r stops filling and r is submitted
         beats = [b.message for b in await self.peer.validator_heartbeats(r)]
         fresh = [b for b in beats if (r, b.peer_id, b.sent_at) not in self.submitted]
         if not fresh or await self.peer.round_result(r) is not None:
@@ -159,8 +171,8 @@ class Miner:
             await self._push(r, live)
             return
         await self.peer.heartbeat(r, held.state_hash)
-        if self.ahead is not None and self.ahead[0] == r:
-            delta = await self.ahead[1]
+        if self.ahead is not None and self.ahead.round == r:
+            delta = await self.ahead.task
             self.ahead = None
             self.events.emit(
                 Training(round=r, ahead=True), f"joined round {r} with steps trained while round {r - 1} was scored"
@@ -174,7 +186,7 @@ class Miner:
             self.events.emit(Training(round=r, ahead=False), f"joined round {r}: training {steps} steps")
             delta = await self._train(r, held.weights)
         if self.setup.manifest.train.overlap:
-            self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, held.weights)))
+            self.ahead = self._start_ahead(r + 1, held.weights)
         trainer = self.trainer
         fraction = self.uplink.fraction(target - time.time() - (self.compress_seconds or 0.0))
         start = time.monotonic()
@@ -192,7 +204,7 @@ class Miner:
         and r+1's steps would only start then)."""
         if not finishes_late(time.time(), target, self.last_train_seconds, self.setup.manifest.train.overlap):
             return False
-        self.ahead = (r + 1, asyncio.ensure_future(self._train(r + 1, weights)))
+        self.ahead = self._start_ahead(r + 1, weights)
         text = f"round {r} closes in {max(target - time.time(), 0):.1f}s, before {self.last_train_seconds:.1f}s of "
         self.events.emit(Late(round=r), text + f"training end: training round {r + 1} now")
         return True
@@ -213,21 +225,30 @@ class Miner:
             trainer.spec = spec
         self.last_train_seconds = (time.monotonic() - start) * spec.steps
 
-    async def _train(self, round_: int, weights: State) -> State:
-        start = time.monotonic()
+    def _start_ahead(self, round_: int, weights: State) -> Ahead:
+        """Train round `round_` from `weights` (W_{round_-1}) now: H steps, then (`train.fill_steps`)
+        more until W_round is held, so the device works while the validator scores."""
+        stop = threading.Event()
+        return Ahead(round_, asyncio.ensure_future(self._train(round_, weights, stop.is_set)), stop)
+
+    async def _train(self, round_: int, weights: State, until: Callable[[], bool] | None = None) -> State:
+        start, trainer = time.monotonic(), self.trainer
         try:
             with self.clock.busy():
-                return await asyncio.get_running_loop().run_in_executor(None, self.trainer.train, round_, weights)
+                return await asyncio.get_running_loop().run_in_executor(None, trainer.train, round_, weights, until)
         finally:
-            seconds = self.last_train_seconds = time.monotonic() - start
+            seconds, steps = time.monotonic() - start, max(trainer.last_steps, 1)
+            # what H steps take (a joiner's "in time?" asks that), whatever the steps filling the wait added
+            self.last_train_seconds = seconds * trainer.spec.steps / steps
             self.train_seconds = {r: s for r, s in self.train_seconds.items() if r >= round_ - 1}  # rounds in flight
-            self.train_seconds[round_] = seconds
+            self.train_seconds[round_] = (seconds, steps)
 
     async def _drop_ahead(self) -> None:
         """Discard training done for a round this miner will not submit (it waits for the model first)."""
         if self.ahead is None:
             return
-        _, task = self.ahead
+        task = self.ahead.task
+        self.ahead.stop.set()
         self.ahead = None
         await asyncio.wait([task])  # the thread still trains the model: let it finish before reusing it
         if not task.cancelled() and task.exception() is not None:
@@ -259,7 +280,7 @@ class Miner:
         ratio = self.dense_bytes / max(header.payload_size, 1)
         loss, busy = self.trainer.last_loss, self.busy_fraction
         trained = self.train_seconds.pop(r, None)
-        step = trained / self.setup.manifest.train.inner_steps if trained is not None else None
+        step = trained[0] / trained[1] if trained is not None else None
         self.events.emit(
             Submitted(
                 round=r,

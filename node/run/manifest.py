@@ -129,6 +129,11 @@ class TrainSection(UpdateRules):
     overlap: bool = True
     """Miners train round r+1 from W_r while round r is scored, and submit that one-round-stale
     pseudo-gradient for r+1 (as in overlapped / streaming DiLoCo), so they do not sit idle."""
+    fill_steps: int = Field(default=0, ge=0, le=100_000)
+    """With `overlap`: a miner whose H steps for round r+1 end before it holds W_{r+1} goes on
+    training on its assignment, up to this many more steps, until it does (0: H steps only). Its
+    device then works while the validator scores instead of waiting; a faster miner sends an update
+    of more steps."""
 
     @model_validator(mode="after")
     def _memory_fits_optimizer(self) -> Self:

@@ -58,6 +58,7 @@ class MinerSpec:
     assignment_batches: int
     codec_options: CodecOptions = field(default_factory=CodecOptions)
     memory: MemoryConfig = field(default_factory=MemoryConfig)  # what the inner loop keeps (train.memory)
+    fill_steps: int = 0  # at most this many steps past H while `train`'s `until` says to go on (train.fill_steps)
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> MinerSpec:
@@ -69,6 +70,7 @@ class MinerSpec:
             assignment_batches=m.selection.assignment_batches,
             codec_options=m.train.codec_options,
             memory=m.train.memory,
+            fill_steps=m.train.fill_steps if m.train.overlap else 0,
         )
 
 
@@ -80,13 +82,15 @@ class Trainer(ABC):
         self.codec = build_codec(spec.codec, spec.codec_options)
         self.error: StateDict | None = None
         self.steps_done = 0
+        self.last_steps = 0  # inner steps of the last round (H, or more with `fill_steps`)
         self.last_loss = float("nan")  # mean loss of the last round's inner steps
         self.last_stats: CodecStats | None = None  # of the last compression
 
     @abstractmethod
-    def train(self, round_: int, weights: State) -> State:
+    def train(self, round_: int, weights: State, until: Callable[[], bool] | None = None) -> State:
         """Pseudo-gradient W - W_local after H steps from the BF16 `weights` of round `round_` (LM: stored
-        as `train.memory.pseudo_gradient` says)."""
+        as `train.memory.pseudo_gradient` says); then, with `until`, up to `fill_steps` more while
+        `until()` is False (language modelling; a task without it trains H)."""
 
     def assignment(self, round_: int, miner: str | None = None) -> Assignment:
         """The data assignment of `miner` (default: this one) in `round_`."""
@@ -157,24 +161,28 @@ class LMTrainer(Trainer):
         apply_memory(model, spec.memory)
         self.optimizer = make_optimizer(model, spec.inner, spec.memory)
 
-    def train(self, round_: int, weights: State) -> State:
-        return self.train_on(self.assignment(round_), weights)
+    def train(self, round_: int, weights: State, until: Callable[[], bool] | None = None) -> State:
+        return self.train_on(self.assignment(round_), weights, until)
 
-    def train_on(self, assignment: Assignment, weights: State) -> State:
-        """H steps from `weights` on `assignment`'s batches (a thief trains on another miner's)."""
+    def train_on(self, assignment: Assignment, weights: State, until: Callable[[], bool] | None = None) -> State:
+        """H steps from `weights` on `assignment`'s batches (a thief trains on another miner's), then
+        one more at a time, cycling over the same batches, while `until()` is False (`fill_steps` at most)."""
         load_bf16_state(self.model, weights)
-        first = self.steps_done
+        first, spec = self.steps_done, self.spec
 
         def batch(step: int) -> Batch:
             x, y = self.batch(assignment.step_seed(step - first))
             return x.to(self.device), y.to(self.device)
 
-        with autocast(self.device, self.autocast, self.spec.memory):
-            losses = inner_train(
-                self.model, self.spec.inner, batch, self.spec.steps, optimizer=self.optimizer, first_step=first
-            )
+        with autocast(self.device, self.autocast, spec.memory):
+            losses = inner_train(self.model, spec.inner, batch, spec.steps, optimizer=self.optimizer, first_step=first)
+            while until is not None and len(losses) < spec.steps + spec.fill_steps and not until():
+                losses += inner_train(
+                    self.model, spec.inner, batch, 1, optimizer=self.optimizer, first_step=first + len(losses)
+                )
         self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the delta and the codec run
-        self.steps_done += self.spec.steps
+        self.steps_done += len(losses)
+        self.last_steps = len(losses)
         self.last_loss = sum(losses) / len(losses)
         return self._delta(weights)
 
@@ -208,11 +216,12 @@ class RLTrainer(Trainer):
     def has_pool(self, round_: int) -> bool:
         return round_ in self.rollouts
 
-    def train(self, round_: int, weights: State) -> State:
+    def train(self, round_: int, weights: State, until: Callable[[], bool] | None = None) -> State:
         groups = self.rollouts.get(round_)
         if not groups:
             raise RuntimeError(f"no rollouts for round {round_}: `use_pool` first")
-        delta = self.grpo.train(weights, groups, self.spec.steps)
+        delta = self.grpo.train(weights, groups, self.spec.steps)  # a pool's groups are drawn for H steps
         self.steps_done += self.spec.steps
+        self.last_steps = self.spec.steps
         self.last_loss = self.grpo.last_loss
         return delta

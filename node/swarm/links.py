@@ -194,20 +194,36 @@ def _read_line(popen: subprocess.Popen[str], timeout: float) -> str:
 
 
 def links_manifest(
-    mode: str, *, inner_steps: int, deadline: float, width: int = 256, layers: int = 4, overlap: bool = False
+    mode: str,
+    *,
+    inner_steps: int,
+    deadline: float,
+    width: int = 256,
+    layers: int = 4,
+    overlap: bool = False,
+    fill_steps: int = 0,
+    assignment_batches: int = 1,
 ) -> Manifest:
     """The embedded GPT at about 3M parameters with PULSELoCo (FP32 values): payloads of several MB, so
-    a miner's link decides when its submission arrives, on a CPU."""
+    a miner's link decides when its submission arrives, on a CPU. One assigned batch per round by
+    default (timing only: H steps on it overfit, the held-out loss climbs); a run whose loss counts
+    assigns one batch per inner step, as the presets do."""
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["model"]["gpt"].update(n_layer=layers, n_embd=width, n_head=4, block_size=64)
     data["data"].update(batch_size=4, seq_len=32)
     data["train"].update(
-        inner_steps=inner_steps, codec="pulseloco", codec_options={"value_format": "fp32"}, overlap=overlap
+        inner_steps=inner_steps,
+        codec="pulseloco",
+        codec_options={"value_format": "fp32"},
+        overlap=overlap,
+        fill_steps=fill_steps,
     )
     data["round"].update(
         deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=4, deadline_mode=mode, quorum=0.75
     )
-    data["selection"].update(held_out_batches=2, assignment_batches=1, random_batches=1, eval_batch_size=4)
+    data["selection"].update(
+        held_out_batches=2, assignment_batches=assignment_batches, random_batches=1, eval_batch_size=4
+    )
     return parse_manifest(data)
 
 
