@@ -1,5 +1,5 @@
 """The run page in process: the board derived from signed records, its HTML and SVG, the watcher
-reading through a peer's interface, and the HTTP server (a real browser: tests/swarm/test_dashboard_swarm.py)."""
+reading through a peer's interface, and the HTTP server (a real browser: tests/swarm/test_watched_swarm.py)."""
 
 from __future__ import annotations
 

@@ -108,6 +108,11 @@ def test_announced_newcomers_are_waited_for_only_until_the_others_quorum_and_the
     assert c.should_close(2.6, received=3, active=4, newcomers=8)
     assert not c.should_close(2.6, received=2, active=4, newcomers=8)
     assert c.should_close(1.5, received=5, active=4, newcomers=1)  # the newcomer came too: everyone is in
+    fixed = RoundClock(RoundSection(deadline_seconds=60.0, min_seconds=1.0))
+    assert not fixed.should_close(30.0, received=4, active=4, newcomers=8)  # the round knew nobody: wait
+    assert not fixed.should_close(7.9, received=4, active=4, newcomers=8, known_in=4.0)
+    assert fixed.should_close(8.0, received=4, active=4, newcomers=8, known_in=4.0)  # as long again, no more
+    assert not fixed.should_close(9.0, received=3, active=4, newcomers=8, known_in=4.0)  # a known miner is out
 
 
 def test_the_uplink_sizes_the_payload_to_the_time_left() -> None:

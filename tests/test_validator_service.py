@@ -97,8 +97,8 @@ def test_a_flood_of_announced_newcomers_neither_moves_the_quorum_nor_fills_the_w
         )  # fmt: skip
         network.store(sign_for(me, beat, 600))
     assert len(network.get(Heartbeat, service.round)) >= 200
-    active, newcomers = asyncio.run(service.awaited())
-    assert active == senders
+    known, newcomers = asyncio.run(service.awaited())
+    assert known == senders
     assert 0 < len(newcomers) <= service.intake.rules.capacity and not newcomers & senders
 
 

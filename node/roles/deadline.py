@@ -7,7 +7,10 @@
 
 Both modes close at `deadline_seconds` at the latest, never before `min_seconds`, and as soon as
 every active miner (announced for the round, or a sender of the last one) has submitted. A miner
-without standing that announced itself is waited for only that long: the quorum counts the others.
+without standing that announced itself (a free heartbeat) counts in no quorum, and once every
+miner the round knew is in it is waited for `NEWCOMER_WAIT` times as long as they took, no more: a
+flood of announcements cannot hold every round to its deadline. A newcomer that misses its first
+round trains the next one ahead (`roles/miner.py`) and is in at its open, and known from then on.
 
 - fixed: nothing else; the target miners aim for is the deadline.
 - adaptive: over the last `history_rounds` rounds, with A_r the arrival times of round r's quorum,
@@ -40,6 +43,7 @@ from collections.abc import Iterable
 from node.run.manifest import RoundSection
 
 MIN_MARGIN = 0.25  # the margin above the median is at least this share of the median
+NEWCOMER_WAIT = 2.0  # newcomers get as long again as the miners a round knows took to be in
 
 
 class RoundClock:
@@ -72,15 +76,20 @@ class RoundClock:
     def quorum(self, active: int) -> int:
         return max(1, math.ceil(self.timing.quorum * active))
 
-    def should_close(self, elapsed: float, *, received: int, active: int, newcomers: int = 0) -> bool:
+    def should_close(
+        self, elapsed: float, *, received: int, active: int, newcomers: int = 0, known_in: float | None = None
+    ) -> bool:
         """Whether a round open for `elapsed` seconds, with `received` of `active` miners in, closes
-        now; `newcomers` more announced themselves without standing: waited for until the quorum of
-        the others and the target close the round, not beyond (their announcements cost nothing)."""
+        now. `newcomers` more announced themselves without standing (their announcements cost
+        nothing): waited for until the quorum of the others and the target close the round, or, once
+        every miner the round knew was in (`known_in` seconds after the open), as long again."""
         t = self.timing
         if elapsed >= t.deadline_seconds:
             return True
         if elapsed < t.min_seconds or received == 0:
             return False
         if received >= active + newcomers:
+            return True
+        if received >= active and known_in is not None and elapsed >= NEWCOMER_WAIT * known_in:
             return True
         return self.adaptive and received >= self.quorum(active) and elapsed >= self.target()

@@ -223,28 +223,34 @@ class ValidatorService:
     async def _collect(self) -> None:
         """Until `self.deadline` closes the round: its deadline, everyone in, or (adaptive) quorum + target."""
         timing, intake = self.setup.manifest.round, self.intake
+        known_in: float | None = None  # when every miner the round knew was in
         while (elapsed := self.clock() - intake.opened_at) < timing.deadline_seconds:
             await asyncio.sleep(self.poll)
             if elapsed < timing.min_seconds or not intake.received:
                 continue
-            active, newcomers = await self.awaited()
-            self.active = len(active)
+            known, newcomers = await self.awaited()
             since = self.clock() - intake.opened_at
+            if known_in is None and known and known <= set(intake.received):
+                known_in = since
+            active = known | set(intake.received)
+            self.active = len(active)
             received = len(intake.received)
-            if self.deadline.should_close(since, received=received, active=self.active, newcomers=len(newcomers)):
+            if self.deadline.should_close(
+                since, received=received, active=self.active, newcomers=len(newcomers - active), known_in=known_in
+            ):
                 return
         log.info("round %d: deadline reached with %d submissions", self.round, len(intake.received))
 
     async def awaited(self) -> tuple[set[str], set[str]]:
-        """The miners the open round waits for: (senders of the last round and of this one, and the
+        """The miners the open round waits for: (the ones it knows: senders of the last round and the
         established keys that announced themselves; the newcomers that did, as many as seats, by
-        ticket: `Admission.awaited`). A flood of fresh announcements moves neither the quorum nor
-        the target (`deadline.py`); it can only keep the round from closing before them."""
+        ticket: `Admission.awaited`). Announcements cost nothing, so newcomers move neither the
+        quorum nor the target, and are waited for only so long (`deadline.py`)."""
         announced = {v.sender_hex for v in await self.peer.get(Heartbeat, self.round) if v.message.role == "miner"}
         admission = self.intake.admission
         waited = admission.awaited(announced)
-        active = self.previous_senders | set(self.intake.received) | {k for k in waited if k in admission.established}
-        return active, waited - active
+        known = self.previous_senders | {k for k in waited if k in admission.established}
+        return known, waited - known
 
     async def _close(self) -> None:
         self.closing = self._where()  # what the head says until the next round opens (the refresher reads it)

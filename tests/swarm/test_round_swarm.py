@@ -2,7 +2,8 @@
 
 Faults: a miner killed mid-round, a follower paused for rounds, a follower that joins late
 (checkpoint + patch chain) and a validator killed mid-run and restarted from its state folder.
-Every node must end on the validator's state hash.
+Every node must end on the validator's state hash; `pulse status` then reads the run's round, and
+Ctrl+C stops every role cleanly.
 """
 
 from __future__ import annotations
@@ -122,12 +123,10 @@ def test_validator_restart_continues_the_hash_chain(swarm: tuple[Swarm, Path, li
     finals = summary["final_state_hashes"]
     assert set(finals) >= {"validator2", "miner0", "miner1", "follower"}
     assert summary["hashes_agree"], finals
+    _status_shows_the_round(s)  # on this swarm's records: a swarm of its own cost CI 27 s
 
 
-def test_status_shows_the_round(swarm: tuple[Swarm, Path, list[Path]]) -> None:
-    s, validator_key, miner_keys = swarm
-    s.start_role("validator", "validator", validator_key)
-    _finish(s, [s.start_role("miner0", "miner", miner_keys[0])])
+def _status_shows_the_round(s: Swarm) -> None:
     cmd = [sys.executable, "-m", "node", "status", "--config", str(s.out / "run.toml")]
     cmd += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *s.bootstrap]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, start_new_session=True)
