@@ -14,9 +14,12 @@ import asyncio
 import hashlib
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from node.events import EventLog, read_events
 from protocol.messages import BlobRef, OuterStep
@@ -79,4 +82,19 @@ def commitments(tag: str = "") -> dict[str, Any]:
         "outer": OuterStep(lr=1.0, momentum=0.0, nesterov=False, steps=0),
         "evidence": BlobRef(sha256=h("evidence"), size=100),
         "master_checkpoint": None,
+    }
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""A metrics page: (name, sorted labels) -> value."""
+
+
+def scrape(url: str) -> Samples:
+    """The Prometheus page at `url`, parsed."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
     }

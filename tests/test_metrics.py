@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from node.events import Events
 from node.events.metrics import REASON_CLASSES, EventMetrics, reason_class
@@ -37,6 +36,7 @@ from protocol.errors import TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
+from tests.helpers import scrape
 
 H1, H2, H3 = "a1" * 32, "b2" * 32, "c3" * 32
 RUN = hashlib.sha256(b"pulse-test-metrics").hexdigest()
@@ -172,16 +172,6 @@ def test_events_feed_their_sinks() -> None:
     events.add_sink(seen.append)
     events.emit(Submitted(round=0, bytes=10, loss=1.0, busy_fraction=0.5), "submitted")
     assert value(registry, "pulse_submissions_sent_total") == 1 and len(seen) == 1
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_a_role_endpoint_serves_event_network_and_process_metrics_on_loopback(tmp_path: Path) -> None:

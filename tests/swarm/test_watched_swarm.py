@@ -23,13 +23,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from node.events import EventLog
 from node.events.metrics import REASON_CLASSES
@@ -37,7 +35,7 @@ from node.events.models import Done, PatchApplied, Scored
 from node.run.manifest import Manifest, parse_manifest
 from node.swarm.demo import Proc
 from pulse_redteam.campaign.swarms import CampaignSwarm, Keys, Team, campaign_manifest, has, write_manifest
-from tests.helpers import events, poll, wait_for
+from tests.helpers import Samples, events, poll, scrape, wait_for
 
 pytestmark = pytest.mark.swarm
 ROUNDS = 3
@@ -51,7 +49,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @dataclass
@@ -62,7 +59,7 @@ class Watched:
     manifest: Manifest
     keys: Keys
     log: EventLog
-    scraped: dict[str, Samples]
+    scraped: dict[str, Samples]  # the bootstrap's is empty if its routing table never held a peer
     dashboard: str
 
 
@@ -97,7 +94,8 @@ def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
         )
         log = events(out)
         scraped = {n: scrape(urls[n]) for n in ("validator", "miner0", "follower")}
-        scraped["bootstrap"] = poll(lambda: _with_peers(scrape(urls["bootstrap"])), timeout=30)
+        bootstrap: Samples | None = poll(lambda: _with_peers(scrape(urls["bootstrap"])), timeout=30)
+        scraped["bootstrap"] = bootstrap or {}
         check_running([miner, follower])
         yield Watched(out, manifest, keys, log, scraped, url)
     finally:
@@ -109,16 +107,6 @@ def metrics_url(log: Path) -> str:
     found = poll(lambda: re.search(r"metrics at (http://\S+)", log.read_text(errors="replace")), timeout=60)
     assert found, f"no metrics address in {log}"
     return found.group(1)
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def total(samples: Samples, name: str) -> float:
