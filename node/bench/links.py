@@ -17,7 +17,8 @@ all created here and removed on the way out; needs root, else it says why and st
   relative error).
 - overlap: the same miners for 2 x `--rounds` rounds three ways: sequential (no overlap), training
   ahead with H steps, and training ahead filling the wait; each one's busy fraction, round time and
-  final held-out loss (`overlap.fill_loss_vs_sequential`: the filled run's loss over the sequential one's).
+  final held-out loss (`overlap.fill_loss_vs_sequential`: the filled run's loss over the sequential
+  one's), at the preset's outer learning rate or `--outer-lr`.
 
 `--cpu-only` skips all of that and times the join's CPU phases alone, in this process
 (`joincpu.py`: piece checks, the blob committed, the state loaded, each patch applied).
@@ -74,6 +75,8 @@ class Options(BaseModel):
     """the manifest's round deadline (s)"""
     busy_inner_steps: int = Field(default=48, ge=1)
     """inner steps per round of the busy miners"""
+    outer_lr: float | None = Field(default=None, gt=0)
+    """the overlap part's outer learning rate, every mode (default: the tiny preset's)"""
     skip: list[Literal["joins", "deadlines", "busy", "overlap"]] = Field(default_factory=list)
     """parts to skip"""
     prefix: str = Field(default=PREFIX, pattern=r"^[A-Za-z][A-Za-z0-9-]{0,15}$")
@@ -233,7 +236,7 @@ def overlap_modes(out: Path, options: Options) -> dict[str, Any]:
     for name, (overlap, fill) in modes.items():
         manifest = links_manifest(  # one fresh batch per inner step: a run that learns, whose loss says something
             "fixed", inner_steps=steps, deadline=options.deadline, overlap=overlap, fill_steps=fill,
-            assignment_batches=steps,
+            assignment_batches=steps, outer_lr=options.outer_lr,
         )  # fmt: skip
         with netns.ShapedNetwork(options.prefix, options.subnet, hosts) as net:
             done = run_rounds(out / name, net, manifest, miners, 2 * options.rounds)

@@ -203,6 +203,7 @@ def links_manifest(
     overlap: bool = False,
     fill_steps: int = 0,
     assignment_batches: int = 1,
+    outer_lr: float | None = None,
 ) -> Manifest:
     """The embedded GPT at about 3M parameters with PULSELoCo (FP32 values): payloads of several MB, so
     a miner's link decides when its submission arrives, on a CPU. One assigned batch per round by
@@ -218,6 +219,8 @@ def links_manifest(
         overlap=overlap,
         fill_steps=fill_steps,
     )
+    if outer_lr is not None:
+        data["train"]["outer"]["lr"] = outer_lr
     data["round"].update(
         deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=4, deadline_mode=mode, quorum=0.75
     )
