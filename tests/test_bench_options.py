@@ -111,7 +111,9 @@ def test_the_run_sized_command_lines_users_type_still_parse() -> None:
     assert options.sizes == (2, 4) and scale.Options().sizes == (4, 16)
     assert scale.Options(device="cuda").sizes == (4, 8, 16)
     assert scale.Options(device="cuda", eval_batch_size=8).eval_batch_size == 8  # on cuda: checked on the preset
-    options = options_from(links.Options, _parse("links", "--skip", "joins", "overlap", "--state-mib", "1", "--outer-lr", "0.5"))
+    options = options_from(
+        links.Options, _parse("links", "--skip", "joins", "overlap", "--state-mib", "1", "--outer-lr", "0.5")
+    )
     assert options.skip == ["joins", "overlap"] and options.state_bytes == 2**20 and options.outer_lr == 0.5
     options = options_from(attacks.Options, _parse("attacks", "--fractions", "0.2,,0.4", "--skip-faults"))
     assert options.hostile_fractions == [0.2, 0.4] and options.skip_faults
