@@ -64,6 +64,10 @@ log = logging.getLogger("pulse.hostile")
 POLL_SECONDS = 0.5
 SYBILS = 20
 STREAMS = 3
+# a push answered BUSY (the newcomers' upload slots, which every hostile process of a swarm shares)
+# is sent again after these pauses, as an honest miner's is: the attack then meets its own defence,
+# not the upload budget; the sybil and the flood, whose point is the budget, take the first answer
+BUSY_PAUSES = (0.5, 1.0, 2.0, 4.0)
 
 
 class Hostile:
@@ -161,22 +165,28 @@ class Hostile:
         if attack == "sybil":
             return await self._push(attack, round_, sub, mode)
         async with self.gate:
-            return await self._push(attack, round_, sub, mode)
+            return await self._push(attack, round_, sub, mode, () if attack == "flood" else BUSY_PAUSES)
 
-    async def _push(self, attack: str, round_: int, sub: Submission, mode: dict[str, object]) -> Answer:
+    async def _push(
+        self, attack: str, round_: int, sub: Submission, mode: dict[str, object], pauses: tuple[float, ...] = ()
+    ) -> Answer:
         signed = SignedMessage.from_bytes(sub.envelope)
         body = sub.read()
         uploading = asyncio.Event()
         watcher = asyncio.ensure_future(self._say_uploading(uploading, attack, round_, signed))
         assert self.peer.validator_peer is not None  # the round is open: its validator's heartbeat was read
-        answer = await push(
-            self.peer.p2p,
-            PeerID.from_base58(self.peer.validator_peer),
-            sub.envelope,
-            body,
-            on_body=uploading,
-            **mode,  # type: ignore[arg-type]
-        )
+        for pause in (*pauses, None):
+            answer = await push(
+                self.peer.p2p,
+                PeerID.from_base58(self.peer.validator_peer),
+                sub.envelope,
+                body,
+                on_body=uploading,
+                **mode,  # type: ignore[arg-type]
+            )
+            if answer.status != "BUSY" or pause is None:
+                break
+            await asyncio.sleep(pause)
         watcher.cancel()
         sent = AttackSent(
             round=round_,
