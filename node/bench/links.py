@@ -193,11 +193,21 @@ def deadline_mode(out: Path, mode: str, options: Options) -> dict[str, Any]:
 # -- busy miners and `pulse doctor` --------------------------------------------------------------------
 
 
-def busy_and_doctor(out: Path, options: Options) -> dict[str, Any]:
+def _busy_miners(options: Options) -> tuple[dict[str, str], dict[str, netns.Link]]:
+    """The busy miners (name -> host) and the hosts: the validator's and one per miner at 50 Mbit/s up."""
     count = max(2, options.miners - 2)
-    miners = {f"miner{i}": f"m{i}" for i in range(count)}
-    hosts = {"validator": netns.Link.both(1000), "newcomer": NEWCOMER}
-    hosts |= {f"m{i}": netns.Link(BUSY_MBIT, 1000) for i in range(count)}
+    hosts = {"validator": netns.Link.both(1000)} | {f"m{i}": netns.Link(BUSY_MBIT, 1000) for i in range(count)}
+    return {f"miner{i}": f"m{i}" for i in range(count)}, hosts
+
+
+def _busy_fractions(log: Any, miners: dict[str, str]) -> list[float]:
+    """Each miner's busy fraction as it reported it at the end (`Final`)."""
+    return [e.busy_fraction for name in miners for e in log.events(Final, name) if e.busy_fraction is not None]
+
+
+def busy_and_doctor(out: Path, options: Options) -> dict[str, Any]:
+    miners, hosts = _busy_miners(options)
+    hosts["newcomer"] = NEWCOMER
     # fixed deadlines: every submission the newcomer makes in time is taken, so its uploads can be timed
     steps = options.busy_inner_steps
     manifest = links_manifest("fixed", inner_steps=steps, deadline=options.deadline, overlap=True, fill_steps=steps)
@@ -214,7 +224,7 @@ def busy_and_doctor(out: Path, options: Options) -> dict[str, Any]:
         rounds = options.rounds + 2 + NEWCOMER_ROUNDS
         done = run_rounds(out, net, manifest, miners, rounds, during=doctor_then_newcomer)
     log = done.log
-    busy = [e.busy_fraction for name in miners for e in log.events(Final, name) if e.busy_fraction is not None]
+    busy = _busy_fractions(log, miners)
     observed = _newcomer(log)
     errors = _forecast_errors(report, observed)
     return {
@@ -228,9 +238,7 @@ def busy_and_doctor(out: Path, options: Options) -> dict[str, Any]:
 def overlap_modes(out: Path, options: Options) -> dict[str, Any]:
     """Busy fraction, round time and final loss of the same miners trained sequentially, ahead with
     H steps, and ahead filling the wait (up to 2H steps), over the same rounds."""
-    count, steps = max(2, options.miners - 2), options.busy_inner_steps
-    miners = {f"miner{i}": f"m{i}" for i in range(count)}
-    hosts = {"validator": netns.Link.both(1000)} | {f"m{i}": netns.Link(BUSY_MBIT, 1000) for i in range(count)}
+    (miners, hosts), steps = _busy_miners(options), options.busy_inner_steps
     modes = {"sequential": (False, 0), "overlap": (True, 0), "fill": (True, steps)}
     figures: dict[str, Any] = {}
     for name, (overlap, fill) in modes.items():
@@ -240,7 +248,7 @@ def overlap_modes(out: Path, options: Options) -> dict[str, Any]:
         )  # fmt: skip
         with netns.ShapedNetwork(options.prefix, options.subnet, hosts) as net:
             done = run_rounds(out / name, net, manifest, miners, 2 * options.rounds)
-        busy = [e.busy_fraction for m in miners for e in done.log.events(Final, m) if e.busy_fraction is not None]
+        busy = _busy_fractions(done.log, miners)
         sent = [s.step_seconds for m in miners for s in done.log.events(Submitted, m) if s.step_seconds]
         rounds = round_figures(done)
         figures[name] = {
