@@ -39,9 +39,9 @@ Its sender cannot take a seat again this round.
 
 Who a round waits for is decided the same way. Announcements (open DHT heartbeats) cost nothing
 to sign, so `awaited` counts every established key that announced itself but newcomers only up to
-the seats they could hold, lowest tickets first: a flood of announcements can hold a round open
-no longer than a full set of newcomer seats that never send (until the quorum and its target close
-it), where counting them all would keep every round open to its deadline.
+the seats they could hold, lowest tickets first; how long those newcomers are waited for is the
+round clock's (`node/roles/deadline.py`: outside every quorum, and no longer than the known miners
+took again), where counting them all would keep every round open to its deadline.
 
 Memory is O(seats): nothing is kept about a refused header. Every refusal and every unseating
 has a reason: refusals go back to the sender on the stream; unseatings (a newcomer displaced,
@@ -130,7 +130,7 @@ class Admission:
         keys = set(announced)
         ours = {k for k in keys if k in self.established}
         room = max(self.rules.capacity - len(ours), self.rules.newcomer_seats)
-        newcomers = sorted(keys - ours, key=self.ticket)[: max(room, 0)]
+        newcomers = sorted(keys - ours, key=self.ticket)[:room]
         return ours | set(newcomers)
 
     @property

@@ -24,9 +24,10 @@ Round r, phase by phase (`Phase`):
    the deadline clock, and it names the target the clock learned, so miners can size their
    payloads) and the run's head;
 2. COLLECTING: until the deadline, or earlier (after `min_seconds`) once every miner that announced
-   itself for r (established keys, and newcomers only as many as seats: `Admission.awaited`) or
-   submitted in r-1 has submitted, or (adaptive deadlines) once a quorum of them has and the
-   learned target has passed: nobody is waited for beyond the deadline;
+   itself for r (established keys, and newcomers only as many as seats: `Admission.awaited`, and
+   no longer than the others took again: `deadline.py`) or submitted in r-1 has submitted, or
+   (adaptive deadlines) once a quorum of them has and the learned target has passed: nobody is
+   waited for beyond the deadline;
 3. CLOSING: close the intake; run the round; store its blobs; hand the result to the standbys
    that announced the round and wait (at most `replicate_seconds`) until one holds what it names
    (`replicas.py`); check no other validator published for r; publish; measure the held-out loss or
@@ -229,14 +230,13 @@ class ValidatorService:
             if elapsed < timing.min_seconds or not intake.received:
                 continue
             known, newcomers = await self.awaited()
-            since = self.clock() - intake.opened_at
-            if known_in is None and known and known <= set(intake.received):
+            since, received = self.clock() - intake.opened_at, set(intake.received)
+            if known_in is None and known and known <= received:
                 known_in = since
-            active = known | set(intake.received)
+            active = known | received
             self.active = len(active)
-            received = len(intake.received)
             if self.deadline.should_close(
-                since, received=received, active=self.active, newcomers=len(newcomers - active), known_in=known_in
+                since, received=len(received), active=self.active, newcomers=len(newcomers - active), known_in=known_in
             ):
                 return
         log.info("round %d: deadline reached with %d submissions", self.round, len(intake.received))
