@@ -43,12 +43,13 @@ from node.roles.standby import ValidatorRole
 from node.roles.tasks import follower_for, miner_for, validator_for, validator_role_for
 from node.roles.validator_service import ValidatorService
 from node.run.hostmemory import return_large_frees
-from node.run.manifest import Manifest, load_manifest
+from node.run.manifest import Manifest, codec_for, load_manifest
 from node.run.presets import preset
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.errors import ConfigError, KeyFileError, NetworkError
 from protocol.identity import Identity
+from protocol.warmup import warm_up_in_background
 
 DEFAULT_CONFIG = preset("tiny")
 RL_CONFIG = preset("rl")  # the `task = "rl"` preset
@@ -236,6 +237,9 @@ async def _main(
     options: AnyRoleOptions,
     metrics: NodeMetrics | None = None,
 ) -> int:
+    # the kernels this role runs load (or, on a fresh install, compile) beside its start and join, not
+    # in its first round: a follower only applies patches, the others also run the run's codec
+    warm_up_in_background([] if role == "follow" else [codec_for(setup.manifest)])
     task = task_for(setup)
     device = options.device
     # a validator's pushed submissions end in its round intake (`node/roles/intake.py`)
