@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import msgpack
 import pytest
 from hivemind.dht.validation import DHTRecord
+from hivemind.utils.timed_storage import ValueWithExpiration
 
 from node.commands.options import add_options, options_from
 from node.net.dht import PulseDHT, PulseRecordValidator, dht_key_id, sign_for
@@ -222,6 +224,21 @@ def test_reads_look_at_the_validators_first_and_at_a_bounded_number() -> None:
     assert order[0] == VALIDATOR.public_key and len(order) == 1 + POLICIES["heartbeat"].max_signers
 
 
+def test_keys_ground_to_sort_first_take_no_place_in_a_read() -> None:
+    """A read that merges several storages finds more signers than it looks at. Keys ground to start
+    with zero bytes took every place when the others were read in key order; now a reader looks at
+    the keys it knows to have standing first, then the rest in an order only it knows."""
+    limit = len(RULES.validators) + POLICIES["rollouts"].max_signers  # what a read looks at
+    ground = [bytes(2) + os.urandom(30) for _ in range(limit + 44)]  # each sorts before any honest key
+    honest = Identity.generate().public_key
+    owners = [*ground, honest]
+    order = RULES.read_order(owners, "rollouts", salt=b"a reader", preferred=lambda key: key == honest)
+    assert order[0] == honest and len(order) == limit  # standing (a worker whose rollouts a pool took)
+    first, second = (set(RULES.read_order(owners, "rollouts", salt=salt)) for salt in (b"one", b"another"))
+    assert first != second  # each reader its own order: a flood cannot aim at the places every reader reads
+    assert first != set(sorted(owners)[:limit])  # nor at the lowest keys
+
+
 # -- network options -----------------------------------------------------------------------------
 
 
@@ -294,3 +311,29 @@ def test_a_store_is_published_only_when_another_peer_kept_it(answer: tuple[int, 
     if not published:
         with pytest.raises(NetworkError, match="no peer other than this one"):
             dht.publish(header_of(signed), ttl=60)
+
+
+class _Found:
+    """A DHT handle whose `get` answers the merged records of several storages: more than a read looks at."""
+
+    def __init__(self, signed: list[SignedMessage]) -> None:
+        entries = {s.sender: ValueWithExpiration(s.to_bytes(), s.expires_at) for s in signed}
+        self.value = ValueWithExpiration(entries, 0.0)
+
+    def is_alive(self) -> bool:
+        return True
+
+    def get(self, *args: object, **kwargs: object) -> _Answered:
+        return _Answered(self.value)
+
+
+def test_a_read_of_more_signers_than_it_looks_at_keeps_those_with_standing_first() -> None:
+    limit = len(RULES.validators) + POLICIES["heartbeat"].max_signers
+    crowd = [Identity.generate() for _ in range(limit + 40)]
+    miner = Identity.generate()  # aggregated lately: the reader knows it has standing
+    handle = _Found([sign_for(i, beat(i, 3), 600) for i in [*crowd, miner]])
+    reader, other = (PulseDHT(handle, RULES, Identity.generate(), NetConfig()) for _ in range(2))
+    read = reader.get(Heartbeat, 3, lambda key: key == miner.public_key)
+    assert read[0].sender_hex == miner.public_hex and len(read) == limit
+    seen, seen_other = ({v.sender_hex for v in dht.get(Heartbeat, 3)} for dht in (reader, other))
+    assert seen != seen_other  # the rest in each reader's own order: no key is read first by everyone

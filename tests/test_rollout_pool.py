@@ -102,6 +102,9 @@ def test_the_pool_takes_honest_batches_and_penalizes_liars(tmp_path: Path) -> No
         assert "malformed" in refused[garbler.public_hex]
         assert keeper.penalized[liar.public_hex] == 3 + PENALTY_ROUNDS
         assert set(net.validator.held) == {e.blob_sha256 for e in pool.entries}
+        # a worker whose batch passed has standing: the validator reads its announcements before a flood's
+        assert net.validator.has_standing(honest.public_key)
+        assert not any(net.validator.has_standing(k.public_key) for k in (liar, garbler))
 
         # next round the liar's honest batch is still left out: it is serving its penalty
         await net.publish(liar, honest_batch(liar))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -164,6 +166,7 @@ class PulseDHT:
         self.restarts = 0
         self._validator = PulseRecordValidator(rules)  # the same checks as the DHT process runs
         self._told_head = -1  # the highest round of a validator record this node told its storage of
+        self._salt = os.urandom(16)  # this reader's order of the signers it does not prefer (`read_order`)
 
     @property
     def run_id(self) -> str:
@@ -225,16 +228,19 @@ class PulseDHT:
         others, here, asked = self._result(self._call().run_coroutine(store, return_future=True), "store")
         return Stored(others=others, here=here, asked=asked)
 
-    def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+    def get(
+        self, kind: type[M], round_: int, preferred: Callable[[bytes], bool] = lambda _: False
+    ) -> list[Verified[M]]:
         """The valid `kind` records of `round_`, re-verified here: the run's validators' first (in
-        priority order), then the others by sender, no more than a peer keeps of one key."""
+        priority order), then those of the signers `preferred` (standing), then others in this
+        reader's own order, no more than a peer keeps of one key (`RecordRules.read_order`)."""
         future = self._call().get(dht_key(self.run_id, kind.KIND, round_), latest=True, return_future=True)
         found = self._result(future, "get")
         if found is None or not isinstance(found.value, dict):
             return []
         entries = {subkey: entry for subkey, entry in found.value.items() if isinstance(subkey, bytes)}
         out: list[Verified[M]] = []
-        for subkey in self.rules.read_order(list(entries), kind.KIND):
+        for subkey in self.rules.read_order(list(entries), kind.KIND, salt=self._salt, preferred=preferred):
             entry = entries[subkey]
             try:
                 out.append(self._reverify(kind, round_, subkey, entry.value, entry.expiration_time))

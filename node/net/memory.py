@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -186,11 +187,13 @@ class MemoryNetwork:
     def _drop(self, key: bytes, owner: bytes) -> None:
         self.records.get(self._keys.get(key, ("", -1)), {}).pop(owner, None)
 
-    def get(self, kind: type[M], round_: int) -> list[Verified[M]]:
+    def get(
+        self, kind: type[M], round_: int, *, salt: bytes = b"", preferred: Callable[[bytes], bool] = lambda _: False
+    ) -> list[Verified[M]]:
         """The live `kind` records of `round_`, re-verified as a reader does, in `read_order`."""
         now, out = time.time(), []
         slot = self.records.get((kind.KIND, round_), {})
-        for owner in self.rules.read_order(list(slot), kind.KIND):
+        for owner in self.rules.read_order(list(slot), kind.KIND, salt=salt, preferred=preferred):
             record = slot[owner]
             if record.expiration <= now:
                 continue
@@ -245,6 +248,7 @@ class MemoryPeer(Peer):
     ) -> None:
         super().__init__(network.run, identity, store, role, network.limits)
         self.network, self._peer_id = network, peer_id
+        self._salt = os.urandom(16)  # this reader's order of the signers it does not prefer (`read_order`)
         self.service = TransferService(None, store, run_id=network.run.run_id, limits=network.limits, intake=intake)
 
     @property
@@ -254,7 +258,7 @@ class MemoryPeer(Peer):
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
         if self.peer_id not in self.network.peers:
             raise NetworkError("this peer has left the network")
-        return self.network.get(kind, round_)
+        return self.network.get(kind, round_, salt=self._salt, preferred=self.has_standing)
 
     async def _store(self, signed: SignedMessage) -> bool:
         return self.peer_id in self.network.peers and self.network.store(signed)

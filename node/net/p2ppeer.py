@@ -119,7 +119,7 @@ class P2PPeer(Peer):
         return self.dht.peer_id.to_base58()
 
     async def _get(self, kind: type[M], round_: int) -> list[Verified[M]]:
-        return await self._dht_call(lambda: self.dht.get(kind, round_))
+        return await self._dht_call(lambda: self.dht.get(kind, round_, self.has_standing))
 
     async def _store(self, signed: SignedMessage) -> bool:
         return await self._dht_call(lambda: self.dht.store_signed(signed).published)

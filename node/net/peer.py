@@ -68,6 +68,7 @@ from protocol.messages import (
     MESSAGE_TYPES,
     CheckpointAnnouncement,
     Heartbeat,
+    RolloutPool,
     RoundResult,
     RunHead,
     WireModel,
@@ -213,7 +214,7 @@ class Peer(RunView):
         self.alone = False  # started with no peer to dial first: it can find nobody (libp2p peers only)
         self.holders = HolderBook(on_delivered=self._delivered)  # who delivered blobs, who failed
         self.keeper = Keeper(store, run.retention())
-        self.standing_keys = Standing()  # keys aggregated in a round result read lately (`_note_standing`)
+        self.standing_keys = Standing()  # keys aggregated, or whose rollouts a pool took, lately (`_note_standing`)
 
     # -- what an implementation provides -----------------------------------------------------------
 
@@ -268,6 +269,10 @@ class Peer(RunView):
         self._note_standing(found)
         return found
 
+    def has_standing(self, key: bytes) -> bool:
+        """Whether `key` (a public key) has standing here: reads look at its records first (`read_order`)."""
+        return key.hex() in self.standing_keys
+
     def grant_standing(self, keys: Sequence[str]) -> None:
         """Keys with standing (e.g. the validator's established miners): the peers their heartbeats
         name may take the reserved send slots of this node (`transfer.py`)."""
@@ -284,6 +289,8 @@ class Peer(RunView):
             message, sender = verified.message, verified.sender_hex
             if isinstance(message, RoundResult) and sender in self.run.validators:
                 self.grant_standing([s.sender for s in message.selected])
+            elif isinstance(message, RolloutPool) and sender in self.run.validators:
+                self.grant_standing([e.worker for e in message.entries])  # workers whose rollouts it took
             elif isinstance(message, Heartbeat) and (sender in self.run.validators or sender in self.standing_keys):
                 self.service.standing.grant(message.peer_id)
 

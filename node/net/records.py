@@ -12,8 +12,9 @@ Every record kind has a row in `POLICIES`:
   follow them) are refused at store time unless one of the run's validator keys signed them, so a
   flood of fresh keys cannot fill the key a follower waits on;
 - `max_value_bytes`: the largest record of the kind (each kind's worst case fits, see the tests);
-- `max_signers`: how many open signers (not validators) one key keeps, so a `get` returns a
-  bounded answer; once full, a new signer replaces one drawn at random among those without
+- `max_signers`: how many open signers (not validators) one key keeps, and a reader looks at
+  (`read_order`: those it knows to have standing first, the rest in an order only it knows), so a
+  `get` returns a bounded answer; once full, a new signer replaces one drawn at random among those without
   standing (keys a validator's round result aggregated, or whose rollouts its pool took, lately),
   never a key's first comers for good;
 - `open_share`: the share of a peer's `max_open_bytes` the open kind may fill, so a flood of one
@@ -36,10 +37,11 @@ A kind without a row is refused: a new kind gets a row before any peer stores it
 from __future__ import annotations
 
 import bisect
+import hashlib
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -107,12 +109,21 @@ class RecordRules:
         hexed = owner.hex()
         return self.validators.index(hexed) if hexed in self.validators else len(self.validators)
 
-    def read_order(self, owners: list[bytes], kind: str) -> list[bytes]:
-        """The owners of one key's records a reader looks at: the validators first (in priority
-        order), then the others by key, at most as many as a peer keeps. Junk cannot push the
-        record that matters out of a read."""
+    def read_order(
+        self, owners: list[bytes], kind: str, *, salt: bytes = b"", preferred: Callable[[bytes], bool] = lambda _: False
+    ) -> list[bytes]:
+        """The owners of one key's records a reader looks at, at most as many as a peer keeps: the
+        validators first (in priority order), then the keys the reader holds `preferred` (those with
+        standing), then the others in the order of a hash of the reader's secret `salt` and the key.
+        A read merges the records of several storages, so it can find more signers than it looks at:
+        junk cannot push the record that matters out of it, and no key can be ground to come first
+        (in key order, a flood of keys ground to start with zero bytes took every place)."""
         limit = len(self.validators) + self.policy(kind).max_signers
-        return sorted(owners, key=lambda owner: (self.priority(owner), owner))[:limit]
+
+        def rank(owner: bytes) -> tuple[int, bool, bytes]:
+            return self.priority(owner), not preferred(owner), hashlib.sha256(salt + owner).digest()
+
+        return sorted(owners, key=rank)[:limit]
 
     def check_writer(self, signed: SignedMessage) -> None:
         """Refuse a validator-only kind signed by anyone else than the run's validators."""

@@ -177,6 +177,7 @@ class PoolKeeper:
         self.peer.hold(a.blob_sha256, round_, "other")  # miners may fetch it from the validator as well as the worker
         self.checked[a.blob_sha256] = (a.round, batch.groups)
         self.trusted[worker] = round_
+        self.peer.grant_standing([worker])  # its announcements are read first, whatever a flood of others
         return batch.groups
 
     async def _sampled(self, batch: RolloutBatch) -> str | None:
