@@ -1,11 +1,14 @@
-"""`pulse bench attacks`' summary counts each run's hostile outcomes once."""
+"""`pulse bench attacks`' summary counts each run's hostile outcomes once; its ledger gives each push one outcome."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from node.events import Events, read_events
+from node.events.campaign import AttackSent
+from node.events.models import Received, RoundClosed
 from pulse_redteam.bench.attacks import Options, _result
-from pulse_redteam.campaign.ledger import Ledger, Outcome
+from pulse_redteam.campaign.ledger import Ledger, Outcome, build
 from pulse_redteam.campaign.swarms import RunReport
 
 
@@ -25,3 +28,28 @@ def test_each_hostile_run_is_counted_once(tmp_path: Path) -> None:
     summary = result.summary
     assert summary["hostile_aggregated"] == 1 and summary["hostile_aggregated_detectable"] == 0
     assert summary["per_attack"]["alie"]["aggregated"] == 1 and summary["per_attack"]["nan"]["rejected"] == 1
+
+
+def test_pushes_a_standby_held_are_accounted_and_honest_ones_judged_where_the_round_closed(tmp_path: Path) -> None:
+    """Miners push to every validator that announces the round, so a submission has several takers.
+    One only a standby took (a flood of its intake) is held, not unaccounted; an honest one both
+    took is judged by the round of the validator that closed it."""
+    flooder, honest = "f" * 64, "e" * 64
+    closed = RoundClosed(
+        round=2, submissions=1, selected=1, bytes=10, dense_bytes=100, patch_bytes=5, state_bytes=50,
+        changed_fraction=0.1, scores={honest: 0.5}, rejections={}, state_hash="0" * 64, seconds=0.1,
+    )  # fmt: skip
+    sent = AttackSent(
+        round=2, attack="standby-flood", sender=flooder, header_round=2, message_id="1" * 64,
+        payload_sha256="2" * 64, status="OK", reason="", body_sent=True, peer_id="12D3KooW",
+    )  # fmt: skip
+    events = tmp_path / "events"
+    Events("validator", events / "validator.jsonl").emit(closed, "round 2 closed")
+    for name in ("validator", "standby"):
+        Events(name, events / f"{name}.jsonl").emit(Received(round=2, sender=honest, bytes=10), "received")
+    Events("standby", events / "standby.jsonl").emit(Received(round=2, sender=flooder, bytes=10), "received")
+    Events("hostile", events / "flooder.jsonl").emit(sent, "pushed")
+    ledger = build(read_events(events), validator_log="")
+    [outcome] = ledger.outcomes
+    assert outcome.kind == "held" and "standby" in outcome.reason and ledger.unaccounted == 0
+    assert ledger.per_attack()["standby-flood"]["held"] == 1

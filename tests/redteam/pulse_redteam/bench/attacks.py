@@ -43,7 +43,7 @@ ATTACK_COLUMNS = [
     "attack",
     "detectable",
     "pushes",
-    "rejected",
+    "refused, rejected or held",
     "outscored",
     "aggregated",
     "rounds until excluded",
@@ -60,6 +60,7 @@ class Scenario:
     teams: tuple[swarms.Team, ...] = ()
     fabricators: int = 0
     does: str = ""  # what the run plays, when it is not one attack of `ATTACKS` by its name
+    standby: bool = False  # a second validator in the manifest, running as a standby
 
     @property
     def keys(self) -> int:
@@ -85,6 +86,7 @@ SCENARIO_RUNS = (
     Scenario("rl-fabricated", "rl", fabricators=1),
     Scenario("rl-unserved", "rl", (swarms.Team("rl-unserved", ("rl-unserved",), 1),)),
     Scenario("dht-evict", "lm", (swarms.Team("dht-evict", ("dht-evict",), 1),)),
+    Scenario("standby-flood", "lm", (swarms.Team("standby-flood", ("standby-flood",), 1),), standby=True),
     Scenario("tiny-dense", "rl", (swarms.Team("tiny-dense", ("tiny-dense",), 2),)),
 )
 RL_MINERS, RL_WORKERS = 4, 2
@@ -162,7 +164,7 @@ def run(options: Options) -> BenchResult:
     keys = swarms.Keys.make(out / "keys", max(options.honest, RL_MINERS), max(*hostile, team_keys, 1))
     # the LM runs play every attack but those that need an RL run (played in their own swarms): a
     # hostile process of an LM run handed 'rl-fabricated' crashed (the 45% run's rotation reaches it)
-    names = tuple(a for a in attacks.ATTACKS if attacks.SCENARIOS.get(a, "lm") == "lm")
+    names = tuple(a for a in attacks.ATTACKS if attacks.SCENARIOS.get(a, "lm") == "lm" and a not in attacks.STANDBY)
     reports = []
     _say(f"clean run: {options.honest} honest miners, {options.rounds} rounds (logs in {out})")
     reports.append(
@@ -224,6 +226,7 @@ def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, options: Opt
         fabricators=scenario.fabricators,
         workers=RL_WORKERS,
         min_indicator_average=options.min_indicator_average,
+        standby=scenario.standby,
     )
 
 
@@ -337,7 +340,7 @@ def _result(
             a,
             attacks.ATTACKS[a].detectable,
             m["sends"],
-            m["refused"] + m["rejected"],
+            m["refused"] + m["rejected"] + m["held"],
             m["outscored"],
             m["aggregated"],
             m["rounds_until_excluded"],

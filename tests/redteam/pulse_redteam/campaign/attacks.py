@@ -50,6 +50,10 @@ ATTACKS: dict[str, Attack] = {
         f"{FLOOD} fresh keys a round push random bytes, {3} streams at a time, before the honest miners",
         "admission (established first, newcomers drawn by secret ticket); decoder",
     ),
+    "standby-flood": Attack(
+        f"{FLOOD} fresh keys a round push random bytes to the standby validator, {3} streams at a time",
+        "one intake on every validator (the same admission, header checks and byte budget); held, never scored",
+    ),
     "tiny-dense": Attack(
         "a few hundred bytes declaring every weight sent (PULSELoCo: streams cut to a word)",
         "decoder: no read past a stream's end, symbols bounded by the stream",
@@ -137,12 +141,22 @@ TRAINED = {
 TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "truncated", "slow")
 """Attacks the validator refuses on the stream, before the round sees them."""
 
-SCENARIOS = {"flood": "lm", "tiny-dense": "rl", "rl-fabricated": "rl", "rl-unserved": "rl", "dht-evict": "lm"}
+SCENARIOS = {
+    "flood": "lm",
+    "standby-flood": "lm",
+    "tiny-dense": "rl",
+    "rl-fabricated": "rl",
+    "rl-unserved": "rl",
+    "dht-evict": "lm",
+}
 """Attacks played in their own swarm (the run's task): against one of them alone the run's figures
 (rounds completed, honest miners aggregated, validator memory and disk) say what it costs. A
 tiny dense payload needs PULSELoCo, the RL preset's codec; fabricated rollouts need an RL run. An
 eviction flood displaces the heartbeats of miners without standing, which other attacks of a shared
-swarm find their victims by."""
+swarm find their victims by. A flood of the standby's intake needs a run with two validators."""
+
+STANDBY = ("standby-flood",)
+"""Attacks that need a run with a standby validator: played in their own swarm, never in the rotation."""
 
 NETWORK = tuple(a for a, attack in ATTACKS.items() if attack.expect and a not in SCENARIOS)
 """Attacks on the DHT and the streams themselves (`netattacks.py`, `budgetattacks.py`): no

@@ -63,6 +63,7 @@ T = TypeVar("T")
 log = logging.getLogger("pulse.hostile")
 POLL_SECONDS = 0.5
 SYBILS = 20
+FLOODS = ("flood", "standby-flood")  # pushes that keep to the stream cap and take no BUSY retry
 STREAMS = 3
 # a push answered BUSY (the newcomers' upload slots, which every hostile process of a swarm shares)
 # is sent again after these pauses, as an honest miner's is: the attack then meets its own defence,
@@ -84,6 +85,7 @@ class Hostile:
         self.mine = {k.public_hex for k in keys}
         self.offset, self.stride = 0, 0
         self.victims: list[str] = []  # other miners' keys, from their heartbeats (a thief's victims)
+        self.standby_peer: str | None = None  # a standby validator's peer id (`standby-flood`)
 
     def attack(self, i: int, round_: int) -> str:
         """Key i's attack in `round_`; `offset`/`stride` spread one rotation over several processes."""
@@ -165,7 +167,7 @@ class Hostile:
         if attack == "sybil":
             return await self._push(attack, round_, sub, mode)
         async with self.gate:
-            return await self._push(attack, round_, sub, mode, () if attack == "flood" else BUSY_PAUSES)
+            return await self._push(attack, round_, sub, mode, () if attack in FLOODS else BUSY_PAUSES)
 
     async def _push(
         self, attack: str, round_: int, sub: Submission, mode: dict[str, object], pauses: tuple[float, ...] = ()
@@ -174,11 +176,12 @@ class Hostile:
         body = sub.read()
         uploading = asyncio.Event()
         watcher = asyncio.ensure_future(self._say_uploading(uploading, attack, round_, signed))
-        assert self.peer.validator_peer is not None  # the round is open: its validator's heartbeat was read
+        target = self.standby_peer if attack == "standby-flood" else self.peer.validator_peer
+        assert target is not None  # the round is open: its validators' heartbeats were read
         for pause in (*pauses, None):
             answer = await push(
                 self.peer.p2p,
-                PeerID.from_base58(self.peer.validator_peer),
+                PeerID.from_base58(target),
                 sub.envelope,
                 body,
                 on_body=uploading,
@@ -215,7 +218,9 @@ class Hostile:
     async def _craft(self, attack: str, me: Identity, forge: Forge) -> list[tuple[Submission, dict[str, object]]]:
         """(submission, how to push it) for each push this attack makes this round."""
         seed = int.from_bytes(hashlib.sha256(f"{me.public_hex}/{forge.round}".encode()).digest()[:4], "big")
-        if attack in ("sybil", "flood"):
+        if attack == "standby-flood" and await self._standby(forge.round) is None:
+            raise TransferError("no standby validator announced the round")
+        if attack in ("sybil", "flood", "standby-flood"):
             n = SYBILS if attack == "sybil" else FLOOD
             flood = [Identity.from_seed(hashlib.sha256(f"{attack}/{seed}/{i}".encode()).digest()) for i in range(n)]
             return [(forge.submission(s, crafting.junk(seed + i)), {}) for i, s in enumerate(flood)]
@@ -235,6 +240,14 @@ class Hostile:
                 await self._find_victims(forge.round)
             return [(await self._cpu(lambda: self._trained(attack, me, forge)), {})]
         return [_malformed(attack, forge, me, seed)]
+
+    async def _standby(self, round_: int) -> str | None:
+        """The peer id of a standby validator (any but the manifest's first) that announced `round_`."""
+        standbys = self.setup.manifest.validators[1:]
+        beats = await self.peer.validator_heartbeats(round_)
+        found = [v.message.peer_id for v in beats if v.sender_hex in standbys]
+        self.standby_peer = found[0] if found else None
+        return self.standby_peer
 
     def _trained(self, attack: str, me: Identity, forge: Forge) -> Submission:
         # one at a time: a round that closes abandons its push, not the executor thread still training

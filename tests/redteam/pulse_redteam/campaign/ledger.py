@@ -8,7 +8,9 @@ A hostile push ends in exactly one of:
 - rejected / outscored / aggregated: it was stored and handed to round r, whose `round` event
   lists its sender under `rejections` (with the reason) or `scores` (aggregated);
 - voided: the validator that took it was killed before closing the round (the restarted one
-  reopens the round; nothing of the killed one counts).
+  reopens the round; nothing of the killed one counts);
+- held: only a standby validator took it, and the active one closed the round: the standby held it
+  should it have to close the round itself, and dropped it with the round.
 
 An attack on the network layer (`net_attack` events: DHT floods and pinning, stream-slot holders,
 pushes to miners and followers) is refused when its targets did what the attack expects
@@ -40,7 +42,7 @@ class Outcome:
     attack: str
     round: int
     sender: str
-    kind: str  # refused | rejected | outscored | aggregated | voided | unused | breached | unaccounted
+    kind: str  # refused | rejected | outscored | aggregated | voided | held | unused | breached | unaccounted
     reason: str
     logged: bool = True
 
@@ -79,6 +81,7 @@ class Ledger:
                 "outscored": kinds["outscored"],
                 "aggregated": kinds["aggregated"],
                 "voided": kinds["voided"],
+                "held": kinds["held"],
                 "unused": kinds["unused"],
                 "breached": kinds["breached"],
                 "unaccounted": kinds["unaccounted"] + sum(1 for o in mine if not o.logged),
@@ -95,7 +98,9 @@ def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] =
         if r.event.round in ledger.rounds:
             ledger.double_counted.append(r.event.round)
         ledger.rounds[r.event.round] = r
-    receivers = {(r.event.round, r.event.sender): r.name for r in log.of(Received)}
+    receivers: defaultdict[tuple[int, str], set[str]] = defaultdict(set)  # miners push to every validator
+    for got in log.of(Received):
+        receivers[(got.event.round, got.event.sender)].add(got.name)
     dropped = {(e.round, e.sender): e.reason for e in log.events(Dropped)}
     pools = log.events(PoolPublished)
     sends = log.events(AttackSent)
@@ -112,14 +117,14 @@ def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] =
         if play.outcome != "skipped":
             kind = "refused" if play.outcome == ATTACKS[play.attack].expect else "breached"
             ledger.outcomes.append(Outcome(play.attack, play.round, play.sender, kind, f"{play.target}: {play.detail}"))
-    for (round_, sender), name in receivers.items():
+    for (round_, sender), names in receivers.items():
         if sender in hostile or (round_, sender) in dropped:
             continue
         closed = ledger.rounds.get(round_)
-        if closed is not None and closed.name == name:
+        if closed is not None and closed.name in names:
             if (sender in closed.event.scores) == (sender in closed.event.rejections):
                 ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]}")
-        elif name not in killed_validators:
+        elif closed is None and not names <= killed_validators:
             ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]} received, round never closed")
     return ledger
 
@@ -127,7 +132,7 @@ def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] =
 def _outcome(
     send: AttackSent,
     rounds: dict[int, Logged[RoundClosed]],
-    receivers: dict[tuple[int, str], str],
+    receivers: dict[tuple[int, str], set[str]],
     killed: frozenset[str],
     validator_log: str,
 ) -> Outcome:
@@ -135,12 +140,15 @@ def _outcome(
     if send.status != "OK":
         logged = send.message_id[:12] in validator_log or f"submit from {send.peer_id}" in validator_log
         return Outcome(attack, round_, sender, "refused", f"{send.status} {send.reason}".strip(), logged)
-    receiver = receivers.get((round_, sender))
+    took = receivers.get((round_, sender), set())
     closed = rounds.get(round_)
-    if receiver in killed and (closed is None or closed.name != receiver):
+    if took and took <= killed and (closed is None or closed.name not in took):
         return Outcome(attack, round_, sender, "voided", "its validator was killed before closing the round")
-    if closed is None or receiver is None:
+    if closed is None or not took:
         return Outcome(attack, round_, sender, "unaccounted", "stored, but no round outcome", logged=False)
+    if closed.name not in took:  # a standby took it; the active validator closed the round without it
+        held = ", ".join(sorted(took))
+        return Outcome(attack, round_, sender, "held", f"held by {held}; round closed by {closed.name}")
     scores, reason = closed.event.scores, closed.event.rejections.get(sender)
     if (sender in scores) == (reason is not None):
         return Outcome(attack, round_, sender, "unaccounted", "not exactly one outcome in the round", logged=False)

@@ -25,7 +25,7 @@ from typing import Any
 from node.events import EventLog, read_events
 from node.events.campaign import Uploading
 from node.events.models import Event, Exited, PatchApplied, Received, RoundClosed, RoundOpened, Started
-from node.net.keyfile import write_key_file
+from node.net.keyfile import load_key_file, write_key_file
 from node.run.manifest import Manifest, parse_manifest
 from node.run.presets import preset
 from node.swarm.demo import Proc, Swarm
@@ -34,15 +34,18 @@ from pulse_redteam.campaign import ledger as ledger_mod
 from validator.state import StateStore
 
 
-def campaign_manifest(deadline: float, validator: str, min_indicator_average: float | None = None) -> Manifest:
+def campaign_manifest(
+    deadline: float, validator: str, min_indicator_average: float | None = None, standby: str | None = None
+) -> Manifest:
     """The tiny preset with the campaign's round timing; `min_indicator_average` replaces the preset's
-    record rule (tiny trusts a key's first +1 round so that a demo learns from round 0)."""
+    record rule (tiny trusts a key's first +1 round so that a demo learns from round 0); `standby`:
+    a second validator's key, after `validator` in the manifest's order."""
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
     data["round"].update(deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=3)
     data["selection"]["held_out_batches"] = 2
     if min_indicator_average is not None:
         data["selection"]["min_indicator_average"] = min_indicator_average
-    data["validators"] = [validator]
+    data["validators"] = [validator] if standby is None else [validator, standby]
     return parse_manifest(data)
 
 
@@ -61,6 +64,7 @@ class Keys:
     validator: Path
     honest: list[Path]
     hostile: list[Path]
+    standby: Path  # a second validator's key, for runs with a standby
 
     @classmethod
     def make(cls, folder: Path, honest: int, hostile: int) -> Keys:
@@ -77,12 +81,14 @@ class Keys:
             key("validator"),
             [key(f"honest{i}") for i in range(honest)],
             [key(f"hostile{i}") for i in range(hostile)],
+            key("standby"),
         )
 
     def validator_hex(self) -> str:
-        from node.net.keyfile import load_key_file
-
         return load_key_file(self.validator).public_hex
+
+    def standby_hex(self) -> str:
+        return load_key_file(self.standby).public_hex
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ class RunReport:
     seconds: float = 0.0
     honest_aggregated: dict[int, int] = field(default_factory=dict)  # round -> honest miners aggregated
     validator_peak_mb: float | None = None  # peak resident memory of the validator process (MiB)
-    validator_disk_mb: float = 0.0  # peak size of the validator's folder: state, blobs, inbox (MB)
+    validator_disk_mb: float = 0.0  # peak size of a validator's folder (the largest): state, blobs, inbox (MB)
     final_reward: float | None = None  # RL runs: the validator's held-out reward after the last round
 
     @property
@@ -233,21 +239,24 @@ def attack_run(
     fabricators: int = 0,
     workers: int = 2,
     min_indicator_average: float | None = None,
+    standby: bool = False,
 ) -> RunReport:
     """Validator, honest miners and a follower for `rounds`, with hostile teams alongside. An RL run
     (`task="rl"`) has `workers` honest inference workers instead of the follower, and `fabricators`
     workers that publish fabricated rollouts. `min_indicator_average`: an LM run's record rule
-    (default: the tiny preset's)."""
+    (default: the tiny preset's). `standby`: a second validator (an LM run), second in the manifest."""
     start = time.monotonic()
     if task == "rl":
         manifest = rl_campaign_manifest(deadline, keys.validator_hex())
     else:
-        manifest = campaign_manifest(deadline, keys.validator_hex(), min_indicator_average)
+        second = keys.standby_hex() if standby else None
+        manifest = campaign_manifest(deadline, keys.validator_hex(), min_indicator_average, second)
     write_manifest(out, manifest)
     swarm = CampaignSwarm(out, manifest, rounds)
     try:
         swarm.start_bootstrap()
         validator = swarm.start_role("validator", "validator", keys.validator)
+        validators = [validator, *([swarm.start_role("standby", "validator", keys.standby)] if standby else [])]
         honest_procs = [swarm.start_role(f"miner{i}", "miner", k) for i, k in enumerate(keys.honest[:honest])]
         if task == "rl":
             honest_procs += [swarm.start_role(f"worker{i}", "follow", None) for i in range(workers)]
@@ -259,15 +268,17 @@ def attack_run(
             hostile_procs.append(swarm.start_team(team, keys.hostile[used : used + team.keys]))
             used += team.keys
         timeout = 120.0 + rounds * (deadline + 25.0)
-        with DiskPeak(swarm.work / "validator") as disk:
+        with contextlib.ExitStack() as stack:  # each validator's folder: a standby's inbox is a disk to fill too
+            disks = [stack.enter_context(DiskPeak(swarm.work / v.name)) for v in validators]
             codes = exit_codes(honest_procs + hostile_procs, timeout)
-        alive = validator.popen.poll() is None
-        swarm.stop(validator)
-        codes["validator"] = 0 if alive else validator.popen.returncode
+        for v in validators:  # each still running (serving the last round's blobs) is a clean end
+            alive = v.popen.poll() is None
+            swarm.stop(v)
+            codes[v.name] = 0 if alive else v.popen.returncode
     finally:
         swarm.stop_all()
     report = make_report(out.name, swarm, codes, killed=set(), seconds=time.monotonic() - start)
-    report.validator_disk_mb = round(disk.peak / 1e6, 2)
+    report.validator_disk_mb = round(max(d.peak for d in disks) / 1e6, 2)
     return report
 
 
