@@ -24,7 +24,7 @@ Files (each imports only the standard library, torch, numpy, codec libraries and
 - `codec.py`       pseudo-gradient codec interface, the dense (DiLoCo) codec, the registry by name
 - `pulseloco.py`   PULSELoCo: send what would change the BF16 forward pass, keep the rest as error feedback
 - `sparseloco.py`  SparseLoCo: top-k per 4096-element chunk, 2-bit values, error feedback
-- `warmup.py`      every compiled codec kernel run once (a node: on a thread of its own at start), so none loads against a deadline
+- `warmup.py`      every codec kernel run once (a node: on its own thread at start), none loaded against a deadline
 - `codec_options.py` the codec parameters a run fixes (pydantic) and `build_codec`, the one way a run's codec is made
 
 `protocol` imports neither `node` nor `validator`.
