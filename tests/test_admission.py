@@ -6,6 +6,9 @@ import hashlib
 import random
 
 from validator.admission import Admission, AdmissionRules, Established
+from validator.config import GauntletConfig
+from validator.core import earning_in, established_in
+from validator.state import Book
 
 SECRET = hashlib.sha256(b"round secret").digest()
 
@@ -162,3 +165,28 @@ def test_a_seat_whose_body_never_comes_is_freed_with_its_bytes() -> None:
     assert a.arrive(late) is None
     now[0] = 1000.0
     assert a.expire() == () and set(a.seats) == {honest, late}
+
+
+def test_a_key_that_earned_standing_once_keeps_a_newcomer_seat_against_any_flood() -> None:
+    """Established takes two earning rounds; under a flood of fresh keys a newcomer was seated in
+    about one round in five, so the second took most of a run. A key that earned once now draws its
+    ticket below every fresh key's, in every round, whatever the order the flood comes in."""
+    earner, flood = keys("earner", 1)[0], keys("fresh", 500)
+    for seed in range(5):
+        secret = hashlib.sha256(f"round {seed}".encode()).digest()
+        a = Admission(AdmissionRules(8, 2, 10_000), frozenset(), secret, earning=frozenset({earner}))
+        order = random.Random(seed).sample([*flood, earner], len(flood) + 1)
+        fate = offer_all(a, order)
+        assert fate[earner] is None and earner in a.seats and len(a.seats) == 8
+        assert earner in a.awaited([*flood, earner])  # and a round waits for it before any fresh key
+        plain = Admission(AdmissionRules(8, 2, 10_000), frozenset(), secret)  # the same key, fresh
+        assert plain.ticket(earner) > a.ticket(earner) and plain.ticket(flood[0]) == a.ticket(flood[0])
+
+
+def test_the_earning_keys_come_from_the_book_and_leave_it_once_established() -> None:
+    """Every intake (the active validator's and a standby's) reads the same keys from the book."""
+    cfg = GauntletConfig()
+    once, twice, long_ago = keys("miner", 3)
+    gained = {once: [9], twice: [8, 9], long_ago: [9 - cfg.established_window - 1]}
+    book = Book(round=10, outer_steps=10, ratings={}, indicators={}, seen=[], gained=gained, states=["0" * 64])
+    assert earning_in(cfg, book) == {once} and set(established_in(cfg, book)) == {twice}

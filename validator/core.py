@@ -36,7 +36,7 @@ from protocol.statehash import state_hash
 from validator.admission import Established
 from validator.config import GauntletConfig
 from validator.evidence import build_evidence
-from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing, established, seat_standing
+from validator.gauntlet import Decision, Outcome, RoundPipeline, Standing, earning_of, established, seat_standing
 from validator.intake import RoundContext, Submission, screen
 from validator.outer import OuterOptimizer
 from validator.ratings import Ratings
@@ -293,6 +293,11 @@ def established_in(cfg: GauntletConfig, book: Book) -> Established:
     standing = Standing(ratings, book.indicators, {m: tuple(r) for m, r in book.gained.items()}, dict(book.since))
     keys = established(cfg, standing, book.round)
     return Established({m: seat_standing(standing, m, book.round) for m in keys})
+
+
+def earning_in(cfg: GauntletConfig, book: Book) -> frozenset[str]:
+    """The miners on their way to being established in the round after `book` (`gauntlet.earning_of`)."""
+    return earning_of(cfg, {m: tuple(r) for m, r in book.gained.items()}, book.round)
 
 
 def round_context(cfg: GauntletConfig, run_id: str, book: Book, state_hash: str, cap: int) -> RoundContext:

@@ -547,6 +547,15 @@ def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozens
     return established_of(cfg, standing.gained, round_)
 
 
+def earning_of(cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], round_: int) -> frozenset[str]:
+    """Miners that earned standing in the `established_window` rounds before `round_`, but in fewer
+    than `established_rounds`: on their way, with the same work a fresh key has not done (a newcomer
+    seat before any fresh key's, admission.py)."""
+    oldest = round_ - cfg.established_window
+    counts = {m: sum(1 for r in rounds if r >= oldest) for m, rounds in gained.items()}
+    return frozenset(m for m, n in counts.items() if 0 < n < cfg.established_rounds)
+
+
 def established_of(cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], round_: int) -> frozenset[str]:
     """`established` from the rounds each miner earned (a book's `gained`: an auditor has no ratings object)."""
     oldest = round_ - cfg.established_window

@@ -41,7 +41,7 @@ from protocol.messages import SubmissionHeader
 from protocol.signing import Verified
 from protocol.state import State
 from validator.admission import Admission, AdmissionRules
-from validator.core import established_in, round_context
+from validator.core import earning_in, established_in, round_context
 from validator.intake import RoundContext, Submission, check_header
 from validator.scoring import RoundSecret
 from validator.state import Book
@@ -58,6 +58,7 @@ class RoundTerms:
     context: RoundContext  # run, round, W_r's hash, the earlier states, codec, payload cap
     established: frozenset[str]  # seated first, and favoured on the upload slots
     secret: bytes  # this validator's secret for the round: the newcomers' tickets
+    earning: frozenset[str] = frozenset()  # newcomers that earned standing once: tickets before fresh keys'
 
 
 def terms_of(setup: RunSetup, identity: Identity, book: Book, state_hash: str, weights: State) -> RoundTerms:
@@ -66,7 +67,8 @@ def terms_of(setup: RunSetup, identity: Identity, book: Book, state_hash: str, w
     cfg = setup.manifest.gauntlet()
     cap = cfg.max_payload_bytes or default_max_bytes(weights)
     secret = RoundSecret.derive(identity, setup.run_id, book.round).key("admission")
-    return RoundTerms(round_context(cfg, setup.run_id, book, state_hash, cap), established_in(cfg, book), secret)
+    context = round_context(cfg, setup.run_id, book, state_hash, cap)
+    return RoundTerms(context, established_in(cfg, book), secret, earning_in(cfg, book))
 
 
 def admission_rules(setup: RunSetup, max_payload: int) -> AdmissionRules:
@@ -106,7 +108,7 @@ class RoundIntake:
         """Take headers for `terms`' round from now on; nothing of an earlier round stays."""
         rules = self.rules or admission_rules(self.setup, terms.context.max_payload_bytes)
         self.terms, self.rules = terms, rules
-        self.admission = Admission(rules, terms.established, terms.secret)
+        self.admission = Admission(rules, terms.established, terms.secret, earning=terms.earning)
         self.arrivals = {}
         self.empty()  # a body may have landed after the last round closed
         self.opened_at = self.clock() if opened_at is None else opened_at
