@@ -297,7 +297,7 @@ def established_in(cfg: GauntletConfig, book: Book) -> Established:
 
 def earning_in(cfg: GauntletConfig, book: Book) -> frozenset[str]:
     """The miners on their way to being established in the round after `book` (`gauntlet.earning_of`)."""
-    return earning_of(cfg, {m: tuple(r) for m, r in book.gained.items()}, book.round)
+    return earning_of(cfg, book.gained, book.round)
 
 
 def round_context(cfg: GauntletConfig, run_id: str, book: Book, state_hash: str, cap: int) -> RoundContext:

@@ -547,20 +547,24 @@ def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozens
     return established_of(cfg, standing.gained, round_)
 
 
+def _recent_earnings(cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], round_: int) -> dict[str, int]:
+    """Each miner's rounds of earned standing within the `established_window` rounds before `round_`."""
+    oldest = round_ - cfg.established_window
+    return {m: sum(1 for r in rounds if r >= oldest) for m, rounds in gained.items()}
+
+
 def earning_of(cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], round_: int) -> frozenset[str]:
     """Miners that earned standing in the `established_window` rounds before `round_`, but in fewer
     than `established_rounds`: on their way, with the same work a fresh key has not done (a newcomer
     seat before any fresh key's, admission.py)."""
-    oldest = round_ - cfg.established_window
-    counts = {m: sum(1 for r in rounds if r >= oldest) for m, rounds in gained.items()}
+    counts = _recent_earnings(cfg, gained, round_)
     return frozenset(m for m, n in counts.items() if 0 < n < cfg.established_rounds)
 
 
 def established_of(cfg: GauntletConfig, gained: Mapping[str, Sequence[int]], round_: int) -> frozenset[str]:
     """`established` from the rounds each miner earned (a book's `gained`: an auditor has no ratings object)."""
-    oldest = round_ - cfg.established_window
-    enough = cfg.established_rounds
-    return frozenset(m for m, rounds in gained.items() if sum(1 for r in rounds if r >= oldest) >= enough)
+    counts = _recent_earnings(cfg, gained, round_)
+    return frozenset(m for m, n in counts.items() if n >= cfg.established_rounds)
 
 
 @dataclass(frozen=True)

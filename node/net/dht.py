@@ -45,7 +45,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from node.net import dhtprocess
 from node.net.lifetime import listen_conflicts
 from node.net.netconfig import NetConfig, prepare_identity
-from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules, capped_ttl
+from node.net.records import MAX_DHT_VALUE_BYTES, RecordRules, capped_ttl, no_standing
 from node.net.streams import printable
 from protocol.errors import (
     InvalidRecord,
@@ -228,9 +228,7 @@ class PulseDHT:
         others, here, asked = self._result(self._call().run_coroutine(store, return_future=True), "store")
         return Stored(others=others, here=here, asked=asked)
 
-    def get(
-        self, kind: type[M], round_: int, preferred: Callable[[bytes], bool] = lambda _: False
-    ) -> list[Verified[M]]:
+    def get(self, kind: type[M], round_: int, preferred: Callable[[bytes], bool] = no_standing) -> list[Verified[M]]:
         """The valid `kind` records of `round_`, re-verified here: the run's validators' first (in
         priority order), then those of the signers `preferred` (standing), then others in this
         reader's own order, no more than a peer keeps of one key (`RecordRules.read_order`)."""

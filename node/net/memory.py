@@ -34,7 +34,7 @@ from node.net.blobstore import BlobStore
 from node.net.dht import PulseRecordValidator, check_store, dht_key_id, verify_record
 from node.net.fetching import Progress
 from node.net.peer import Peer, Role, RunRecords
-from node.net.records import StoreBudget
+from node.net.records import StoreBudget, no_standing
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits, guarded_stream
 from node.net.transfer import (
     FETCH,
@@ -188,7 +188,7 @@ class MemoryNetwork:
         self.records.get(self._keys.get(key, ("", -1)), {}).pop(owner, None)
 
     def get(
-        self, kind: type[M], round_: int, *, salt: bytes = b"", preferred: Callable[[bytes], bool] = lambda _: False
+        self, kind: type[M], round_: int, *, salt: bytes = b"", preferred: Callable[[bytes], bool] = no_standing
     ) -> list[Verified[M]]:
         """The live `kind` records of `round_`, re-verified as a reader does, in `read_order`."""
         now, out = time.time(), []

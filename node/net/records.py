@@ -86,6 +86,11 @@ def capped_ttl(kind: str, ttl: float) -> float:
     return min(ttl, OPEN_MAX_TTL) if policy is not None and policy.writers == "anyone" else ttl
 
 
+def no_standing(_: bytes) -> bool:
+    """A reader that knows of no key with standing (`RecordRules.read_order`'s default)."""
+    return False
+
+
 @dataclass(frozen=True)
 class RecordRules:
     """The store-time rules of one run, the same on every peer of it."""
@@ -110,7 +115,7 @@ class RecordRules:
         return self.validators.index(hexed) if hexed in self.validators else len(self.validators)
 
     def read_order(
-        self, owners: list[bytes], kind: str, *, salt: bytes = b"", preferred: Callable[[bytes], bool] = lambda _: False
+        self, owners: list[bytes], kind: str, *, salt: bytes = b"", preferred: Callable[[bytes], bool] = no_standing
     ) -> list[bytes]:
         """The owners of one key's records a reader looks at, at most as many as a peer keeps: the
         validators first (in priority order), then the keys the reader holds `preferred` (those with

@@ -124,8 +124,9 @@ def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] =
         if closed is not None and closed.name in names:
             if (sender in closed.event.scores) == (sender in closed.event.rejections):
                 ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]}")
-        elif closed is None and not names <= killed_validators:
-            ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]} received, round never closed")
+        elif not names <= killed_validators:
+            where = "round never closed" if closed is None else f"round closed by {closed.name}, which never took it"
+            ledger.honest_unaccounted.append(f"round {round_}: {sender[:12]} received, {where}")
     return ledger
 
 
