@@ -10,36 +10,11 @@ from pathlib import Path
 import pytest
 
 from node.events import Events
-from node.learn.rl.checks import announce, check_batch
-from node.learn.rl.config import RLConfig
-from node.learn.rl.task import answer, problems_for, reward
+from node.learn.rl.checks import check_batch
 from node.roles.rl.pool import EXAMINED_PER_BATCH, PENALTY_ROUNDS, UNSERVED_PENALTY_ROUNDS, PoolKeeper
 from protocol import rollouts
 from protocol.identity import Identity
-from protocol.messages import RolloutAnnouncement
-from protocol.rollouts import RolloutBatch, RolloutGroup
-from tests.rollouts import RUN, Workers
-
-CFG = RLConfig(group_size=4, prompts_per_batch=3, max_staleness=1, pool_wait_seconds=0.2)
-STATES = {2: hashlib.sha256(b"w2").hexdigest(), 3: hashlib.sha256(b"w3").hexdigest()}
-
-
-def honest_batch(worker: Identity, round_: int = 3, states: dict[int, str] = STATES) -> RolloutBatch:
-    groups = []
-    for prompt in problems_for(RUN, round_, worker.public_hex, CFG.prompts_per_batch, CFG):
-        completions = (answer(prompt), b"0\n", b"x", answer(prompt))
-        groups.append(RolloutGroup(prompt, completions, tuple(reward(prompt, c) for c in completions)))
-    return RolloutBatch(RUN, round_, worker.public_hex, states[round_], tuple(groups))
-
-
-def announced(batch: RolloutBatch) -> RolloutAnnouncement:
-    return announce(batch, rollouts.encode(batch))
-
-
-def lie_about_reward(batch: RolloutBatch) -> RolloutBatch:
-    first = batch.groups[0]
-    inflated = replace(first, rewards=tuple(1.0 for _ in first.rewards))
-    return replace(batch, groups=(inflated, *batch.groups[1:]))
+from tests.rollouts import CFG, RUN, STATES, Workers, announced, honest_batch, lie_about_reward
 
 
 def test_an_honest_batch_passes_every_check() -> None:

@@ -145,6 +145,7 @@ def test_an_rl_run_pools_rollouts_and_stays_in_step(rl_run: EventLog) -> None:
     assert [p.round for p in pools] == list(range(ROUNDS))
     assert all(p.batches >= 2 and set(p.workers) <= workers and not p.refused for p in pools)
     assert {r.name for r in rl_run.of(RolloutsPublished)} == {"worker0", "worker1"}
+    assert all(e.pushed for e in rl_run.events(RolloutsPublished))  # the validator took each over a stream
     assert rl_run.events(Submitted, "miner0") and rl_run.events(Submitted, "miner1")
     one_outcome_each(rl_run, ["miner0", "miner1"])
     finals = rl_run.final_hashes()

@@ -286,6 +286,7 @@ class RolloutsPublished(Event):
     completions: int
     bytes: int
     mean_reward: float
+    pushed: bool = False  # a validator took it over a stream (else it is only announced in the DHT)
 
 
 ROLE_EVENTS = (

@@ -7,8 +7,10 @@
     await peer.heartbeat(r, state_hash)        # "alive at round r, serving these blobs"; old blobs go
     peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
+                                               # (a submission, or an RL worker's rollout batch)
     await peer.replicate(envelope, to=peer_id, wait=s)   # the active validator: a standby holds the round's blobs
     peer.take_replicas(on_replica)             # a standby validator: take them (`roles/replicas.py`)
+    peer.take_rollouts(taker)                  # an RL validator: take workers' batches (`roles/rl/intake.py`)
     path = await peer.fetch_from(holder, sha256, size, r)   # from that one holder only
 
 - `RunView` reads the run's signed records: round results, checkpoints, heartbeats (and finds the
@@ -56,6 +58,7 @@ from node.net.retention import BlobKind, Keeper, Retention
 from node.net.streams import DEFAULT_LIMITS, Stream, TransferLimits
 from node.net.transfer import (
     OnReplica,
+    RolloutTaker,
     TransferCounts,
     TransferService,
     fetch_deadline,
@@ -248,6 +251,10 @@ class Peer(RunView):
     def take_replicas(self, on_replica: OnReplica | None) -> None:
         """Take replicas pushed by the run's active validator (a standby; None: refuse them again)."""
         self.service.on_replica = on_replica
+
+    def take_rollouts(self, taker: RolloutTaker | None) -> None:
+        """Take rollout batches pushed by workers (an RL validator's pool; None: refuse them again)."""
+        self.service.rollouts = taker
 
     @abstractmethod
     async def shutdown(self) -> None: ...

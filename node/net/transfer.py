@@ -1,16 +1,17 @@
 """Blobs over hivemind P2P streams: `rpc_fetch` / `rpc_submit` / `rpc_replicate` handlers and their `call_*` clients.
 
 `fetch` streams a blob this node holds to any peer that asks (so every holder re-serves what it
-has); `submit` lets a node that cannot accept connections push a payload to a reachable one.
+has); `submit` lets a node that cannot accept connections push a payload to a reachable one: a
+miner's submission, or (RL runs) a worker's rollout batch, each under its signed header.
 
 The two conversations (framing and byte pumps are `streams.py`):
 
     fetch   client: request b"F" | sha256 (32 bytes) | max size u64
             server: reply OK + size (or NOT_FOUND, TOO_LARGE, BUSY), then the body
             (the same stream also serves parts of blobs and link probes: `ranges.py`)
-    submit  client: request = a signed `SubmissionHeader` envelope
+    submit  client: request = a signed `SubmissionHeader` (or `RolloutAnnouncement`) envelope
             server: reply OK (or REJECTED, DUPLICATE, TOO_LARGE, BUSY) before any body byte is sent
-            client: the body, exactly `payload_size` bytes
+            client: the body, exactly the header's `payload_size` (`blob_size`) bytes
             server: reply OK once the blob is verified and stored (or FAILED with the reason)
     replicate  (between a run's validators) client: request = a signed `RoundResult` envelope
             server: reply OK once it holds the blobs the result names (it fetches them from the
@@ -28,10 +29,10 @@ peers with standing (`budget.Standing`: the validators' peers, holders that deli
 blob, the peers of keys a validator aggregated), and an accepted submission one of
 `max_submit_streams`, apart, so a flood of
 one kind never blocks the other; `reserved_submit_streams` of those only favoured senders take
-(the validator favours miners with a rating history); one signer has one body in flight; bodies
+(the validator favours miners with a rating history); one signer has one body of each kind in flight; bodies
 move at `min_bytes_per_second` or faster, both ways. A node takes submissions only when its
-transfer service is built with an `Intake`; without one every push is refused before its header
-is even parsed.
+transfer service is built with an `Intake`, and rollout batches only once given a `RolloutTaker`
+(an RL validator's pool); with neither, every push is refused before its header is even parsed.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from node.net.streams import (
     try_reply,
 )
 from protocol.errors import BlobNotFound, MalformedPayload, PeerBusy, ProtocolError, SizeLimitExceeded, TransferError
-from protocol.messages import PROTOCOL_VERSION, SubmissionHeader
+from protocol.messages import PROTOCOL_VERSION, RolloutAnnouncement, SubmissionHeader
 from protocol.signing import SeenCache, SignedMessage, Verified, open_signed
 
 logger = logging.getLogger(__name__)
@@ -191,10 +192,11 @@ async def call_submit(
 async def submit_over(
     stream: Stream, peer: object, signed: SignedMessage, payload: Path, *, limits: TransferLimits
 ) -> bool:
-    """The client side of a submission on an open stream (`call_submit`; the in-memory network uses it too)."""
-    header = SubmissionHeader.from_canonical(signed.body)
-    if payload.stat().st_size != header.payload_size:
-        raise SizeLimitExceeded(f"{payload} is not the {header.payload_size} bytes its header announces")
+    """The client side of a push on an open stream (`call_submit`; the in-memory network uses it too):
+    a signed `SubmissionHeader` or `RolloutAnnouncement` and the file it names."""
+    size = pushed_size(signed)
+    if payload.stat().st_size != size:
+        raise SizeLimitExceeded(f"{payload} is not the {size} bytes its header announces")
     reader, writer = stream
     await send_request(writer, signed.to_bytes(), limits)
     status, _, reason = await read_reply(reader, limits.open_timeout)
@@ -204,11 +206,18 @@ async def submit_over(
         raise PeerBusy(f"{peer} refused the submission: BUSY {reason}")
     if status is not Status.OK:
         raise TransferError(f"{peer} refused the submission: {status.name} {reason}")
-    await send_file(writer, payload, header.payload_size, limits)
+    await send_file(writer, payload, size, limits)
     status, _, reason = await read_reply(reader, limits.chunk_timeout)
     if status is not Status.OK:
         raise TransferError(f"{peer} did not store the submission: {status.name} {reason}")
     return True
+
+
+def pushed_size(signed: SignedMessage) -> int:
+    """The body size a push header announces (a submission's payload, a rollout batch's blob)."""
+    if signed.kind == RolloutAnnouncement.KIND:
+        return RolloutAnnouncement.from_canonical(signed.body).blob_size
+    return SubmissionHeader.from_canonical(signed.body).payload_size
 
 
 async def call_replicate(
@@ -254,6 +263,71 @@ class Intake(Protocol):
         """Whether a sender may take a reserved submission slot (e.g. it has a rating history)."""
 
 
+class RolloutTaker(Protocol):
+    """Where pushed rollout batches go (an RL validator's, `node/roles/rl/intake.py`), set on a running
+    service (`Peer.take_rollouts`): a rollout push ends in these calls and nowhere else."""
+
+    @property
+    def inbox(self) -> BlobStore:
+        """Where pushed batches land, apart from the blobs this node serves."""
+
+    def accept(self, verified: Verified[RolloutAnnouncement]) -> str | None:
+        """Decides on a verified announcement before its body is read: a rejection reason, or None."""
+
+    def on_rollouts(self, verified: Verified[RolloutAnnouncement], path: Path) -> str | None:
+        """Takes a received batch, its bytes verified and stored at `path` (in the inbox); a rejection
+        reason if it is refused now that it is here. The taker removes what it refuses."""
+
+    def favoured(self, worker: str) -> bool:
+        """Whether a worker may take a reserved upload slot (its batches passed before)."""
+
+
+@dataclass(frozen=True)
+class Push:
+    """A verified push header of either kind, seen the one way the stream handles both."""
+
+    verified: Verified[SubmissionHeader] | Verified[RolloutAnnouncement]
+    sender: str
+    sha256: str
+    size: int
+    inbox: BlobStore
+    accept: Callable[[], str | None]  # before the body: a rejection reason, or None
+    favoured: bool
+    land: Callable[[Path], str | None]  # the body is stored at this path: a rejection reason, or None
+
+    @property
+    def what(self) -> str:
+        return "rollout batch" if isinstance(self.verified.message, RolloutAnnouncement) else "submission"
+
+
+def submission_push(verified: Verified[SubmissionHeader], intake: Intake) -> Push:
+    header = verified.message
+    return Push(
+        verified,
+        header.sender,
+        header.payload_sha256,
+        header.payload_size,
+        intake.inbox,
+        lambda: intake.accept(header),
+        intake.favoured(header),
+        lambda path: intake.on_submission(verified, path),
+    )
+
+
+def rollout_push(verified: Verified[RolloutAnnouncement], taker: RolloutTaker) -> Push:
+    a, worker = verified.message, verified.sender_hex
+    return Push(
+        verified,
+        worker,
+        a.blob_sha256,
+        a.blob_size,
+        taker.inbox,
+        lambda: taker.accept(verified),
+        taker.favoured(worker),
+        lambda path: taker.on_rollouts(verified, path),
+    )
+
+
 @dataclass(frozen=True)
 class Handlers:
     """An `Intake` made of three functions and a folder (tools and tests)."""
@@ -265,6 +339,7 @@ class Handlers:
 
 
 NO_SUBMISSIONS = "this node takes no submissions"
+NO_ROLLOUTS = "this node takes no rollout batches (only an RL run's validator does)"
 OnReplica = Callable[[str, bytes], Awaitable[str | None]]
 """Takes a pushed replica (the caller's peer id in base58, the request: a signed round result's
 envelope, unchecked); None once it holds the blobs the result names, else the reason it refuses.
@@ -329,6 +404,7 @@ class TransferService:
         patch is public) must never replace or remove it."""
         self.p2p, self.store, self.run_id, self.limits = p2p, store, run_id, limits
         self.on_replica: OnReplica | None = None  # a standby validator's (`take_replicas`)
+        self.rollouts: RolloutTaker | None = None  # an RL validator's pool (`take_rollouts`)
         self.replicas = Slots(MAX_REPLICAS_AT_ONCE)
         self.intake = intake
         self.seen = seen if seen is not None else SeenCache()  # pass a persisted one to survive restarts
@@ -338,7 +414,7 @@ class TransferService:
         self.fetches = Slots(limits.max_fetch_streams, limits.reserved_fetch_streams)
         self.submits = Slots(limits.max_submit_streams, limits.reserved_submit_streams)
         self._receiving: set[str] = set()  # message ids whose body is arriving
-        self._senders: set[str] = set()  # signers with a body arriving: one each
+        self._senders: set[tuple[str, str]] = set()  # (kind, signer) with a body arriving: one each
         self.counts = TransferCounts()
 
     @classmethod
@@ -520,44 +596,48 @@ class TransferService:
         await reply(writer, Status.OK, limits=self.limits)
 
     async def _submit(self, request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        intake = self.intake
-        if intake is None:  # not a validator: refused before the header is even parsed
+        if self.intake is None and self.rollouts is None:  # takes no pushes: refused before the header is parsed
             self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=NO_SUBMISSIONS, limits=self.limits)
             return
         try:
-            verified = open_signed(request, run_id=self.run_id, expect=SubmissionHeader)
+            push = self._push_of(request)
         except ProtocolError as exc:
             self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=str(exc), limits=self.limits)
             raise
-        status, reason = self._admit(verified, intake)
-        if status is Status.OK and not self.submits.take(intake.favoured(verified.message)):
-            status, reason = Status.BUSY, f"receiving {self.submits.used} submissions; try again shortly"
+        status, reason = self._admit(push)
+        if status is Status.OK and not self.submits.take(push.favoured):
+            status, reason = Status.BUSY, f"receiving {self.submits.used} pushes; try again shortly"
         if status is not Status.OK:
             self.counts.refuse(status)
-            sender = verified.sender_hex[:12]
-            logger.info("submission %s... from %s...: %s %s", verified.message_id[:12], sender, status.name, reason)
+            message, sender = push.verified.message_id[:12], push.sender[:12]
+            logger.info("%s %s... from %s...: %s %s", push.what, message, sender, status.name, reason)
             await reply(writer, status, reason=reason, limits=self.limits)
             return
         try:
-            await self._receive(verified, intake, reader, writer)
+            await self._receive(push, reader, writer)
         finally:
             self.submits.give()
 
-    async def _receive(
-        self,
-        verified: Verified[SubmissionHeader],
-        intake: Intake,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        header = verified.message
-        self._receiving.add(verified.message_id)
-        self._senders.add(header.sender)
+    def _push_of(self, request: bytes) -> Push:
+        """The verified header of a push this node takes; `ProtocolError` for any other."""
+        signed = SignedMessage.from_bytes(request)
+        if signed.kind == RolloutAnnouncement.KIND:
+            if self.rollouts is None:
+                raise ProtocolError(NO_ROLLOUTS)
+            return rollout_push(open_signed(request, run_id=self.run_id, expect=RolloutAnnouncement), self.rollouts)
+        if self.intake is None:
+            raise ProtocolError(NO_SUBMISSIONS)
+        return submission_push(open_signed(request, run_id=self.run_id, expect=SubmissionHeader), self.intake)
+
+    async def _receive(self, push: Push, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        message_id, sender = push.verified.message_id, (push.what, push.sender)
+        self._receiving.add(message_id)
+        self._senders.add(sender)
         try:
-            await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
-            with intake.inbox.writer(header.payload_sha256, header.payload_size) as blob:
+            await reply(writer, Status.OK, size=push.size, limits=self.limits)
+            with push.inbox.writer(push.sha256, push.size) as blob:
                 await receive_body(reader, blob, self.limits)
                 path = await asyncio.get_running_loop().run_in_executor(None, blob.commit)
         except (ProtocolError, TransferError, TimeoutError) as exc:
@@ -569,32 +649,32 @@ class TransferService:
             await try_reply(writer, Status.FAILED, f"receiver could not store the payload: {exc}", self.limits)
             raise
         finally:
-            self._receiving.discard(verified.message_id)
-            self._senders.discard(header.sender)
+            self._receiving.discard(message_id)
+            self._senders.discard(sender)
         # The taker decides again now that the body is here: the round may have closed while it
-        # arrived, or another submission of the same sender may have finished first. Either way
+        # arrived, or another push of the same sender may have finished first. Either way
         # this one gets its own logged refusal instead of being dropped (or replacing the first)
         # in silence, and the taker removes its payload.
-        late = intake.on_submission(verified, path)
+        late = push.land(path)
         if late:
-            sender, message = verified.sender_hex[:12], verified.message_id[:12]
-            logger.info("submission %s... from %s...: REJECTED after its body: %s", message, sender, late)
+            logger.info(
+                "%s %s... from %s...: REJECTED after its body: %s", push.what, message_id[:12], sender[1][:12], late
+            )
             self.counts.refuse(Status.REJECTED)
             await reply(writer, Status.REJECTED, reason=late, limits=self.limits)
             return
-        self.seen.add(verified.message_id)
-        await reply(writer, Status.OK, size=header.payload_size, limits=self.limits)
+        self.seen.add(message_id)
+        await reply(writer, Status.OK, size=push.size, limits=self.limits)
 
-    def _admit(self, verified: Verified[SubmissionHeader], intake: Intake) -> tuple[Status, str]:
+    def _admit(self, push: Push) -> tuple[Status, str]:
         """Decide on a verified header before reading its body."""
-        if verified.message_id in self.seen:
+        if push.verified.message_id in self.seen:
             return Status.DUPLICATE, "replayed message: already received"
-        if verified.message_id in self._receiving:
-            return Status.BUSY, "this submission is already being received"
-        if verified.message.sender in self._senders:
-            return Status.BUSY, "a submission of this key is already arriving"
-        size = verified.message.payload_size
-        if size > self.limits.max_blob_bytes:
-            return Status.TOO_LARGE, f"payload of {size} bytes, cap is {self.limits.max_blob_bytes}"
-        reason = intake.accept(verified.message)
+        if push.verified.message_id in self._receiving:
+            return Status.BUSY, f"this {push.what} is already being received"
+        if (push.what, push.sender) in self._senders:
+            return Status.BUSY, f"a {push.what} of this key is already arriving"
+        if push.size > self.limits.max_blob_bytes:
+            return Status.TOO_LARGE, f"payload of {push.size} bytes, cap is {self.limits.max_blob_bytes}"
+        reason = push.accept()
         return (Status.REJECTED, reason) if reason else (Status.OK, "")

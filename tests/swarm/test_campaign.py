@@ -106,12 +106,17 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(tmp_path: Pat
     """An RL swarm (PULSELoCo) with a worker that publishes fabricated rollouts from fresh keys
     ground to sort first, and a miner pushing tiny payloads that declare every weight sent: no
     fabricated batch enters a pool (each one a pool looks at is refused as not sampled from the
-    round's weights) and no tiny payload is aggregated; announcements of blobs nobody serves do not
-    keep a pool from being built."""
-    keys = Keys.make(tmp_path / "keys", honest=2, hostile=2)
+    round's weights) and no tiny payload is aggregated; announcements of blobs nobody serves and a
+    flood of pushed batches of noise from fresh keys do not keep a pool from being built, and no
+    noise enters one."""
+    keys = Keys.make(tmp_path / "keys", honest=2, hostile=3)
     m = rl_campaign_manifest(RL_DEADLINE, keys.validator_hex())
     warm_start(m.model.gpt, m.model.seed, m.rl)  # once here, cached for every process of the swarm
-    teams = [Team("tiny", ("tiny-dense",), 1), Team("unserved", ("rl-unserved",), 1)]
+    teams = [
+        Team("tiny", ("tiny-dense",), 1),
+        Team("unserved", ("rl-unserved",), 1),
+        Team("pushes", ("rl-push-flood",), 1),
+    ]
     report = attack_run(
         tmp_path / "run", keys, teams, rounds=2, deadline=RL_DEADLINE, honest=2, task="rl", fabricators=1
     )
@@ -128,5 +133,9 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(tmp_path: Pat
     assert len(pools) == 2 and all(p.batches >= 1 for p in pools)
     unserved = [o for o in ledger.outcomes if o.attack == "rl-unserved"]
     assert unserved and all(o.kind == "refused" for o in unserved), unserved  # each play logged as sent
+    pushes = [o for o in ledger.outcomes if o.attack == "rl-push-flood"]
+    assert pushes and all(o.kind == "refused" for o in pushes), pushes  # each play logged as sent
+    names = read_events(tmp_path / "run" / "events").keys()
+    assert all(set(p.workers) <= {names["worker0"], names["worker1"]} for p in pools)  # no pushed noise in one
     closed = read_events(tmp_path / "run" / "events").events(RoundClosed, "validator")
     assert [c.round for c in closed] == [0, 1]

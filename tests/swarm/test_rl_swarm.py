@@ -80,4 +80,6 @@ def test_rl_round_trip_with_lying_workers(swarm: tuple[Swarm, Path, list[Path]])
     assert pooled <= workers and not pooled & {keys["liar_reward"], keys["liar_state"]}
     published = {r.name for r in records.of(RolloutsPublished)}
     assert {"worker0", "worker1"} <= published
+    # over libp2p streams: the validator took the honest workers' batches as pushes
+    assert all(e.pushed for w in ("worker0", "worker1") for e in records.events(RolloutsPublished, w))
     assert all(e.bytes > 0 for r in ("miner0", "miner1") for e in records.events(Submitted, r))

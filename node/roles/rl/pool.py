@@ -1,7 +1,8 @@
 """The validator's rollout pool: which workers' batches miners train on in a round, each one checked.
 
-Before it opens round r, the validator gathers the rollout batches announced for rounds
-r - max_staleness .. r, newest first, fetches each (hash- and size-checked) and vets it with the
+Before it opens round r, the validator gathers the rollout batches of rounds r - max_staleness .. r,
+newest first: those workers pushed to it (`intake.py`, seated by standing and ticket, bytes already
+here), then those only announced in the DHT, which it fetches (hash- and size-checked). It vets each with the
 one rule `pulse bench rl` uses too (`node/learn/rl/checks.py`): right run, round and worker;
 generated from the validator's own state of that round; exactly the prompts (run id, round,
 worker key) derive; G completions each, none too long; and every claimed reward equal to the
@@ -12,11 +13,14 @@ refused with its reason in the signed `RolloutPool`, and its worker is left out 
 `PENALTY_ROUNDS` rounds. Miners draw their groups from the pool with their assignment seeds,
 so the validator knows exactly which rollouts each miner trained on (`evaluator.PoolSource`).
 
-Which announcements are looked at first must not be something a worker can choose: within a round,
-workers whose batches passed before come first, then the rest, each in the order of a hash of the
-validator's secret for the round and the worker's key (key order would let keys ground to sort
-first fill the pool). At most `EXAMINED_PER_BATCH` x `pool_batches` new batches are fetched and
-checked per gathering pass, each fetch within `pool_wait_seconds`, so a flood of announcements
+Which batches are looked at first must not be something a worker can choose: within a round,
+pushed batches come first (their seats were not first come, and a flood of open DHT announcements
+cannot add to them), then workers whose batches passed before, then the rest, each in the order of a
+hash of the validator's secret for the round and the worker's key (key order would let keys ground
+to sort first fill the pool). A batch's bytes name its worker, so a key that pushes or announces
+another's batch is refused for it, and that refusal is its own: the owner's batch is still examined
+and taken. At most `EXAMINED_PER_BATCH` x `pool_batches` new batches are fetched and checked per
+gathering pass, each fetch within `pool_wait_seconds`, so a flood of announcements
 costs a bounded amount of work per pass; a batch that cannot be fetched leaves its worker out for
 `UNSERVED_PENALTY_ROUNDS` rounds (announcing blobs nobody serves costs a key its place, and the
 next pass examines others). Past `pool_wait_seconds` the pool closes with the batches it has
@@ -32,6 +36,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from node.events import Events
 from node.events.models import PoolWaiting, RolloutsRefused
@@ -39,6 +44,7 @@ from node.learn.rl.checks import LIMITS, oversize, vet
 from node.learn.rl.config import RLConfig
 from node.learn.rl.provenance import CHECKED_GROUPS, SamplingCheck
 from node.net.peer import Peer
+from node.roles.rl.intake import RolloutIntake
 from protocol import rollouts
 from protocol.errors import ProtocolError, TransferError
 from protocol.messages import (
@@ -60,6 +66,8 @@ POLL_SECONDS = 0.5
 EXAMINED_PER_BATCH = 4
 
 Groups = tuple[RolloutGroup, ...]
+Candidate = tuple[Verified[RolloutAnnouncement], Path | None]
+"""An announced batch, and the file of its bytes when it was pushed (None: to fetch from a holder)."""
 
 
 @dataclass
@@ -71,14 +79,15 @@ class PoolKeeper:
     run_id: str
     events: Events
     penalized: dict[str, int] = field(default_factory=dict)  # worker -> first round it may return
-    checked: dict[str, tuple[int, Groups]] = field(default_factory=dict)  # blob sha -> (round, groups)
-    refused: dict[str, PoolRejection] = field(default_factory=dict)  # blob sha -> why, this round
+    checked: dict[str, tuple[int, str, Groups]] = field(default_factory=dict)  # blob sha -> (round, worker, groups)
+    refused: dict[tuple[str, str], PoolRejection] = field(default_factory=dict)  # (blob sha, worker) -> why
     poll: float = POLL_SECONDS  # seconds between looks for new announcements while the pool is short
     sampling: SamplingCheck | None = None  # None: rollouts are not checked against the weights (tests)
     trusted: dict[str, int] = field(default_factory=dict)  # worker -> last round one of its batches passed
     examined: int = 0  # batches fetched and checked in the current gathering pass
     closes_at: float = 0.0  # monotonic time past which the pool is built with what it has
     secret: bytes = b""  # the validator's secret for the round being built: the order of candidates
+    intake: RolloutIntake | None = None  # batches workers pushed (None: only announced ones, fetched)
 
     async def build(self, round_: int, states: Mapping[int, str]) -> tuple[RolloutPool, list[Groups]]:
         """The pool of `round_`: the one this validator already published (after a restart), or a new one."""
@@ -88,6 +97,8 @@ class PoolKeeper:
             if groups is not None:
                 return published, groups
         self.refused = {}
+        if self.intake is not None:
+            self.intake.open(round_)
         self.secret = RoundSecret.derive(self.peer.identity, self.run_id, round_).key("rollout-pool")
         deadline = self.closes_at = time.monotonic() + self.cfg.pool_wait_seconds
         waited_long = False
@@ -113,11 +124,11 @@ class PoolKeeper:
     async def _gather(self, round_: int, states: Mapping[int, str]) -> list[tuple[PoolEntry, Groups]]:
         entries: list[tuple[PoolEntry, Groups]] = []
         self.examined = 0  # the budget is per pass: one spent on a flood does not starve later passes
-        for verified in await self._candidates(round_):
+        for verified, pushed in await self._candidates(round_):
             if len(entries) >= self.cfg.pool_batches or (entries and time.monotonic() > self._hard_close()):
                 break
             a = verified.message
-            groups = await self._checked(verified, states, round_)
+            groups = await self._checked(verified, pushed, states, round_)
             if groups is not None:
                 entry = PoolEntry(
                     worker=verified.sender_hex, round=a.round, blob_sha256=a.blob_sha256, blob_size=a.blob_size
@@ -129,26 +140,42 @@ class PoolKeeper:
         """Past this a pass stops examining once it has a batch: slow holders cannot keep a pool open."""
         return self.closes_at + self.cfg.pool_wait_seconds
 
-    async def _candidates(self, round_: int) -> list[Verified[RolloutAnnouncement]]:
-        """Announcements for the rounds a pool may draw on, newest round first; within one, workers
-        with batches that passed before first, each group in the order of the secret's hash."""
-        found: list[Verified[RolloutAnnouncement]] = []
+    async def _candidates(self, round_: int) -> list[Candidate]:
+        """Batches of the rounds a pool may draw on, newest round first; within one, pushed ones first,
+        then workers with batches that passed before, each group in the order of the secret's hash;
+        one candidate per blob and worker."""
+        found: list[Candidate] = []
         for r in range(round_, max(-1, round_ - self.cfg.max_staleness - 1), -1):
-            batch = await self.peer.get(RolloutAnnouncement, r)
-            found += sorted(batch, key=lambda v: (v.sender_hex not in self.trusted, self._rank(v.sender_hex)))
-        return [v for v in found if self.penalized.get(v.sender_hex, -1) <= round_]
+            pushed = self.intake.held(r) if self.intake is not None else []
+            announced: list[Candidate] = [(v, None) for v in await self.peer.get(RolloutAnnouncement, r)]
+            found += sorted(
+                pushed + announced,
+                key=lambda c: (c[1] is None, c[0].sender_hex not in self.trusted, self._rank(c[0].sender_hex)),
+            )
+        seen: set[tuple[str, str]] = set()
+        out: list[Candidate] = []
+        for verified, path in found:
+            named = (verified.message.blob_sha256, verified.sender_hex)
+            if self.penalized.get(verified.sender_hex, -1) <= round_ and named not in seen:
+                seen.add(named)
+                out.append((verified, path))
+        return out
 
     def _rank(self, worker: str, group: int = -1) -> bytes:
         """A hash of the secret and `worker`'s key (and a group index): an order nobody else can compute."""
         return hashlib.sha256(self.secret + bytes.fromhex(worker) + group.to_bytes(4, "big", signed=True)).digest()
 
     async def _checked(
-        self, verified: Verified[RolloutAnnouncement], states: Mapping[int, str], round_: int
+        self, verified: Verified[RolloutAnnouncement], pushed: Path | None, states: Mapping[int, str], round_: int
     ) -> Groups | None:
         a, worker = verified.message, verified.sender_hex
         if a.blob_sha256 in self.checked:
-            return self.checked[a.blob_sha256][1]
-        if a.blob_sha256 in self.refused:
+            _, owner, groups = self.checked[a.blob_sha256]
+            if owner == worker:
+                return groups
+            self._refuse(worker, a, f"a copy of worker {owner[:12]}'s batch", round_)
+            return None
+        if (a.blob_sha256, worker) in self.refused:
             return None
         problem = oversize(a)
         if problem is not None:
@@ -160,6 +187,26 @@ class PoolKeeper:
         if self.examined >= EXAMINED_PER_BATCH * self.cfg.pool_batches:
             return None  # this pool's work is spent; later candidates wait for another round
         self.examined += 1
+        data = pushed.read_bytes() if pushed is not None else await self._fetched(worker, a, round_)
+        if data is None:
+            return None
+        batch = vet(data, a, worker, self.run_id, states, self.cfg)
+        if not isinstance(batch, str) and self.sampling is not None:
+            batch = await self._sampled(batch) or batch
+        if isinstance(batch, str):
+            self.peer.store.remove(a.blob_sha256)
+            self._refuse(worker, a, batch, round_)
+            return None
+        if pushed is not None:
+            self.peer.store.put(data)  # served from here: miners fetch the pool's batches from the validator
+        self.peer.hold(a.blob_sha256, round_, "other")  # miners may fetch it from the validator as well as the worker
+        self.checked[a.blob_sha256] = (a.round, worker, batch.groups)
+        self.trusted[worker] = round_
+        self.peer.grant_standing([worker])  # its announcements are read first, whatever a flood of others
+        return batch.groups
+
+    async def _fetched(self, worker: str, a: RolloutAnnouncement, round_: int) -> bytes | None:
+        """An announced batch's bytes from any holder, or None (its worker refused) when nobody serves it."""
         try:
             async with asyncio.timeout(self.cfg.pool_wait_seconds):
                 path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
@@ -167,18 +214,7 @@ class PoolKeeper:
             log.info("rollout batch %s from %s not fetched: %s", a.blob_sha256[:12], worker[:12], exc or "timed out")
             self._refuse(worker, a, f"rollout batch not served: {exc or 'timed out'}", round_, UNSERVED_PENALTY_ROUNDS)
             return None
-        batch = vet(path.read_bytes(), a, worker, self.run_id, states, self.cfg)
-        if not isinstance(batch, str) and self.sampling is not None:
-            batch = await self._sampled(batch) or batch
-        if isinstance(batch, str):
-            self.peer.store.remove(a.blob_sha256)
-            self._refuse(worker, a, batch, round_)
-            return None
-        self.peer.hold(a.blob_sha256, round_, "other")  # miners may fetch it from the validator as well as the worker
-        self.checked[a.blob_sha256] = (a.round, batch.groups)
-        self.trusted[worker] = round_
-        self.peer.grant_standing([worker])  # its announcements are read first, whatever a flood of others
-        return batch.groups
+        return path.read_bytes()
 
     async def _sampled(self, batch: RolloutBatch) -> str | None:
         """Why a sample of `batch`'s groups (drawn with the secret) was not sampled from its round's weights."""
@@ -191,7 +227,7 @@ class PoolKeeper:
         self, worker: str, a: RolloutAnnouncement, reason: str, round_: int, rounds: int = PENALTY_ROUNDS
     ) -> None:
         reason = reason[:MAX_REASON_CHARS]
-        self.refused[a.blob_sha256] = PoolRejection(worker=worker, blob_sha256=a.blob_sha256, reason=reason)
+        self.refused[a.blob_sha256, worker] = PoolRejection(worker=worker, blob_sha256=a.blob_sha256, reason=reason)
         self.penalized[worker] = max(self.penalized.get(worker, -1), round_ + rounds)
         self.events.emit(
             RolloutsRefused(round=round_, worker=worker, reason=reason),
@@ -208,7 +244,7 @@ class PoolKeeper:
             except (TransferError, ProtocolError) as exc:
                 log.warning("the published pool of round %d cannot be reloaded (%s): building anew", pool.round, exc)
                 return None
-            self.checked[entry.blob_sha256] = (entry.round, groups[-1])
+            self.checked[entry.blob_sha256] = (entry.round, entry.worker, groups[-1])
         return groups
 
     def _forget_before(self, oldest: int) -> None:
@@ -216,7 +252,7 @@ class PoolKeeper:
             del self.penalized[worker]  # served its penalty: a flood of refused keys does not pile up here
         for worker in [w for w, r in self.trusted.items() if r < oldest - PENALTY_ROUNDS]:
             del self.trusted[worker]  # long silent: a newcomer again
-        for sha, (r, _) in list(self.checked.items()):
+        for sha, (r, _, _) in list(self.checked.items()):
             if r < oldest:
                 del self.checked[sha]
                 self.peer.store.remove(sha)

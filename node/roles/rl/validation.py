@@ -1,5 +1,6 @@
 """What the validator does around each round of an RL run (`task = "rl"`): `RLRoundHooks`.
 
+- from the start: take the rollout batches workers push (`intake.py`, a folder beside the blobs);
 - before a round opens: build, check, sign and publish the round's rollout pool (`pool.py`), and
   hand its groups to the task's `PoolSource`, the Gauntlet's batch function: the validator scores
   on pool samples drawn by seed exactly as miners draw theirs. The pool's checks include whether
@@ -20,6 +21,7 @@ from node.learn.rl.provenance import SamplingCheck
 from node.learn.train import load_bf16_state
 from node.net.peer import Peer
 from node.roles.hooks import HeldOut
+from node.roles.rl.intake import RolloutIntake
 from node.roles.rl.pool import PoolKeeper
 from node.run.task import RLTask
 from protocol.state import State
@@ -32,6 +34,11 @@ class RLRoundHooks:
         self.probe = probe  # the model held-out rewards are measured with, and rollouts checked
         self.sampling = SamplingCheck(probe, self.cfg)
         self.keeper = PoolKeeper(peer, self.cfg, task.setup.run_id, events, poll=poll, sampling=self.sampling)
+        inbox = peer.store.root.parent / "rollout-inbox"
+        self.keeper.intake = RolloutIntake(
+            inbox, self.cfg, peer.identity, task.setup.run_id, trusted=self.keeper.trusted
+        )
+        peer.take_rollouts(self.keeper.intake)
 
     async def before_open(self, round_: int, state_hash: str, states: Mapping[int, str], weights: State) -> None:
         """Build and publish the pool miners train on in `round_`; the scoring batches come from it."""

@@ -85,6 +85,7 @@ SCENARIO_RUNS = (
     ),
     Scenario("rl-fabricated", "rl", fabricators=1),
     Scenario("rl-unserved", "rl", (swarms.Team("rl-unserved", ("rl-unserved",), 1),)),
+    Scenario("rl-push-flood", "rl", (swarms.Team("rl-push-flood", ("rl-push-flood",), 1),)),
     Scenario("dht-evict", "lm", (swarms.Team("dht-evict", ("dht-evict",), 1),)),
     Scenario("standby-flood", "lm", (swarms.Team("standby-flood", ("standby-flood",), 1),), standby=True),
     Scenario("tiny-dense", "rl", (swarms.Team("tiny-dense", ("tiny-dense",), 2),)),

@@ -107,6 +107,11 @@ ATTACKS: dict[str, Attack] = {
         "pool: a failed fetch penalizes its key; budget per pass; the pool closes",
         expect="sent",
     ),
+    "rl-push-flood": Attack(
+        "40 fresh keys push rollout batches of noise to the validator each round",
+        "rollout intake: seats by standing and ticket, bytes per round; pushed batches examined first",
+        expect="sent",
+    ),
     "push-miner": Attack(
         "pushes a submission to a miner and to a follower (free storage and hosting)",
         "only a validator takes pushes",
@@ -147,6 +152,7 @@ SCENARIOS = {
     "tiny-dense": "rl",
     "rl-fabricated": "rl",
     "rl-unserved": "rl",
+    "rl-push-flood": "rl",
     "dht-evict": "lm",
 }
 """Attacks played in their own swarm (the run's task): against one of them alone the run's figures

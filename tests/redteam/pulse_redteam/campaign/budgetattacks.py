@@ -18,6 +18,10 @@ the RL pool. Each returns what its target did (`netattacks.Played`), never raise
   `Admission.awaited`, and serves every patch itself); the detail counts those too.
 - `rl_unserved`: 40 fresh keys announce rollout batches of this round naming blobs nobody serves
   (played in an RL swarm: the pool must still build every round).
+- `rl_push_flood`: 40 fresh keys push rollout batches of this round (4 KiB of noise each) to the
+  validator over its streams (played in an RL swarm). Its play is only sent: a push the validator
+  took (OK) may lose its seat to a lower ticket later, unseen from here. What counts is the run's:
+  every pool built, only honest batches in them, and the validator's inbox within its seats.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ RANGE_STREAMS = 16
 FUTURE_KEYS = 64
 EVICT_KEYS = 320
 UNSERVED_KEYS = 40
+PUSH_FLOOD_KEYS = 40
 PEER_ERRORS = (TransferError, ProtocolError, TimeoutError, *STREAM_ERRORS)
 
 
@@ -232,11 +237,37 @@ async def rl_unserved(peer: P2PPeer, round_: int) -> Played:
     return Played("validator", "sent", f"{stored} of {UNSERVED_KEYS} announcements of blobs nobody serves stored")
 
 
+async def rl_push_flood(peer: P2PPeer, round_: int) -> Played:
+    validator = peer.validator_peer
+    if validator is None:
+        return Played("validator", "skipped", "the validator's peer id is unknown")
+    answers: list[str] = []
+    for _ in range(PUSH_FLOOD_KEYS):
+        me, data = Identity.generate(), os.urandom(4096)
+        sha = peer.store.put(data)
+        a = RolloutAnnouncement(
+            run_id=peer.run_id, round=round_, state_hash=_h(f"s{round_}"), blob_sha256=sha, blob_size=len(data),
+            groups=1, mean_reward=0.0,
+        )  # fmt: skip
+        try:
+            await peer.submit(sign_for(me, a, 600), peer.store.path(sha), to=validator)
+            answers.append("OK")
+        except PEER_ERRORS as exc:
+            answers.append(str(exc))
+        finally:
+            peer.store.remove(sha)
+    taken = answers.count("OK")
+    drawn = sum("not drawn" in a for a in answers)
+    detail = f"{taken} of {PUSH_FLOOD_KEYS} pushes taken ({drawn} not drawn, {len(answers) - taken - drawn} other)"
+    return Played("validator", "sent", detail)
+
+
 PLAYS: dict[str, Callable[[P2PPeer, int], Awaitable[Played]]] = {
     "probe-flood": probe_flood,
     "range-flood": range_flood,
     "dht-future": dht_future,
     "dht-evict": dht_evict,
     "rl-unserved": rl_unserved,
+    "rl-push-flood": rl_push_flood,
 }
 """The attacks of this file by name (`attacks.ATTACKS`), as `hostile.py` plays them."""

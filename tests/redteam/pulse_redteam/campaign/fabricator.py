@@ -36,6 +36,7 @@ from node.net.peer import Peer
 from node.roles.catchup import Held
 from node.roles.follower import Follower
 from node.roles.records import run_records
+from node.roles.rl.worker import push_batch
 from node.run.manifest import load_manifest
 from node.run.setup import RunSetup
 from protocol import rollouts
@@ -88,12 +89,14 @@ class Fabricator:
         self.peer.hold(sha, held.round, "other")
         await self.peer.heartbeat(held.round, held.state_hash)  # lists the blob: the validator finds a holder
         signed = sign_for(me, announce(batch, data), self.peer.run.record_ttl_seconds)  # fresh, as workers sign
+        wait = self.setup.manifest.rl.pool_wait_seconds
+        pushed = await push_batch(self.peer, held.round, signed, self.peer.store.path(sha), wait)
         try:
             await self.peer.publish_signed(signed.to_bytes())
-            status = "ANNOUNCED"
+            status = "PUSHED" if pushed else "ANNOUNCED"
         except NetworkError as exc:
             log.info("round %d: announcement not stored: %s", held.round, exc)
-            status = "BROKEN"
+            status = "PUSHED" if pushed else "BROKEN"
         sent = AttackSent(
             round=held.round,
             attack="rl-fabricated",

@@ -106,7 +106,7 @@ def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] =
     sends = log.events(AttackSent)
     hostile = {send.sender for send in sends}
     for send in sends:
-        if send.status == "ANNOUNCED":
+        if send.status in ("ANNOUNCED", "PUSHED"):  # a rollout batch: the pool decides
             ledger.outcomes.append(_pooled(send, pools))
         elif send.status == "OK" and (send.round, send.sender) in dropped:
             reason = f"dropped: {dropped[(send.round, send.sender)]}"
