@@ -86,7 +86,7 @@ class Workers:
 def pushed_keeper(net: Workers, cfg: RLConfig = CFG, opened: int = 3, **kw: Any) -> PoolKeeper:
     """The validator's pool keeper with its intake of pushed batches, open at round `opened`."""
     keeper = PoolKeeper(net.validator, cfg, RUN, Events("validator"), **kw)
-    keeper.intake = RolloutIntake(net.root / "rollout-inbox", cfg, VALIDATOR, RUN, trusted=keeper.trusted)
+    keeper.intake = RolloutIntake(net.root / "rollout-inbox", cfg, VALIDATOR, RUN, keeper.trusted, keeper.penalized)
     keeper.intake.open(opened)
     net.validator.take_rollouts(keeper.intake)
     return keeper

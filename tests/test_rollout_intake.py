@@ -187,3 +187,28 @@ def test_a_validator_without_a_pool_refuses_rollout_pushes_before_their_bytes(tm
 
     asyncio.run(main())
     assert not list(inbox) and not list(follower.store)
+
+
+def test_a_worker_caught_lying_loses_its_seat_and_its_pushes_are_refused_before_their_bytes(tmp_path: Path) -> None:
+    """Standing from a passed batch does not outlive a lie: the liar is no longer favoured nor
+    seated before newcomers, and while its penalty lasts its pushes are refused on the header."""
+    cfg = CFG.model_copy(update={"max_staleness": 0})
+    net = Workers(tmp_path)
+    keeper = pushed_keeper(net, cfg)
+    assert keeper.intake is not None
+    worker, other = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        await net.push(worker, honest_batch(worker, 3, ROUNDS))
+        await asyncio.wait_for(keeper.build(3, ROUNDS), 10)
+        assert keeper.intake is not None and keeper.intake.favoured(worker.public_hex)
+        await net.push(other, honest_batch(other, 4, ROUNDS))  # a pool needs one batch to close
+        await net.push(worker, lie_about_reward(honest_batch(worker, 4, ROUNDS)))
+        pool, _ = await asyncio.wait_for(keeper.build(4, ROUNDS), 10)
+        assert "claimed reward" in {r.worker: r.reason for r in pool.rejections}[worker.public_hex]
+        assert not keeper.intake.favoured(worker.public_hex)
+        with pytest.raises(TransferError, match="left out of rollout pools until round 14"):
+            await net.push(worker, honest_batch(worker, 5, ROUNDS))
+        assert keeper.intake.held(5) == []
+
+    asyncio.run(main())

@@ -1,6 +1,6 @@
 """The validator's intake of pushed rollout batches (RL runs): each batch with its signed announcement.
 
-    intake = RolloutIntake(folder / "rollout-inbox", cfg, identity, run_id, trusted=keeper.trusted)
+    intake = RolloutIntake(folder / "rollout-inbox", cfg, identity, run_id, keeper.trusted, keeper.penalized)
     peer.take_rollouts(intake)            # a worker's push (`Peer.submit`) ends here
     intake.open(r)                        # round r's pool is being built: rounds r - max_staleness .. r + 1 taken
     for verified, path in intake.held(r): # what was pushed for round r, its bytes on disk
@@ -20,7 +20,9 @@ in its examination budget. A push is different:
     order they come in;
 - every seat's bytes count against the round's budget (`pool_batches` batches at the size cap), so
   the inbox holds at most that per round, however many keys push;
-- a seat whose body does not arrive within `pool_wait_seconds` is freed for others.
+- a seat whose body does not arrive within `pool_wait_seconds` is freed for others;
+- a worker the pool left out (`pool.py`'s penalties) is refused before its bytes while no pool its
+  batch could enter would take it.
 
 Rounds outside the window are refused before their body. Those that leave it are emptied from the
 inbox. Nothing is kept of a refused push. Every refusal goes back to the worker on its stream, with
@@ -70,14 +72,22 @@ class RolloutIntake:
     """Pushed rollout batches of the rounds a pool may draw on (see the module docstring)."""
 
     def __init__(
-        self, inbox: Path, cfg: RLConfig, identity: Identity, run_id: str, *, trusted: Mapping[str, int]
+        self,
+        inbox: Path,
+        cfg: RLConfig,
+        identity: Identity,
+        run_id: str,
+        trusted: Mapping[str, int],
+        penalized: Mapping[str, int],
     ) -> None:
-        """`trusted`: worker -> the last round one of its batches passed (the keeper's, read live)."""
+        """`trusted`: worker -> the last round one of its batches passed; `penalized`: worker -> the
+        first round whose pool may take it again (both the keeper's, read live)."""
         self.inbox = BlobStore(inbox)
         self.inbox.clear_partials()
         for sha in list(self.inbox):  # batches of a run before a restart: their rounds start over
             self.inbox.remove(sha)
-        self.cfg, self.identity, self.run_id, self.trusted = cfg, identity, run_id, trusted
+        self.cfg, self.identity, self.run_id = cfg, identity, run_id
+        self.trusted, self.penalized = trusted, penalized
         self.rules = rollout_rules(cfg)
         self.current = -1  # the round whose pool is built next (or now)
         self.rounds: dict[int, _Round] = {}
@@ -110,6 +120,9 @@ class RolloutIntake:
         problem = oversize(a)
         if problem is not None:
             return problem
+        back = self.penalized.get(worker, -1)
+        if back > a.round + self.cfg.max_staleness:  # no pool this batch could enter would take it
+            return f"worker left out of rollout pools until round {back} (an earlier batch was refused)"
         slot = self._round(a.round)
         verdict = slot.admission.offer(worker, a.blob_size)
         for other, reason in verdict.unseated:

@@ -229,6 +229,8 @@ class PoolKeeper:
         reason = reason[:MAX_REASON_CHARS]
         self.refused[a.blob_sha256, worker] = PoolRejection(worker=worker, blob_sha256=a.blob_sha256, reason=reason)
         self.penalized[worker] = max(self.penalized.get(worker, -1), round_ + rounds)
+        if rounds >= PENALTY_ROUNDS:
+            self.trusted.pop(worker, None)  # a lie costs its standing: no seat kept for its pushes, not read first
         self.events.emit(
             RolloutsRefused(round=round_, worker=worker, reason=reason),
             f"round {round_}: refused worker {worker[:12]}'s rollouts ({reason}); left out for {rounds} rounds",

@@ -35,8 +35,9 @@ class RLRoundHooks:
         self.sampling = SamplingCheck(probe, self.cfg)
         self.keeper = PoolKeeper(peer, self.cfg, task.setup.run_id, events, poll=poll, sampling=self.sampling)
         inbox = peer.store.root.parent / "rollout-inbox"
-        self.keeper.intake = RolloutIntake(
-            inbox, self.cfg, peer.identity, task.setup.run_id, trusted=self.keeper.trusted
+        keeper = self.keeper
+        keeper.intake = RolloutIntake(
+            inbox, self.cfg, peer.identity, task.setup.run_id, keeper.trusted, keeper.penalized
         )
         peer.take_rollouts(self.keeper.intake)
 
