@@ -12,6 +12,7 @@ import pytest
 
 from node.net.transfer import Handlers
 from node.roles.rl.intake import rollout_rules
+from node.roles.rl.pool import PENALTY_ROUNDS
 from protocol import rollouts
 from protocol.errors import TransferError
 from protocol.identity import Identity
@@ -210,5 +211,31 @@ def test_a_worker_caught_lying_loses_its_seat_and_its_pushes_are_refused_before_
         with pytest.raises(TransferError, match="left out of rollout pools until round 14"):
             await net.push(worker, honest_batch(worker, 5, ROUNDS))
         assert keeper.intake.held(5) == []
+
+    asyncio.run(main())
+
+
+def test_a_restarted_validator_reads_standing_and_penalties_back_from_its_published_pools(tmp_path: Path) -> None:
+    """Round 3's pool took an honest worker and refused a liar. A validator restarted at round 4
+    (a new keeper, nothing in memory) still favours the honest worker and seats it before
+    newcomers, and refuses the liar's pushes on the header."""
+    net = Workers(tmp_path)
+    first = pushed_keeper(net)
+    honest, liar, other = Identity.generate(), Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        await net.push(honest, honest_batch(honest, 3, ROUNDS))
+        await net.push(liar, lie_about_reward(honest_batch(liar, 3, ROUNDS)))
+        pool, _ = await asyncio.wait_for(first.build(3, ROUNDS), 10)
+        await net.validator.publish(pool)
+
+        restarted = pushed_keeper(net, opened=4)
+        assert restarted.intake is not None and not restarted.intake.favoured(honest.public_hex)
+        await net.push(other, honest_batch(other, 4, ROUNDS))
+        await asyncio.wait_for(restarted.build(4, ROUNDS), 10)
+        assert restarted.intake.favoured(honest.public_hex) and restarted.trusted[honest.public_hex] == 3
+        assert restarted.penalized[liar.public_hex] == 3 + PENALTY_ROUNDS
+        with pytest.raises(TransferError, match="left out of rollout pools"):
+            await net.push(liar, honest_batch(liar, 5, ROUNDS))
 
     asyncio.run(main())

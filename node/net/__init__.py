@@ -21,7 +21,9 @@ Files (in import order):
                   arrival (lying holders dropped, dead ones replaced, a partial file resumed)
 - `transfer.py`   `rpc_fetch`/`rpc_submit`/`rpc_replicate` handlers with their budgets, and `call_fetch`/`call_submit`
                   clients (the conversations run on any stream: libp2p or in memory); `rpc_submit` ends
-                  in the `Intake` the service is built with (the validator's, `node/roles/intake.py`)
+                  in the `Intake` the service is built with (the validator's, `node/roles/intake.py`),
+                  or, for a rollout batch, in the `RolloutTaker` an RL validator sets
+                  (`node/roles/rl/intake.py`)
 - `peer.py`       what roles need of the network: `RunView` (read the run's records, find the latest
                   result) and `Peer` (publish, heartbeats, hold and fetch blobs, push submissions),
                   written once over a few transport primitives; `RunRecords`

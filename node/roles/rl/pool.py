@@ -23,7 +23,8 @@ and taken. At most `EXAMINED_PER_BATCH` x `pool_batches` new batches are fetched
 gathering pass, each fetch within `pool_wait_seconds`, so a flood of announcements
 costs a bounded amount of work per pass; a batch that cannot be fetched leaves its worker out for
 `UNSERVED_PENALTY_ROUNDS` rounds (announcing blobs nobody serves costs a key its place, and the
-next pass examines others). Past `pool_wait_seconds` the pool closes with the batches it has
+next pass examines others). A restarted validator reads standing and penalties back from the
+pools it published in the last `PENALTY_ROUNDS` rounds. Past `pool_wait_seconds` the pool closes with the batches it has
 (a pass still examining stops at twice that); only with none at all (a pool needs one) does it
 keep looking, a pass at a time.
 """
@@ -64,6 +65,7 @@ PENALTY_ROUNDS = 10
 UNSERVED_PENALTY_ROUNDS = 2  # a batch nobody served: maybe a worker's bad link, so a short penalty
 POLL_SECONDS = 0.5
 EXAMINED_PER_BATCH = 4
+UNSERVED_REASON = "rollout batch not served"
 
 Groups = tuple[RolloutGroup, ...]
 Candidate = tuple[Verified[RolloutAnnouncement], Path | None]
@@ -88,17 +90,20 @@ class PoolKeeper:
     closes_at: float = 0.0  # monotonic time past which the pool is built with what it has
     secret: bytes = b""  # the validator's secret for the round being built: the order of candidates
     intake: RolloutIntake | None = None  # batches workers pushed (None: only announced ones, fetched)
+    remembered: bool = False  # standing and penalties read back from this validator's published pools
 
     async def build(self, round_: int, states: Mapping[int, str]) -> tuple[RolloutPool, list[Groups]]:
         """The pool of `round_`: the one this validator already published (after a restart), or a new one."""
+        if not self.remembered:
+            await self._remember(round_)
+        if self.intake is not None:
+            self.intake.open(round_)
         published = await self.peer.from_validator(RolloutPool, round_)
         if published is not None:
             groups = await self._reload(published)
             if groups is not None:
                 return published, groups
         self.refused = {}
-        if self.intake is not None:
-            self.intake.open(round_)
         self.secret = RoundSecret.derive(self.peer.identity, self.run_id, round_).key("rollout-pool")
         deadline = self.closes_at = time.monotonic() + self.cfg.pool_wait_seconds
         waited_long = False
@@ -212,7 +217,7 @@ class PoolKeeper:
                 path = await self.peer.fetch(a.blob_sha256, a.blob_size, a.round)
         except (TransferError, TimeoutError) as exc:
             log.info("rollout batch %s from %s not fetched: %s", a.blob_sha256[:12], worker[:12], exc or "timed out")
-            self._refuse(worker, a, f"rollout batch not served: {exc or 'timed out'}", round_, UNSERVED_PENALTY_ROUNDS)
+            self._refuse(worker, a, f"{UNSERVED_REASON}: {exc or 'timed out'}", round_, UNSERVED_PENALTY_ROUNDS)
             return None
         return path.read_bytes()
 
@@ -235,6 +240,26 @@ class PoolKeeper:
             RolloutsRefused(round=round_, worker=worker, reason=reason),
             f"round {round_}: refused worker {worker[:12]}'s rollouts ({reason}); left out for {rounds} rounds",
         )
+
+    async def _remember(self, round_: int) -> None:
+        """Standing and penalties from the pools this validator published in the rounds before
+        `round_` (a restart keeps them: workers with standing keep their seats against a flood)."""
+        self.remembered = True
+        for r in range(max(0, round_ - PENALTY_ROUNDS), round_):
+            pool = await self.peer.from_validator(RolloutPool, r)
+            if pool is None:
+                continue
+            for entry in pool.entries:
+                self.trusted[entry.worker] = max(self.trusted.get(entry.worker, -1), r)
+            for refusal in pool.rejections:
+                unserved = refusal.reason.startswith(UNSERVED_REASON)
+                back = r + (UNSERVED_PENALTY_ROUNDS if unserved else PENALTY_ROUNDS)
+                self.penalized[refusal.worker] = max(self.penalized.get(refusal.worker, -1), back)
+                if not unserved:
+                    self.trusted.pop(refusal.worker, None)
+        if self.trusted:
+            self.peer.grant_standing(list(self.trusted))
+            log.info("rollout pools: %d workers with standing read back from published pools", len(self.trusted))
 
     async def _reload(self, pool: RolloutPool) -> list[Groups] | None:
         """The groups of a pool published before a restart, from this node's store (or any holder)."""
