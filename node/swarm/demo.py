@@ -76,12 +76,14 @@ class Swarm:
         module: str = "node",
         cwd: Path | None = None,
         host: str | None = None,
+        nice: int = 0,
     ) -> Proc:
         """Start `python -m module args` as `name` (default: a `pulse` command), logging to `logs/name.log`;
         inside `host`'s namespace when one is named.
 
         `cwd` (default: this process's) is also put on PYTHONPATH, so modules of a source checkout
-        (such as the test tier's hostile peers) can be started from anywhere.
+        (such as the test tier's hostile peers) can be started from anywhere. `nice` lowers its CPU
+        priority by that much.
         """
         events = self.out / "events" / f"{name}.jsonl"
         log = self.out / "logs" / f"{name}.log"
@@ -95,7 +97,12 @@ class Swarm:
         inside = self.net.exec_prefix(host) if host is not None and self.net is not None else []
         cmd = [*inside, sys.executable, "-m", module, *args]
         popen = subprocess.Popen(
-            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_own_session(os.getpid())
+            cmd,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            preexec_fn=_own_session(os.getpid(), nice),
         )
         proc = Proc(name, role, popen, events, log)
         self.procs.append(proc)
@@ -201,7 +208,7 @@ class Swarm:
                     self.kill(proc)
 
 
-def _own_session(parent: int) -> Callable[[], None]:
+def _own_session(parent: int, nice: int = 0) -> Callable[[], None]:
     """What a role's child runs before exec: its own session, so that `kill` takes its DHT process and
     libp2p daemon with it; and, on Linux, SIGTERM (a role's clean stop) when the process that started
     it dies, even by SIGKILL, so no role outlives a swarm whose owner was killed. (The kernel sends it
@@ -213,6 +220,8 @@ def _own_session(parent: int) -> Callable[[], None]:
             _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the owner died before the signal was armed
             os.kill(os.getpid(), signal.SIGTERM)
+        if nice:
+            os.nice(nice)
 
     return prepare
 

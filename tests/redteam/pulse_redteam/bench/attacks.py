@@ -102,6 +102,9 @@ class Options(BaseModel):
     """honest miners in every run"""
     rounds: int = Field(default=8, ge=1)
     """rounds per attack run"""
+    hostile_nice: int = Field(default=10, ge=0, le=19)
+    """how much lower the hostile processes' CPU priority is (nice): on a real network attackers run
+    on their own machines, here they share the honest miners' cores (0: the same priority)"""
     fault_rounds: int = Field(default=9, ge=1)
     """rounds of the fault run (at least 9)"""
     deadline: float = Field(default=20.0, gt=0)
@@ -188,7 +191,7 @@ def run(options: Options) -> BenchResult:
         teams = [swarms.Team(f"{name}-{i}", names, 1, rotate=True, offset=i, stride=n) for i in range(n)]
         run = swarms.attack_run(
             out / name, keys, teams, options.rounds, deadline=options.deadline, honest=options.honest,
-            min_indicator_average=options.min_indicator_average,
+            min_indicator_average=options.min_indicator_average, hostile_nice=options.hostile_nice,
         )  # fmt: skip
         reports.append(run)
         _say(_line(reports[-1]))
@@ -228,6 +231,7 @@ def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, options: Opt
         workers=RL_WORKERS,
         min_indicator_average=options.min_indicator_average,
         standby=scenario.standby,
+        hostile_nice=options.hostile_nice,
     )
 
 
@@ -322,6 +326,7 @@ def _result(
         "faults_total": len(faults_by_name),
         "hashes_agree": all(r.hashes_agree for r in everything),
         "honest_miners": options.honest,
+        "hostile_nice": options.hostile_nice,
         "hostile_miners": dict(zip([r.name for r in reports[1:]], hostile, strict=True)),
         "rounds": options.rounds,
         "per_attack": merged,

@@ -164,8 +164,10 @@ class DiskPeak:
 class CampaignSwarm(Swarm):
     """`Swarm` plus processes started from this checkout's modules (hostile miners, fabricators)."""
 
+    hostile_nice = 0  # how much lower the CPU priority of hostile processes is (`attack_run`)
+
     def spawn_module(self, name: str, module: str, args: list[str], role: str = "hostile") -> Proc:
-        return self.spawn(name, role, args, module=module)
+        return self.spawn(name, role, args, module=module, nice=self.hostile_nice if role == "hostile" else 0)
 
     def net_args(self, name: str) -> list[str]:
         return [
@@ -240,11 +242,14 @@ def attack_run(
     workers: int = 2,
     min_indicator_average: float | None = None,
     standby: bool = False,
+    hostile_nice: int = 0,
 ) -> RunReport:
     """Validator, honest miners and a follower for `rounds`, with hostile teams alongside. An RL run
     (`task="rl"`) has `workers` honest inference workers instead of the follower, and `fabricators`
     workers that publish fabricated rollouts. `min_indicator_average`: an LM run's record rule
-    (default: the tiny preset's). `standby`: a second validator (an LM run), second in the manifest."""
+    (default: the tiny preset's). `standby`: a second validator (an LM run), second in the manifest.
+    `hostile_nice`: the hostile processes' CPU priority, that much lower than the honest roles' (on a
+    real network attackers run on their own machines; here they share the honest miners' cores)."""
     start = time.monotonic()
     if task == "rl":
         manifest = rl_campaign_manifest(deadline, keys.validator_hex())
@@ -253,6 +258,7 @@ def attack_run(
         manifest = campaign_manifest(deadline, keys.validator_hex(), min_indicator_average, second)
     write_manifest(out, manifest)
     swarm = CampaignSwarm(out, manifest, rounds)
+    swarm.hostile_nice = hostile_nice
     try:
         swarm.start_bootstrap()
         validator = swarm.start_role("validator", "validator", keys.validator)
