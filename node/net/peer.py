@@ -459,10 +459,10 @@ class Peer(RunView):
     async def submit(
         self, signed: SignedMessage, payload: Path, *, deadline: float | None = None, to: str | None = None
     ) -> None:
-        """Push a signed submission header and its payload to the validator at peer id `to` (default:
-        the one of the last validator heartbeat read). A validator with no free slot (BUSY) is asked
-        again with growing pauses until `deadline` (unix time); `TransferError` if it refused,
-        `PeerBusy` if it was still busy then."""
+        """Push a signed submission header (or an RL worker's rollout announcement) and the file it
+        names to the validator at peer id `to` (default: the one of the last validator heartbeat
+        read). A validator with no free slot (BUSY) is asked again with growing pauses until
+        `deadline` (unix time); `TransferError` if it refused, `PeerBusy` if it was still busy then."""
         pause, longest = SUBMIT_BACKOFF_SECONDS
         validator = to or self.validator_peer
         while True:
