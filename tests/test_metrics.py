@@ -23,6 +23,7 @@ from node.events.models import (
     Missed,
     PatchApplied,
     Received,
+    RolloutsPublished,
     RoundClosed,
     RoundOpened,
     Scored,
@@ -113,6 +114,14 @@ def test_a_miner_reports_its_submissions_scores_places_and_step_time() -> None:
     assert value(registry, "pulse_miner_outcomes_total", outcome="missing") == 1
     assert value(registry, "pulse_miner_rejected_total", reason="behind") == 1
     assert value(registry, "pulse_missed_total") == 1
+
+
+def test_a_rollout_worker_counts_its_batches_and_those_a_validator_took_by_push() -> None:
+    m, registry, _ = fresh()
+    m.record(RolloutsPublished(round=0, completions=64, bytes=2000, mean_reward=0.5, pushed=True))
+    m.record(RolloutsPublished(round=1, completions=64, bytes=2000, mean_reward=0.5))  # announced only
+    assert value(registry, "pulse_rollouts_published_total") == 2
+    assert value(registry, "pulse_rollouts_pushed_total") == 1
 
 
 def test_the_validator_reports_submissions_rejections_by_class_and_timings() -> None:

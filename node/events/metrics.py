@@ -144,6 +144,9 @@ class EventMetrics:
         self.held_out_loss = gauge("pulse_held_out_loss", "Held-out loss of the newest weights.")
         self.held_out_reward = gauge("pulse_held_out_reward", "Held-out reward of the newest weights (RL).")
         self.rollouts = counter("pulse_rollouts_published", "Rollout batches this worker published (RL).")
+        self.rollouts_pushed = counter(
+            "pulse_rollouts_pushed", "Rollout batches a validator took over a stream (RL; the rest only announced)."
+        )
         self.rollouts_refused = counter("pulse_rollouts_refused", "Rollout batches the validator's pool refused (RL).")
         for kind in KINDS:  # every series exists from the start, at 0
             self.sent_bytes.labels(kind)
@@ -188,6 +191,8 @@ class EventMetrics:
                 self._closed(event)
             case RolloutsPublished():
                 self.rollouts.inc()
+                if event.pushed:
+                    self.rollouts_pushed.inc()
             case RolloutsRefused():
                 self.rollouts_refused.inc()
 
