@@ -13,6 +13,8 @@ from node.learn.rl.config import RLConfig
 from node.learn.rl.task import answer, problems_for, reward
 from node.net.memory import MemoryNetwork, MemoryPeer
 from node.net.peer import RunRecords
+from node.net.streams import DEFAULT_LIMITS, TransferLimits
+from node.net.transfer import Intake
 from node.roles.rl.intake import RolloutIntake
 from node.roles.rl.pool import PoolKeeper
 from protocol import rollouts
@@ -49,10 +51,11 @@ def lie_about_reward(batch: RolloutBatch) -> RolloutBatch:
 class Workers:
     """The validator's peer and the workers' peers on one in-memory network (records signature-checked)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, limits: TransferLimits = DEFAULT_LIMITS, intake: Intake | None = None) -> None:
+        """`intake`: the validator's for submissions (None: it takes none)."""
         self.root = root
-        self.network = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
-        self.validator = self.network.join(VALIDATOR, root / "validator", role="validator")
+        self.network = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5), limits)
+        self.validator = self.network.join(VALIDATOR, root / "validator", role="validator", intake=intake)
         self.peers: dict[str, MemoryPeer] = {}
 
     def peer(self, worker: Identity) -> MemoryPeer:

@@ -10,14 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from node.net.transfer import Handlers
+from node.net.blobstore import BlobStore
+from node.net.streams import DEFAULT_LIMITS, Status, Stream, TransferLimits, read_reply, send_request
+from node.net.transfer import SUBMIT, Handlers
 from node.roles.rl.intake import rollout_rules
 from node.roles.rl.pool import PENALTY_ROUNDS
 from protocol import rollouts
 from protocol.errors import TransferError
 from protocol.identity import Identity
+from protocol.messages import SubmissionHeader
+from protocol.rollouts import RolloutBatch
+from protocol.signing import sign
 from tests.rollouts import (
     CFG,
+    RUN,
     STATES,
     VALIDATOR,
     Workers,
@@ -239,3 +245,56 @@ def test_a_restarted_validator_reads_standing_and_penalties_back_from_its_publis
             await net.push(liar, honest_batch(liar, 5, ROUNDS))
 
     asyncio.run(main())
+
+
+async def trickle_rollouts(stream: Stream, worker: Identity, batch: RolloutBatch, pause: float) -> Status:
+    """Push `batch` under `worker`'s signed announcement a byte per `pause` seconds; the first answer."""
+    reader, writer = stream
+    await send_request(writer, sign(worker, announced(batch)).to_bytes(), DEFAULT_LIMITS)
+    status, _, _ = await read_reply(reader, 5)
+    if status is Status.OK:
+        for byte in rollouts.encode(batch):
+            writer.write(bytes([byte]))
+            await asyncio.sleep(pause)
+    return status
+
+
+def test_rollout_pushes_take_slots_of_their_own(tmp_path: Path) -> None:
+    """Fresh keys trickling rollout batches hold the open rollout slot (one more is BUSY), yet a
+    miner's submission goes through (its slots are apart) and a worker with standing takes the
+    reserved rollout slot."""
+    inbox = BlobStore(tmp_path / "submissions")
+    taken: list[str] = []
+    intake = Handlers(inbox, accept=lambda h: None, on_submission=lambda v, p: taken.append(v.message.sender))
+    net = Workers(tmp_path, TransferLimits(max_rollout_streams=2, reserved_rollout_streams=1), intake)
+    keeper = pushed_keeper(net)
+    trusted = Identity.generate()
+    miner = net.network.join(Identity.generate(), tmp_path / "miner", role="miner")
+
+    async def main() -> list[Status]:
+        await net.push(trusted, honest_batch(trusted, 3, ROUNDS))
+        await asyncio.wait_for(keeper.build(3, ROUNDS), 10)  # it has standing now
+        streams = [net.network.open(f"Sybil{i}", net.validator.peer_id, SUBMIT) for i in range(2)]
+        async with streams[0] as first, streams[1] as second:
+            flood = [
+                asyncio.ensure_future(trickle_rollouts(s, w, honest_batch(w, 4, ROUNDS), 0.05))
+                for s, w in ((first, Identity.generate()), (second, Identity.generate()))
+            ]
+            await asyncio.sleep(0.3)
+            answers = [f.result() for f in flood if f.done()]
+            data = b"update" * 100
+            signed = miner.sign(SubmissionHeader.for_payload(
+                run_id=RUN, round_=3, base_hash="0" * 64, payload=data, codec="dense", data_digest="0" * 64,
+                sender=miner.identity.public_hex,
+            ))  # fmt: skip
+            await miner.submit(signed, miner.store.path(miner.store.put(data)), to=net.validator.peer_id)
+            await net.push(trusted, honest_batch(trusted, 4, ROUNDS))  # the reserved slot
+            for f in flood:
+                f.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
+        return answers
+
+    answers = asyncio.run(main())
+    assert answers == [Status.BUSY]  # one fresh key holds the open rollout slot, the other is turned away
+    assert taken == [miner.identity.public_hex]
+    assert keeper.intake is not None and trusted.public_hex in {v.sender_hex for v, _ in keeper.intake.held(4)}

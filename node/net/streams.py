@@ -82,6 +82,11 @@ class TransferLimits(BaseModel):
     reserved_submit_streams: int = Field(default=4, ge=0)
     """Of `max_submit_streams`, the slots only senders this node favours may take (the validator
     favours miners with a rating history), so fresh keys cannot take every slot."""
+    max_rollout_streams: int = Field(default=4, ge=1)
+    """Rollout batches (RL) received at once, apart from submissions: a flood of one kind of push
+    never holds the slots of the other; more BUSY."""
+    reserved_rollout_streams: int = Field(default=2, ge=0)
+    """Of `max_rollout_streams`, the slots only workers whose batches passed before may take."""
     reserved_fetch_streams: int = Field(default=6, ge=0)
     """Of `max_fetch_streams`, the slots only peers with standing may take (a run's validators'
     peers, holders that delivered a verified blob: `budget.Standing`), so fresh peer ids cannot

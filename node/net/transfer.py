@@ -29,7 +29,9 @@ peers with standing (`budget.Standing`: the validators' peers, holders that deli
 blob, the peers of keys a validator aggregated), and an accepted submission one of
 `max_submit_streams`, apart, so a flood of
 one kind never blocks the other; `reserved_submit_streams` of those only favoured senders take
-(the validator favours miners with a rating history); one signer has one body of each kind in flight; bodies
+(the validator favours miners with a rating history), and a rollout batch one of
+`max_rollout_streams`, apart again (`reserved_rollout_streams` for workers whose batches passed);
+one signer has one body of each kind in flight; bodies
 move at `min_bytes_per_second` or faster, both ways. A node takes submissions only when its
 transfer service is built with an `Intake`, and rollout batches only once given a `RolloutTaker`
 (an RL validator's pool); with neither, every push is refused before its header is even parsed.
@@ -297,7 +299,7 @@ class Push:
 
     @property
     def what(self) -> str:
-        return "rollout batch" if isinstance(self.verified.message, RolloutAnnouncement) else "submission"
+        return ROLLOUTS if isinstance(self.verified.message, RolloutAnnouncement) else "submission"
 
 
 def submission_push(verified: Verified[SubmissionHeader], intake: Intake) -> Push:
@@ -338,6 +340,7 @@ class Handlers:
     favoured: Callable[[SubmissionHeader], bool] = lambda header: False
 
 
+ROLLOUTS = "rollout batch"
 NO_SUBMISSIONS = "this node takes no submissions"
 NO_ROLLOUTS = "this node takes no rollout batches (only an RL run's validator does)"
 OnReplica = Callable[[str, bytes], Awaitable[str | None]]
@@ -413,6 +416,7 @@ class TransferService:
         self.requests = Slots(limits.max_requests, limits.reserved_requests)
         self.fetches = Slots(limits.max_fetch_streams, limits.reserved_fetch_streams)
         self.submits = Slots(limits.max_submit_streams, limits.reserved_submit_streams)
+        self.rollout_slots = Slots(limits.max_rollout_streams, limits.reserved_rollout_streams)
         self._receiving: set[str] = set()  # message ids whose body is arriving
         self._senders: set[tuple[str, str]] = set()  # (kind, signer) with a body arriving: one each
         self.counts = TransferCounts()
@@ -607,8 +611,9 @@ class TransferService:
             await reply(writer, Status.REJECTED, reason=str(exc), limits=self.limits)
             raise
         status, reason = self._admit(push)
-        if status is Status.OK and not self.submits.take(push.favoured):
-            status, reason = Status.BUSY, f"receiving {self.submits.used} pushes; try again shortly"
+        slots = self.rollout_slots if push.what == ROLLOUTS else self.submits
+        if status is Status.OK and not slots.take(push.favoured):
+            status, reason = Status.BUSY, f"receiving {slots.used} {push.what}s; try again shortly"
         if status is not Status.OK:
             self.counts.refuse(status)
             message, sender = push.verified.message_id[:12], push.sender[:12]
@@ -618,7 +623,7 @@ class TransferService:
         try:
             await self._receive(push, reader, writer)
         finally:
-            self.submits.give()
+            slots.give()
 
     def _push_of(self, request: bytes) -> Push:
         """The verified header of a push this node takes; `ProtocolError` for any other."""
