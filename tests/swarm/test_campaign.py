@@ -112,11 +112,8 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(tmp_path: Pat
     keys = Keys.make(tmp_path / "keys", honest=2, hostile=3)
     m = rl_campaign_manifest(RL_DEADLINE, keys.validator_hex())
     warm_start(m.model.gpt, m.model.seed, m.rl)  # once here, cached for every process of the swarm
-    teams = [
-        Team("tiny", ("tiny-dense",), 1),
-        Team("unserved", ("rl-unserved",), 1),
-        Team("pushes", ("rl-push-flood",), 1),
-    ]
+    # one process, two keys: the first announces unserved batches, the second pushes noise
+    teams = [Team("tiny", ("tiny-dense",), 1), Team("budget", ("rl-unserved", "rl-push-flood"), 2)]
     report = attack_run(
         tmp_path / "run", keys, teams, rounds=2, deadline=RL_DEADLINE, honest=2, task="rl", fabricators=1
     )
