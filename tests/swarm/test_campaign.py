@@ -109,11 +109,15 @@ def test_fabricated_pools_and_tiny_dense_payloads_on_the_rl_preset(tmp_path: Pat
     round's weights) and no tiny payload is aggregated; announcements of blobs nobody serves and a
     flood of pushed batches of noise from fresh keys do not keep a pool from being built, and no
     noise enters one."""
-    keys = Keys.make(tmp_path / "keys", honest=2, hostile=3)
+    keys = Keys.make(tmp_path / "keys", honest=2, hostile=2)
     m = rl_campaign_manifest(RL_DEADLINE, keys.validator_hex())
     warm_start(m.model.gpt, m.model.seed, m.rl)  # once here, cached for every process of the swarm
-    # one process, two keys: the first announces unserved batches, the second pushes noise
-    teams = [Team("tiny", ("tiny-dense",), 1), Team("budget", ("rl-unserved", "rl-push-flood"), 2)]
+    # one key: unserved announcements in round 0, pushed noise in round 1. A push flood in round 0
+    # could draw every newcomer seat before the fabricator's batch, which would then go unexamined
+    teams = [
+        Team("tiny", ("tiny-dense",), 1),
+        Team("budget", ("rl-unserved", "rl-push-flood"), 1, rotate=True, stride=1),
+    ]
     report = attack_run(
         tmp_path / "run", keys, teams, rounds=2, deadline=RL_DEADLINE, honest=2, task="rl", fabricators=1
     )
