@@ -8,6 +8,7 @@
     peer.hold(sha256, r, "checkpoint")         # announce it in heartbeats (and keep it a while)
     await peer.submit(signed, payload_path, deadline=t, to=peer_id)   # push to a validator; BUSY: again until t
                                                # (a submission, or an RL worker's rollout batch)
+    failures = await peer.submit_to_each(signed, payload_path, [(peer_id, t), ...])   # each in turn
     await peer.replicate(envelope, to=peer_id, wait=s)   # the active validator: a standby holds the round's blobs
     peer.take_replicas(on_replica)             # a standby validator: take them (`roles/replicas.py`)
     peer.take_rollouts(taker)                  # an RL validator: take workers' batches (`roles/rl/intake.py`)
@@ -63,7 +64,7 @@ from node.net.transfer import (
     TransferService,
     fetch_deadline,
 )
-from protocol.errors import NetworkError, PeerBusy, TransferError
+from protocol.errors import NetworkError, PeerBusy, ProtocolError, TransferError
 from protocol.identity import Identity
 from protocol.messages import (
     HEAD_ROUND,
@@ -478,6 +479,19 @@ class Peer(RunView):
                 log.info("the validator is busy (%s); trying again in %.1fs", exc, wait)
                 await asyncio.sleep(wait)
                 pause = min(2 * pause, longest)
+
+    async def submit_to_each(
+        self, signed: SignedMessage, payload: Path, validators: Sequence[tuple[str, float]]
+    ) -> list[tuple[str, str]]:
+        """`submit` to each of `validators` (peer id, deadline for a busy one) in turn; (peer id, why)
+        of each that did not take it (as many as `validators` when none took it)."""
+        failures = []
+        for validator, deadline in validators:
+            try:
+                await self.submit(signed, payload, deadline=deadline, to=validator)
+            except (TransferError, ProtocolError) as exc:
+                failures.append((validator, str(exc)))
+        return failures
 
     async def replicate(self, envelope: bytes, *, to: str, wait: float) -> None:
         """Hand signed round result `envelope` to the standby validator at peer id `to` and wait (at

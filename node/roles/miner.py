@@ -36,7 +36,6 @@ from node.roles.catchup import Chain, Held
 from node.roles.uplink import Uplink
 from node.run.setup import RunSetup
 from node.run.trainer import Trainer
-from protocol.errors import ProtocolError, TransferError
 from protocol.messages import SubmissionHeader
 from protocol.signing import SignedMessage
 from protocol.state import State
@@ -304,12 +303,7 @@ class Miner:
         """Push this round's submission to each of `validators` (peer id, deadline); True if any took it."""
         assert self.packaged is not None and self.packaged[0] == r
         _, signed, path = self.packaged
-        failures = []
-        for validator, deadline in validators:
-            try:
-                await self.peer.submit(signed, path, deadline=deadline, to=validator)
-            except (TransferError, ProtocolError) as exc:
-                failures.append(str(exc))
+        failures = [why for _, why in await self.peer.submit_to_each(signed, path, validators)]
         if len(failures) == len(validators):
             reason = "; ".join(failures)
             self.events.emit(Missed(round=r, reason=reason), f"round {r}: submission not taken: {reason}")

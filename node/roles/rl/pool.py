@@ -233,13 +233,17 @@ class PoolKeeper:
     ) -> None:
         reason = reason[:MAX_REASON_CHARS]
         self.refused[a.blob_sha256, worker] = PoolRejection(worker=worker, blob_sha256=a.blob_sha256, reason=reason)
-        self.penalized[worker] = max(self.penalized.get(worker, -1), round_ + rounds)
-        if rounds >= PENALTY_ROUNDS:
-            self.trusted.pop(worker, None)  # a lie costs its standing: no seat kept for its pushes, not read first
+        self._penalize(worker, round_, rounds)
         self.events.emit(
             RolloutsRefused(round=round_, worker=worker, reason=reason),
             f"round {round_}: refused worker {worker[:12]}'s rollouts ({reason}); left out for {rounds} rounds",
         )
+
+    def _penalize(self, worker: str, round_: int, rounds: int) -> None:
+        """Leave `worker` out of the pools of the `rounds` rounds after `round_`."""
+        self.penalized[worker] = max(self.penalized.get(worker, -1), round_ + rounds)
+        if rounds >= PENALTY_ROUNDS:
+            self.trusted.pop(worker, None)  # a lie costs its standing: no seat kept for its pushes, not read first
 
     async def _remember(self, round_: int) -> None:
         """Standing and penalties from the pools this validator published in the rounds before
@@ -253,10 +257,7 @@ class PoolKeeper:
                 self.trusted[entry.worker] = max(self.trusted.get(entry.worker, -1), r)
             for refusal in pool.rejections:
                 unserved = refusal.reason.startswith(UNSERVED_REASON)
-                back = r + (UNSERVED_PENALTY_ROUNDS if unserved else PENALTY_ROUNDS)
-                self.penalized[refusal.worker] = max(self.penalized.get(refusal.worker, -1), back)
-                if not unserved:
-                    self.trusted.pop(refusal.worker, None)
+                self._penalize(refusal.worker, r, UNSERVED_PENALTY_ROUNDS if unserved else PENALTY_ROUNDS)
         if self.trusted:
             self.peer.grant_standing(list(self.trusted))
             log.info("rollout pools: %d workers with standing read back from published pools", len(self.trusted))

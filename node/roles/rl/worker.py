@@ -28,7 +28,7 @@ from node.net.peer import Peer
 from node.roles.catchup import Held
 from node.run.setup import RunSetup
 from protocol import rollouts
-from protocol.errors import NetworkError, ProtocolError, TransferError
+from protocol.errors import NetworkError
 from protocol.identity import Identity
 from protocol.rollouts import RolloutBatch
 from protocol.signing import SignedMessage
@@ -100,11 +100,8 @@ async def push_batch(peer: Peer, round_: int, signed: SignedMessage, path: Path,
     if not beats and round_ > 0:
         beats = await peer.validator_heartbeats(round_ - 1)
     deadline = time.time() + wait
-    taken = False
-    for validator in dict.fromkeys(b.message.peer_id for b in beats):
-        try:
-            await peer.submit(signed, path, deadline=deadline, to=validator)
-            taken = True
-        except (TransferError, ProtocolError) as exc:
-            log.info("round %d: validator %s did not take the rollouts: %s", round_, validator, exc)
-    return taken
+    validators = [(v, deadline) for v in dict.fromkeys(b.message.peer_id for b in beats)]
+    failures = await peer.submit_to_each(signed, path, validators)
+    for validator, why in failures:
+        log.info("round %d: validator %s did not take the rollouts: %s", round_, validator, why)
+    return len(failures) < len(validators)
