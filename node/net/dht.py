@@ -336,13 +336,14 @@ def _free_shared_locks(wait: float) -> list[str]:
 
 
 def _launch(config: NetConfig, rules: RecordRules) -> hivemind.DHT:
-    """A running DHT process with pulse's record validator, bounded storage and waiting pipe."""
+    """A running DHT process with pulse's record validator, bounded storage, waiting pipe and locked sends."""
     prepare_identity(config)
     _free_shared_locks(SHARED_LOCK_WAIT)
     validator = PulseRecordValidator(rules)
     dht = dhtprocess.MortalDHT(start=False, record_validators=[validator], cache_size=CACHE_KEYS, **config.dht_kwargs())
     try:
         dht.run_in_background(await_ready=True, timeout=config.startup_timeout + 30)
+        dht._outer_pipe = dhtprocess.LockedPipe(dht._outer_pipe)  # this side only: the child never sends on it
         installed = dht.run_coroutine(functools.partial(dhtprocess.install, rules=rules), return_future=True)
         installed.result(timeout=config.startup_timeout)
     except Exception as exc:  # hivemind raises plain Exceptions (P2PDaemonError, failed bootstrap)

@@ -14,12 +14,15 @@
   two parts (header, then body): when the body is not there yet the read fails half way, the pipe
   is out of step, and the next read kills the DHT process. Reading a request whole, in blocking
   mode once `poll()` said it has started, removes that for requests of any size.
+- `LockedPipe` wraps the main process's end of that pipe (`PulseDHT.start` installs it): hivemind
+  sends from whichever thread calls the DHT, and two large requests sent at once interleave.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import hivemind
@@ -108,6 +111,23 @@ class WaitingPipe:
             return self.connection.recv()
         finally:
             os.set_blocking(fd, was_blocking)
+
+
+class LockedPipe:
+    """The node's end of the DHT process's pipe, one `send` at a time. hivemind sends on it from
+    whichever thread calls the DHT (a node runs its calls in a thread pool); two large messages
+    written at once interleave in the pipe, and the DHT process, reading garbage, dies."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self._lock = threading.Lock()
+
+    def send(self, message: Any) -> None:
+        with self._lock:
+            self.connection.send(message)
+
+    def close(self) -> None:
+        self.connection.close()
 
 
 async def learn_head(dht: Any, node: Any, round_: int) -> bool:

@@ -17,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -375,6 +376,38 @@ def test_large_values_do_not_kill_the_dht_process(swarm: Swarm) -> None:
         validator.publish(result(r, rejections=128), ttl=120)
         assert validator.alive
     assert len(poll(lambda: swarm.honest[3].get(RoundResult, 333))[0].message.rejections) == 128
+
+
+async def _length(_: hivemind.DHT, __: object, blob: bytes) -> int:
+    """Runs in the DHT process: the length of what the node sent it."""
+    return len(blob)
+
+
+def test_large_messages_sent_from_several_threads_at_once_do_not_kill_the_dht_process() -> None:
+    """A node calls its DHT from whichever thread runs the call (`P2PPeer` runs them in a pool). Two
+    large messages written into the DHT process's pipe at once interleaved, and the process died
+    reading them ("invalid load key"): every call in flight was lost until it was restarted."""
+    peer = _peer(())
+    errors: list[str] = []
+
+    def send(tag: int) -> None:
+        for _ in range(40):
+            try:
+                call = functools.partial(_length, blob=bytes([tag]) * 200_000)
+                assert peer.dht.run_coroutine(call, return_future=True).result(timeout=20) == 200_000
+            except Exception as exc:  # the DHT process died: its futures fail or never finish
+                errors.append(repr(exc))
+                return
+
+    try:
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and peer.alive, errors[:2]
+    finally:
+        peer.shutdown()
 
 
 def test_a_dead_dht_process_is_restarted_with_its_identity(swarm: Swarm, tmp_path: Path) -> None:
