@@ -180,8 +180,11 @@ async def play(root: Path) -> Observed:
         opened[1].set()
 
         await round_open(2)
-        # the two probe keys of round 1 do not come back: round 2 need not wait for them until its deadline
-        service.previous_senders -= {twice.public_hex, key("patch-bytes").public_hex}
+        # the two probe keys of round 1 sent bytes that never decoded: round 2 does not wait for them
+        # (it would, until its deadline, for every key of a flood that sent once)
+        probes = {twice.public_hex, key("patch-bytes").public_hex}
+        assert not service.previous_senders & probes
+        assert service.previous_senders <= {key(f"miner{i}").public_hex for i in range(2)}
         intake.rules = AdmissionRules(capacity=128, newcomer_seats=16, byte_budget=BUDGET)
         # round 2's seats were made when it opened: make them again under the small budget
         intake.admission = type(intake.admission)(intake.rules, intake.admission.established, intake.admission.secret)

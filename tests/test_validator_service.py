@@ -15,7 +15,7 @@ from node.roles.intake import RoundIntake, terms_of
 from node.roles.records import run_records
 from node.roles.summary import Figures, round_metrics
 from node.roles.tasks import validator_for
-from node.roles.validator_service import ValidatorService
+from node.roles.validator_service import ValidatorService, senders_to_wait_for
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
@@ -23,6 +23,7 @@ from protocol.assignment import Assignment
 from protocol.codec import default_max_bytes
 from protocol.identity import Identity
 from protocol.messages import Heartbeat, SubmissionHeader
+from validator.gauntlet import Outcome
 
 
 def _header(setup: RunSetup, service: ValidatorService, size: int, sender: str, **claims: str) -> SubmissionHeader:
@@ -116,3 +117,18 @@ def test_round_metrics_carry_the_loss_bytes_and_standings_within_bounds(tmp_path
     diverged_loss = HeldOut(loss=float("nan"), reward=float("inf"))
     diverged = round_metrics(setup, service.validator, report, Figures(0, 0, setup.dense_bytes(), diverged_loss))
     assert diverged.held_out_loss is None and diverged.held_out_reward is None  # left out
+
+
+def test_the_next_round_waits_only_for_senders_whose_update_was_evaluated() -> None:
+    """A flood of fresh keys that sent junk or copies must not hold the next round open to its
+    deadline, waiting for keys that never send again; an honest miner whose update was evaluated but
+    not aggregated (a -1 indicator, a record too short) is still waited for."""
+    outcomes = [
+        Outcome(0, "selected", sender="aggregated", score=0.02),
+        Outcome(1, "rejected", "record too short", sender="young", score=0.01, indicator=1),
+        Outcome(2, "rejected", "indicator -1", sender="unlucky", score=-0.01, indicator=-1),
+        Outcome(3, "rejected", "undecodable", sender="junk"),
+        Outcome(4, "rejected", "copy of another submission", sender="copy"),
+        Outcome(5, "ignored", "one submission per miner per round"),
+    ]
+    assert senders_to_wait_for(outcomes) == {"aggregated", "young", "unlucky"}

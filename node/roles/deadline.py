@@ -6,11 +6,12 @@
     clock.record([2.1, 2.4, 3.0, 9.7], active=5)     # a closed round's arrival times (seconds after its open)
 
 Both modes close at `deadline_seconds` at the latest, never before `min_seconds`, and as soon as
-every active miner (announced for the round, or a sender of the last one) has submitted. A miner
-without standing that announced itself (a free heartbeat) counts in no quorum, and once every
-miner the round knew is in it is waited for `NEWCOMER_WAIT` times as long as they took, no more: a
-flood of announcements cannot hold every round to its deadline. A newcomer that misses its first
-round trains the next one ahead (`roles/miner.py`) and is in at its open, and known from then on.
+every active miner (announced for the round, or a sender of the last one whose update was
+scored) has submitted. A miner without standing that announced itself (a free heartbeat) counts in
+no quorum, and once every miner the round knew is in it is waited for `NEWCOMER_WAIT` times as long
+as they took, no more: a flood of announcements cannot hold every round to its deadline. A
+newcomer that misses its first round trains the next one ahead (`roles/miner.py`) and is in at its
+open, and known from then on.
 
 - fixed: nothing else; the target miners aim for is the deadline.
 - adaptive: over the last `history_rounds` rounds, with A_r the arrival times of round r's quorum,

@@ -51,7 +51,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from pathlib import Path
 
@@ -74,12 +74,23 @@ from protocol.identity import Identity
 from protocol.messages import Heartbeat
 from protocol.state import State
 from validator.core import Validator
+from validator.gauntlet import Outcome
 from validator.intake import payload_size
 from validator.state import StateStore
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 MIN_LINGER_SECONDS = 30.0
+
+
+def senders_to_wait_for(outcomes: Iterable[Outcome]) -> set[str]:
+    """The senders of a closed round that the next round knows and waits for: those whose update
+    was evaluated. Bytes that do not decode, and copies, scaled or otherwise flagged updates (a
+    problem found before evaluation, `Assessment.problem`), cost nothing to make: a flood of fresh
+    keys sending them every round would otherwise hold every next round open to its deadline,
+    waiting for keys that never send again. An honest update that did not earn standing this round
+    was evaluated all the same, and its miner is waited for as before."""
+    return {o.sender for o in outcomes if o.sender is not None and o.score is not None}
 
 
 class Phase(Enum):
@@ -124,7 +135,7 @@ class ValidatorService:
         self.closing = (self.round, self.validator.state_hash)  # where the head stays while a round closes
         # another process signing with this key stops this one before it writes anything
         self.key_watch = KeyClashWatch(identity.public_hex, peer.peer_id, int(self.clock()))
-        self.previous_senders: set[str] = set()
+        self.previous_senders: set[str] = set()  # the last round's, that the next one waits for
         self.active = 0  # miners active in the open round, as `_collect` last counted them
         self.linger_seconds = max(setup.manifest.round.deadline_seconds, MIN_LINGER_SECONDS)
         self.dense_bytes = setup.dense_bytes()
@@ -259,7 +270,7 @@ class ValidatorService:
         intake.close()
         open_seconds = self.clock() - intake.opened_at
         self.deadline.record(intake.arrivals.values(), active=self.active)  # the quorum's arrivals teach it
-        r, senders, submissions = self.round, list(intake.received), list(intake.received.values())
+        r, submissions = self.round, list(intake.received.values())
         sent = sum(payload_size(s.payload) for s in submissions)
         loop = asyncio.get_running_loop()
         before, base = self.validator.weights, self.validator.state_hash
@@ -272,7 +283,7 @@ class ValidatorService:
         await replicate(self.peer, self.setup, self.identity.public_hex, r, report.envelope, self.events)
         await check_unclaimed(self.peer, self.identity.public_hex, r, base)
         await self.publisher.publish_result(report)
-        self.previous_senders = set(senders)
+        self.previous_senders = senders_to_wait_for(report.outcomes)
         start = time.monotonic()
         measured = await self._cpu(lambda weights: self.hooks.after_close(r, weights))
         figures = Figures(
