@@ -519,21 +519,21 @@ def _walk_tensor(
     left = plan.left.copy()
     state = np.array([0, 0], np.int64)
     state[0], state[1] = _stream_start(e)
-    cnt, nxt = np.zeros(NUM_CONTEXTS, np.int64), np.zeros(NUM_CONTEXTS, np.int64)
-    _check(syncpass.start_walk(e.words, left, plan.code_b, plan.code_t, state, nxt), e.name)
+    nxt, rem = np.zeros(NUM_CONTEXTS, np.int64), np.zeros(NUM_CONTEXTS, np.int64)
+    _check(syncpass.start_walk(e.words, left, plan.code_b, plan.code_t, state, nxt, rem), e.name)
     digests: list[bytes] = []
     slab = _slabs(tensor)
     for lo, a in zip(range(0, tensor.numel(), slab), host_slabs(tensor, 0, tensor.numel(), slab), strict=True):
         out = view[lo : lo + len(a)] if view is not None else np.empty_like(a)
         status = syncpass.walk(
-            a, out, shift, emask, _WIDTH[e.dtype], e.words, state, cnt, nxt, left,
+            a, out, shift, emask, _WIDTH[e.dtype], e.words, state, nxt, rem, left,
             plan.code_b, plan.code_t, plan.row, models.packed,
         )  # fmt: skip
         _check(status, e.name)
         _store(view, flat, lo, out, a)
         if hashing:
             digests += digest_bytes(out)
-    _finish(e, left, cnt, state)
+    _finish(e, left, syncpass.class_sizes(nxt, rem), state)
     return new, digests
 
 

@@ -26,6 +26,7 @@ from protocol.positions import GEOMETRIC_CUM, GEOMETRIC_FREQ, GEOMETRIC_PACKED, 
 LITERALS = 16
 ALPHABET = LITERALS + 33 - 5  # literal z 0..15, then bit lengths 5..32
 _SAMPLE = 64
+AHEAD = 1 << 62  # a decoding walk's countdown for a class with no change left: never reaches 0
 _jit = numba.njit(nogil=True, cache=True)
 _inline = numba.njit(nogil=True, cache=True, inline="always")
 
@@ -280,22 +281,35 @@ def encode_stream(
 
 @_jit
 def start_walk(
-    words: np.ndarray, left: np.ndarray, code_b: np.ndarray, code_t: np.ndarray, state: np.ndarray, nxt: np.ndarray
+    words: np.ndarray,
+    left: np.ndarray,
+    code_b: np.ndarray,
+    code_t: np.ndarray,
+    state: np.ndarray,
+    nxt: np.ndarray,
+    rem: np.ndarray,
 ) -> int:
-    """Decode each active class's first rank into nxt; state = [x, pos] of the stream."""
+    """Decode each active class's first rank into nxt, and as rem the members to pass before it
+    (AHEAD for a class without changes); state = [x, pos] of the stream."""
     x, pos = state[0], state[1]
     for c in range(NUM_CONTEXTS):
-        nxt[c] = -1
+        nxt[c], rem[c] = -1, AHEAD
         if left[c] > 0:
             if code_t[c] < 0:
-                nxt[c] = 0
+                nxt[c] = rem[c] = 0
             else:
                 x, pos, g, status = dec_gap(x, pos, words, code_b[c], code_t[c])
                 if status != OK:
                     return status
-                nxt[c] = g
+                nxt[c] = rem[c] = g
     state[0], state[1] = x, pos
     return OK
+
+
+def class_sizes(nxt: np.ndarray, rem: np.ndarray) -> np.ndarray:
+    """Each class's size after a whole tensor's walk, for classes whose changes were all found:
+    the last changed rank (nxt; -1 with none), one, and the members met since (AHEAD - rem)."""
+    return nxt + 1 + (AHEAD - rem)
 
 
 @_jit
@@ -307,8 +321,8 @@ def walk(
     width: int,
     words: np.ndarray,
     state: np.ndarray,
-    cnt: np.ndarray,
     nxt: np.ndarray,
+    rem: np.ndarray,
     left: np.ndarray,
     code_b: np.ndarray,
     code_t: np.ndarray,
@@ -316,6 +330,10 @@ def walk(
     vpacked: np.ndarray,
 ) -> int:
     """new = old with the stream's changes, for one slab of a tensor; per-class state carries over.
+
+    Per class, nxt is the rank of its next change (its last one once all are found) and rem how
+    many members to pass before it: a weight costs one counter, read, compared and written, and
+    only a change touches the rest (`class_sizes` gives the counts the end checks need).
 
     The rANS steps are written out here rather than called (ans.dec_cat, positions.dec_gap do
     the same): numba's calls in this loop cost as much as the decoding itself.
@@ -327,9 +345,11 @@ def walk(
     for i in range(len(old)):
         a = np.int64(old[i])
         c = (a >> shift) & emask
-        r = cnt[c]
-        cnt[c] = r + 1
-        if r == nxt[c]:
+        ahead = rem[c]
+        if ahead != 0:
+            rem[c] = ahead - 1
+        else:
+            r = nxt[c]
             # value: a symbol of the class's model, then the bits below a large z's leading one
             e = vpacked[row[c], x & (TOTAL - 1)]
             z = e >> 24
@@ -365,9 +385,9 @@ def walk(
             left[c] = rest
             t = code_t[c]
             if rest == 0:
-                nxt[c] = -1
+                rem[c] = AHEAD  # nxt keeps the last changed rank: `class_sizes` counts from it
             elif t < 0:
-                nxt[c] = r + 1
+                nxt[c] = r + 1  # rem stays 0: the class's next member is its next change
             else:
                 # gap: a geometric symbol q (64 escapes to 32 raw bits), then b raw bits
                 e = gpacked[t, x & (TOTAL - 1)]
@@ -412,5 +432,6 @@ def walk(
                     x = (x << 16) | int(words[pos])
                     pos += 1
                 nxt[c] = r + 1 + g
+                rem[c] = g
     state[0], state[1] = x, pos
     return OK
