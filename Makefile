@@ -38,14 +38,18 @@ $(TORCH_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch alone from TORCH_INDEX (replacing any other build); its own dependencies come with the project
-	$(BIN)/python -m pip install --quiet --retries 1 --no-deps --force-reinstall "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install --quiet --no-compile --retries 1 --no-deps --force-reinstall "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	rm -f $(VENV)/.torch-* $(STAMP)
 	@printf '%s\n' '$(TORCH_SPEC) $(TORCH_INDEX)' > $(TORCH_STAMP)
 
 # then the red team (tests/redteam, its own package): `pulse bench attacks` and `failover` come from it
+# pip byte-compiles what it installs on one core; compileall does the same on every core (half
+# the install's time on two). Files that are not Python 3 (a few packages ship some) fail there,
+# as they do, unreported, under pip.
 $(STAMP): pyproject.toml tests/redteam/pyproject.toml $(TORCH_STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[test]"
-	$(BIN)/python -m pip install --quiet --no-deps -e tests/redteam
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps -e tests/redteam
+	-$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null
 	touch $(STAMP)
 
 # The main job: a whole swarm (bootstrap, validator, 3 miners, a follower) on loopback with
@@ -54,14 +58,17 @@ demo: install
 	$(BIN)/pulse demo
 
 # The in-process tier runs on TEST_WORKERS processes (a file stays on one worker: module fixtures are
-# shared as before); the swarm tier, whose processes already fill the machine and whose rounds have
-# deadlines, runs alone after it.
+# shared as before), with the swarm tests marked `light` (a few processes each, no rounds against a
+# deadline) and lint, import contracts and types beside it: the in-process tests leave about a third
+# of two cores idle. The swarms that play rounds against deadlines, whose processes already fill the
+# machine, run alone after it.
 TEST_WORKERS ?= 2
 
 test: install browser
-	$(BIN)/python -m pytest -q -m "not swarm" -n $(TEST_WORKERS) --dist loadfile --durations=10
-	$(BIN)/python -m pytest -q -m swarm --durations=15
-	$(MAKE) lint
+	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(BIN)/python -m pytest -q -m "not swarm or light" -n $(TEST_WORKERS) --dist loadfile --durations=10; tier=$$?; \
+	wait $$lint; linted=$$?; cat $(VENV)/lint.log; test $$tier = 0 && test $$linted = 0
+	$(BIN)/python -m pytest -q -m "swarm and not light" --durations=15
 
 # The swarm tier's dashboard test drives a real headless Chromium: the system's, installed here from
 # Debian/Ubuntu packages where this user may (root with apt-get); elsewhere that one test skips and says why.

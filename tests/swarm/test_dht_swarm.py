@@ -48,7 +48,7 @@ from protocol.signing import SeenCache
 from tests import helpers
 from tests.helpers import commitments
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 
 RUN = hashlib.sha256(b"dht-swarm-run").hexdigest()
 OTHER_RUN = hashlib.sha256(b"another-run").hexdigest()

@@ -23,7 +23,7 @@ import pytest
 from tests.helpers import poll
 from tests.swarm import procs
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 
 RUN = hashlib.sha256(b"lifetime-swarm-run").hexdigest()
 READY_S = 90.0

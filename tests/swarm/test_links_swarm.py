@@ -21,7 +21,7 @@ from node.net.pieces import partial_path, resumable_bytes
 from node.swarm import frozenrun, netns
 from node.swarm.links import LinkLab, kill_group
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 
 PREFIX, SUBNET = "plt", "10.232.41"  # namespaces are <prefix>-<pid>-<n>-<host>: unique per run (`netns.py`)
 UNAVAILABLE = netns.available(PREFIX)

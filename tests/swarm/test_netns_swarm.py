@@ -10,7 +10,7 @@ import pytest
 
 from node.swarm import netns
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 
 PREFIX, SUBNET = "pltn", "10.232.51"
 UNAVAILABLE = netns.available(PREFIX)

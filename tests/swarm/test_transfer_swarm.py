@@ -55,7 +55,7 @@ from tests.helpers import apoll
 from tests.swarm import procs
 from tests.swarm.blob_peer import Fault
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 
 RUN = hashlib.sha256(b"transfer-swarm-run").hexdigest()
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
