@@ -44,12 +44,15 @@ $(TORCH_STAMP):
 
 # then the red team (tests/redteam, its own package): `pulse bench attacks` and `failover` come from it
 # pip byte-compiles what it installs on one core; compileall does the same on every core (half
-# the install's time on two). Files that are not Python 3 (a few packages ship some) fail there,
-# as they do, unreported, under pip.
+# the install's time on two), and compiles pulse's own packages too: where PYTHONDONTWRITEBYTECODE
+# is set nothing else would, and every process of a swarm would compile them again (about a second
+# each). Files that are not Python 3 (a few packages ship some) fail there, as they do, unreported,
+# under pip. A source edited later is compiled again on import, as always.
 $(STAMP): pyproject.toml tests/redteam/pyproject.toml $(TORCH_STAMP)
 	$(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
 	$(BIN)/python -m pip install --quiet --no-compile --no-deps -e tests/redteam
-	-$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null
+	-$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+	  node protocol validator tests >/dev/null
 	touch $(STAMP)
 
 # The main job: a whole swarm (bootstrap, validator, 3 miners, a follower) on loopback with
