@@ -120,15 +120,16 @@ def test_round_metrics_carry_the_loss_bytes_and_standings_within_bounds(tmp_path
 
 
 def test_the_next_round_waits_only_for_senders_whose_update_was_evaluated() -> None:
-    """A flood of fresh keys that sent junk or copies must not hold the next round open to its
-    deadline, waiting for keys that never send again; an honest miner whose update was evaluated but
-    not aggregated (a -1 indicator, a record too short) is still waited for."""
+    """A flood of fresh keys that sent junk, or updates refused before evaluation, must not hold the
+    next round open to its deadline, waiting for keys that never send again; an honest miner whose
+    update was evaluated but not aggregated (a -1 indicator, a record too short) is still waited for."""
     outcomes = [
         Outcome(0, "selected", sender="aggregated", score=0.02),
         Outcome(1, "rejected", "record too short", sender="young", score=0.01, indicator=1),
         Outcome(2, "rejected", "indicator -1", sender="unlucky", score=-0.01, indicator=-1),
         Outcome(3, "rejected", "undecodable", sender="junk"),
-        Outcome(4, "rejected", "copy of another submission", sender="copy"),
-        Outcome(5, "ignored", "one submission per miner per round"),
+        Outcome(4, "rejected", "copy of the public previous step: cosine 0.990 on its positions", sender="slice"),
+        Outcome(5, "rejected", "norm 3.1 is 151x the median 0.0205", sender="scaled"),
+        Outcome(6, "ignored", "one submission per miner per round"),
     ]
     assert senders_to_wait_for(outcomes) == {"aggregated", "young", "unlucky"}

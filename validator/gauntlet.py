@@ -518,8 +518,9 @@ def record_gains(
 
 def earned(cfg: GauntletConfig, a: Assessment) -> bool:
     """Whether `a` earns its sender a round of standing: its update gained on random data, was no copy
-    (of a peer's payload or of the public previous step: such a problem leaves it unevaluated), and
-    its own-data indicator was +1 (a lone update: its gain alone, there is nobody's work to take).
+    (of the public previous step, which leaves it unevaluated, or of a peer's payload, found after
+    its evaluation), and its own-data indicator was +1 (a lone update: its gain alone, there is
+    nobody's work to take).
     A slice of a public step gains on random data but favours no one's assignment."""
     gained = a.gains is not None and a.gains.random > cfg.min_score
     return gained and not a.copy and a.problem is None and (a.alone or a.indicator > 0)

@@ -85,11 +85,12 @@ MIN_LINGER_SECONDS = 30.0
 
 def senders_to_wait_for(outcomes: Iterable[Outcome]) -> set[str]:
     """The senders of a closed round that the next round knows and waits for: those whose update
-    was evaluated. Bytes that do not decode, and copies, scaled or otherwise flagged updates (a
-    problem found before evaluation, `Assessment.problem`), cost nothing to make: a flood of fresh
-    keys sending them every round would otherwise hold every next round open to its deadline,
-    waiting for keys that never send again. An honest update that did not earn standing this round
-    was evaluated all the same, and its miner is waited for as before."""
+    was evaluated. Bytes that do not decode, and updates refused before evaluation (a norm far from
+    the median, a copy of the public previous step: `Gauntlet.inspect`), cost nothing to make: a
+    flood of fresh keys sending them every round would otherwise hold every next round open to its
+    deadline, waiting for keys that never send again. An honest update that did not earn standing
+    this round was evaluated all the same, and its miner is waited for as before; so is the sender
+    of a copy of another miner's payload, which is found only after evaluation (`mark_copies`)."""
     return {o.sender for o in outcomes if o.sender is not None and o.score is not None}
 
 
