@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.learn.data import stdlib_corpus
+from node.learn.data import stdlib_corpus, stdlib_sources
 from node.learn.datafiles import resolve
 from node.learn.tokencache import CacheSpec, Tokens, open_or_build
 from node.run.manifest import Manifest, load_manifest, parse_manifest
@@ -147,6 +147,17 @@ def test_the_embedded_corpus_is_still_the_default() -> None:
     setup = RunSetup.from_manifest(parse_manifest({"name": "tiny"}))
     assert setup.manifest.data.kind == "embedded"
     assert setup.corpus.digest() == stdlib_corpus(setup.manifest.data.cap_bytes).digest()
+
+
+def test_the_embedded_corpus_lists_the_sources_in_path_order_outside_installed_packages(tmp_path: Path) -> None:
+    names = ["z.py", "a.py", "a/b.py", "a/b/c.py", "ab.py", "email/mime/text.py", "notes.txt"]
+    skipped = ["site-packages/big/mod.py", "a/__pycache__/b.py", "a/dist-packages/x.py"]
+    for name in names + skipped:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    listed = [str(p.relative_to(tmp_path)) for p in stdlib_sources(tmp_path)]
+    # sorted as path strings ("a/b.py" before "ab.py"), whatever order the file system lists them in
+    assert listed == ["a.py", "a/b.py", "a/b/c.py", "ab.py", "email/mime/text.py", "z.py"]
 
 
 def test_a_pinned_digest_refuses_other_tokens(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
