@@ -1,5 +1,6 @@
 """Faults at the receiving end of a submission, in process: a trickling sender, a round that closes
-while a body arrives, two bodies from one sender at once, and a full disk.
+while a body arrives (after it, and before it is whole), two bodies from one sender at once, and a
+full disk.
 
 The submit handler runs on an `asyncio.StreamReader` fed by the test and a writer that records
 what the handler replies, so no libp2p daemon is needed.
@@ -136,6 +137,46 @@ def test_a_round_that_closes_while_the_body_arrives_refuses_it_with_a_reason(tmp
     assert got == []  # never handed to the round
     refusal = (Status.REJECTED, "round 0 is not open (the open round is 1, closed=True)")
     assert writer.replies() == [(Status.OK, ""), refusal]
+
+
+def test_a_body_still_arriving_when_its_round_closes_is_cut_and_its_slot_freed(tmp_path: Path) -> None:
+    """A trickling sender keeps its stream only while the round is open: at the close the handler stops
+    reading, tells it why, stores nothing, and the submit slot is free again (not at the body's deadline)."""
+    got: list[Verified[SubmissionHeader]] = []
+    closed: list[str] = []
+    store = BlobStore(tmp_path / "store")
+    service = TransferService(
+        p2p=Any,  # type: ignore[arg-type]
+        store=store,
+        run_id=RUN,
+        intake=Handlers(
+            store,
+            accept=lambda header: None,
+            on_submission=lambda verified, path: got.append(verified),  # type: ignore[func-returns-value]
+            void=lambda header: closed[0] if closed else None,
+        ),
+    )
+    payload = b"z" * 4096
+
+    async def main() -> tuple[RecordingWriter, float]:
+        reader, writer = asyncio.StreamReader(), RecordingWriter()
+        reader.feed_data(_request(_submission(Identity.generate(), payload)) + payload[:100])  # then nothing
+        task = asyncio.ensure_future(service.rpc_submit(FakeInfo("trickler"), reader, writer))  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)
+        assert service.submits.used == 1 and not task.done()
+        closed.append("round 0 closed while its body arrived")
+        started = asyncio.get_running_loop().time()
+        while len(writer.replies()) < 2 and asyncio.get_running_loop().time() - started < 5:
+            await asyncio.sleep(0.05)
+        took = asyncio.get_running_loop().time() - started
+        assert service.submits.used == 0  # free before the peer even hangs up
+        reader.feed_eof()  # the sender reads its answer and hangs up
+        await asyncio.wait_for(task, 5)
+        return writer, took
+
+    writer, took = asyncio.run(main())
+    assert writer.replies() == [(Status.OK, ""), (Status.REJECTED, "round 0 closed while its body arrived")]
+    assert took < 2 and got == [] and list(store) == []
 
 
 def test_two_bodies_from_one_sender_give_one_submission_and_one_refusal(tmp_path: Path) -> None:

@@ -66,6 +66,16 @@ def test_an_oversize_payload_is_refused_from_its_header(tmp_path: Path) -> None:
     assert reason is not None and reason.startswith("oversize")
 
 
+def test_a_seated_body_is_wanted_until_its_round_closes(tmp_path: Path) -> None:
+    """What the transfer service asks while a body arrives (`void`): a reason once the round closed."""
+    setup, service = _service(tmp_path)
+    _open(service)
+    header = _header(setup, service, 100, Identity.generate().public_hex)
+    assert service.intake.accept(header) is None and service.intake.void(header) is None
+    service.intake.close()
+    assert service.intake.void(header) == f"round {service.round} closed while its body arrived"
+
+
 def test_base_state_codec_and_data_digest_are_refused_from_the_header(tmp_path: Path) -> None:
     """Checked before any body byte is read, with the Gauntlet's own reasons (`check_header`)."""
     setup, service = _service(tmp_path)

@@ -32,7 +32,8 @@ one kind never blocks the other; `reserved_submit_streams` of those only favoure
 (the validator favours miners with a rating history), and a rollout batch one of
 `max_rollout_streams`, apart again (`reserved_rollout_streams` for workers whose batches passed);
 one signer has one body of each kind in flight; bodies
-move at `min_bytes_per_second` or faster, both ways. A node takes submissions only when its
+move at `min_bytes_per_second` or faster, both ways, and a submission's body stops being read (its
+slot freed, the sender told why) as soon as its round closes (`Intake.void`). A node takes submissions only when its
 transfer service is built with an `Intake`, and rollout batches only once given a `RolloutTaker`
 (an RL validator's pool); with neither, every push is refused before its header is even parsed.
 """
@@ -83,6 +84,7 @@ FETCH = f"pulse/v{PROTOCOL_VERSION}/rpc_fetch"
 SUBMIT = f"pulse/v{PROTOCOL_VERSION}/rpc_submit"
 REPLICATE = f"pulse/v{PROTOCOL_VERSION}/rpc_replicate"
 MAX_REPLICAS_AT_ONCE = 2  # replicas a node fetches at once (one per round in practice)
+VOID_CHECK_SECONDS = 0.5  # how often a body on its way asks whether it is still wanted
 _FETCH_REQUEST = struct.Struct(">c32sQ")
 
 
@@ -264,6 +266,10 @@ class Intake(Protocol):
     def favoured(self, header: SubmissionHeader) -> bool:
         """Whether a sender may take a reserved submission slot (e.g. it has a rating history)."""
 
+    def void(self, header: SubmissionHeader) -> str | None:
+        """Asked while an accepted header's body arrives: why it is no longer wanted (its round has
+        closed), or None. A body nobody will read again is not worth a slot until its deadline."""
+
 
 class RolloutTaker(Protocol):
     """Where pushed rollout batches go (an RL validator's, `node/roles/rl/intake.py`), set on a running
@@ -296,10 +302,29 @@ class Push:
     accept: Callable[[], str | None]  # before the body: a rejection reason, or None
     favoured: bool
     land: Callable[[Path], str | None]  # the body is stored at this path: a rejection reason, or None
+    void: Callable[[], str | None] = lambda: None  # while the body arrives: why it is no longer wanted
 
     @property
     def what(self) -> str:
         return ROLLOUTS if isinstance(self.verified.message, RolloutAnnouncement) else "submission"
+
+
+class Voided(Exception):
+    """A body stopped while it arrived: the taker no longer wants it (the reason is the message)."""
+
+
+async def _unless_void(body: Awaitable[None], void: Callable[[], str | None]) -> None:
+    """Await `body`, asking `void` every `VOID_CHECK_SECONDS`; a reason cancels it and raises `Voided`."""
+    task = asyncio.ensure_future(body)
+    try:
+        while not (await asyncio.wait({task}, timeout=VOID_CHECK_SECONDS))[0]:
+            if (reason := void()) is not None:
+                raise Voided(reason)
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def submission_push(verified: Verified[SubmissionHeader], intake: Intake) -> Push:
@@ -313,6 +338,7 @@ def submission_push(verified: Verified[SubmissionHeader], intake: Intake) -> Pus
         lambda: intake.accept(header),
         intake.favoured(header),
         lambda path: intake.on_submission(verified, path),
+        lambda: intake.void(header),
     )
 
 
@@ -338,6 +364,7 @@ class Handlers:
     accept: Callable[[SubmissionHeader], str | None]
     on_submission: Callable[[Verified[SubmissionHeader], Path], str | None]
     favoured: Callable[[SubmissionHeader], bool] = lambda header: False
+    void: Callable[[SubmissionHeader], str | None] = lambda header: None
 
 
 ROLLOUTS = "rollout batch"
@@ -643,8 +670,19 @@ class TransferService:
         try:
             await reply(writer, Status.OK, size=push.size, limits=self.limits)
             with push.inbox.writer(push.sha256, push.size) as blob:
-                await receive_body(reader, blob, self.limits)
+                await _unless_void(receive_body(reader, blob, self.limits), push.void)
                 path = await asyncio.get_running_loop().run_in_executor(None, blob.commit)
+        except Voided as exc:  # e.g. its round closed: the slot is free now, not at the body's deadline
+            logger.info(
+                "%s %s... from %s...: REJECTED while its body arrived: %s",
+                push.what,
+                message_id[:12],
+                sender[1][:12],
+                exc,
+            )
+            self.counts.refuse(Status.REJECTED)
+            await try_reply(writer, Status.REJECTED, str(exc), self.limits)
+            return
         except (ProtocolError, TransferError, TimeoutError) as exc:
             self.counts.refuse(Status.FAILED)
             await try_reply(writer, Status.FAILED, str(exc) or "timed out", self.limits)

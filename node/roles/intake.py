@@ -144,13 +144,16 @@ class RoundIntake:
         """Established miners (admission's first seats) may also use the reserved upload slots."""
         return header.sender in self.admission.established
 
+    def void(self, header: SubmissionHeader) -> str | None:
+        """While its body arrives: the reason it is no longer wanted (its round has closed), or None."""
+        if self.closed or header.round != self.round:
+            return f"round {header.round} closed while its body arrived"
+        return None
+
     def on_submission(self, verified: Verified[SubmissionHeader], path: Path) -> str | None:
         """Its body arrived (verified, at `path` in the inbox): None keeps it for the round."""
         header = verified.message
-        if self.closed or header.round != self.round:
-            refusal: str | None = f"round {header.round} closed while its body arrived"
-        else:
-            refusal = self.admission.arrive(header.sender)
+        refusal = self.void(header) or self.admission.arrive(header.sender)
         if refusal is not None:
             self._discard(header.payload_sha256)
             return refusal
