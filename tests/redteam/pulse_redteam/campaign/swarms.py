@@ -35,13 +35,18 @@ from validator.state import StateStore
 
 
 def campaign_manifest(
-    deadline: float, validator: str, min_indicator_average: float | None = None, standby: str | None = None
+    deadline: float,
+    validator: str,
+    min_indicator_average: float | None = None,
+    standby: str | None = None,
+    min_seconds: float = 1.0,
 ) -> Manifest:
     """The tiny preset with the campaign's round timing; `min_indicator_average` replaces the preset's
     record rule (tiny trusts a key's first +1 round so that a demo learns from round 0); `standby`:
-    a second validator's key, after `validator` in the manifest's order."""
+    a second validator's key, after `validator` in the manifest's order; `min_seconds`: how long every
+    round stays open at least."""
     data: dict[str, Any] = tomllib.loads(preset("tiny").read_text())
-    data["round"].update(deadline_seconds=deadline, min_seconds=1.0, checkpoint_every=3)
+    data["round"].update(deadline_seconds=deadline, min_seconds=min_seconds, checkpoint_every=3)
     data["selection"]["held_out_batches"] = 2
     if min_indicator_average is not None:
         data["selection"]["min_indicator_average"] = min_indicator_average
@@ -243,19 +248,23 @@ def attack_run(
     min_indicator_average: float | None = None,
     standby: bool = False,
     hostile_nice: int = 0,
+    min_seconds: float = 1.0,
 ) -> RunReport:
     """Validator, honest miners and a follower for `rounds`, with hostile teams alongside. An RL run
     (`task="rl"`) has `workers` honest inference workers instead of the follower, and `fabricators`
     workers that publish fabricated rollouts. `min_indicator_average`: an LM run's record rule
     (default: the tiny preset's). `standby`: a second validator (an LM run), second in the manifest.
     `hostile_nice`: the hostile processes' CPU priority, that much lower than the honest roles' (on a
-    real network attackers run on their own machines; here they share the honest miners' cores)."""
+    real network attackers run on their own machines; here they share the honest miners' cores).
+    `min_seconds`: how long an LM run's rounds stay open at least. The validator waits for the miners
+    whose updates it evaluated, not for hostile keys, so a round can close before a hostile process
+    (one for many keys, on the honest miners' cores) has played all of its keys."""
     start = time.monotonic()
     if task == "rl":
         manifest = rl_campaign_manifest(deadline, keys.validator_hex())
     else:
         second = keys.standby_hex() if standby else None
-        manifest = campaign_manifest(deadline, keys.validator_hex(), min_indicator_average, second)
+        manifest = campaign_manifest(deadline, keys.validator_hex(), min_indicator_average, second, min_seconds)
     write_manifest(out, manifest)
     swarm = CampaignSwarm(out, manifest, rounds)
     swarm.hostile_nice = hostile_nice
