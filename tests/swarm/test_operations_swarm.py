@@ -7,7 +7,8 @@ checkpoints taken every 2 rounds and only 2 kept, `pulse audit`, a standby valid
 state folder and a late miner join the run: the auditor recomputes rounds, the standby catches up
 from the newest kept checkpoint and stands by (the active validator hands it every later round), and
 the miner contributes from the round that is open when its state is ready. Every node ends on the
-validator's state hash.
+validator's state hash; `pulse status` then reads the run's round from the DHT, and Ctrl+C stops
+every role still running (the standby, the bootstrap) with its DHT process and daemon.
 
 (`test_lifetime_swarm.py` plays kill -9 of `pulse dht` and the busy port; `test_round_swarm.py`
 kills whole process groups.)
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -131,3 +134,15 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     stood = log.events(Standby, "standby")
     assert stood and stood[0].round > JOIN_AFTER, stood  # from a kept checkpoint, not from round 0
     assert not log.events(TookOver, "standby")  # the active validator stayed alive: nothing to take over
+    _status_shows_the_round(s)
+
+
+def _status_shows_the_round(s: Swarm) -> None:
+    cmd = [sys.executable, "-m", "node", "status", "--config", str(s.out / "run.toml")]
+    cmd += ["--host", "/ip4/127.0.0.1/tcp/0", "--initial-peers", *s.bootstrap]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, start_new_session=True)
+    assert done.returncode == 0, done.stderr
+    assert f"round {ROUNDS} is the current round" in done.stdout
+    assert "validator" in done.stdout and "aggregated" in done.stdout
+    s.stop_all()
+    assert not s.unclean, s.unclean  # Ctrl+C stopped every role with its DHT process and daemon
