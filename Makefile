@@ -47,12 +47,16 @@ $(TORCH_STAMP):
 # the install's time on two), and compiles pulse's own packages too: where PYTHONDONTWRITEBYTECODE
 # is set nothing else would, and every process of a swarm would compile them again (about a second
 # each). Files that are not Python 3 (a few packages ship some) fail there, as they do, unreported,
-# under pip. A source edited later is compiled again on import, as always.
+# under pip. A source edited later is compiled again on import, as always. Then the codec kernels,
+# once: compiled on first use instead, every process started before the cache exists compiles them
+# again (a node's first round, or each test worker and swarm process of a fresh clone).
 $(STAMP): pyproject.toml tests/redteam/pyproject.toml $(TORCH_STAMP)
 	$(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
 	$(BIN)/python -m pip install --quiet --no-compile --no-deps -e tests/redteam
 	-$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
 	  node protocol validator tests >/dev/null
+	@echo "compiling the codec kernels (numba, cached beside their modules; about 20 s once)"
+	$(BIN)/python -c "from protocol.warmup import warm_up; warm_up()"
 	touch $(STAMP)
 
 # The main job: a whole swarm (bootstrap, validator, 3 miners, a follower) on loopback with
