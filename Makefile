@@ -65,10 +65,12 @@ demo: install
 	$(BIN)/pulse demo
 
 # The in-process tier runs on TEST_WORKERS processes (a file stays on one worker: module fixtures are
-# shared as before), with the swarm tests marked `light` (a few processes each, no rounds against a
-# deadline) and lint, import contracts and types beside it: the in-process tests leave about a third
-# of two cores idle. The swarms that play rounds against deadlines, whose processes already fill the
-# machine, run alone after it.
+# shared as before), with the swarm tests marked `light` and lint, import contracts and types beside
+# it: the in-process tests leave about a third of two cores idle. `light` swarms have a few
+# processes each and no deadline that binds (DHT, transfers, lifetimes, shaped links, the demos,
+# the README walkthrough, the home walk: their rounds close once every miner is in, so a busier
+# machine only makes them slower). The swarms whose rounds run against deadlines, whose processes
+# already fill the machine, run alone after it.
 TEST_WORKERS ?= 2
 
 test: install browser

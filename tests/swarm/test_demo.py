@@ -19,7 +19,7 @@ from node.commands.cli import main
 from node.commands.roles import DEFAULT_CONFIG
 from node.swarm.demo import Proc, Swarm
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 
 
 def test_demo_json_summary(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from node.learn.data import stdlib_corpus
 from node.run.manifest import load_manifest, parse_manifest
 from node.run.presets import preset
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 

@@ -31,7 +31,7 @@ from node.events.models import RoundClosed
 from node.run.manifest import load_manifest
 from tests.helpers import poll
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.light]
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 3
 WAIT = 240.0
