@@ -33,9 +33,10 @@ one kind never blocks the other; `reserved_submit_streams` of those only favoure
 `max_rollout_streams`, apart again (`reserved_rollout_streams` for workers whose batches passed);
 one signer has one body of each kind in flight; bodies
 move at `min_bytes_per_second` or faster, both ways, and a submission's body stops being read (its
-slot freed, the sender told why) as soon as its round closes (`Intake.void`). A node takes submissions only when its
-transfer service is built with an `Intake`, and rollout batches only once given a `RolloutTaker`
-(an RL validator's pool); with neither, every push is refused before its header is even parsed.
+slot freed, the sender told why) as soon as its round closes (`Intake.void`). A node takes
+submissions only when its transfer service is built with an `Intake`, and rollout batches only once
+given a `RolloutTaker` (an RL validator's pool); with neither, every push is refused before its
+header is even parsed.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ async def replicate_over(stream: Stream, peer: object, envelope: bytes, *, wait:
 
 class Intake(Protocol):
     """Where pushed submissions go (the validator's round intake, `node/roles/intake.py`), given to
-    the transfer service at construction: `rpc_submit` ends in these three calls and nowhere else."""
+    the transfer service at construction: `rpc_submit` ends in these four calls and nowhere else."""
 
     @property
     def inbox(self) -> BlobStore:
