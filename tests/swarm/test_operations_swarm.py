@@ -129,7 +129,10 @@ def test_kill_9_restarts_audit_and_a_late_miner(swarm: tuple[Swarm, Path, list[P
     assert joined and first <= joined[0].round + 1, (joined, first)  # no round lost after its state was ready
     late_key = log.keys()["late"]
     taken = {e.round for e in log.events(Received, "validator-again") if e.sender == late_key}
-    assert first in taken, (first, taken)
+    submitted = {e.round for e in log.events(Submitted, "late")}
+    # a newcomer is waited for only so long in its first round (deadline.py: NEWCOMER_WAIT), so on a busy
+    # machine that one may close before its body arrives (the standby may still have taken it); no later one
+    assert submitted - {first} <= taken and (first in taken or first + 1 in taken), (first, submitted, taken)
 
     stood = log.events(Standby, "standby")
     assert stood and stood[0].round > JOIN_AFTER, stood  # from a kept checkpoint, not from round 0
