@@ -53,3 +53,41 @@ def test_pushes_a_standby_held_are_accounted_and_honest_ones_judged_where_the_ro
     [outcome] = ledger.outcomes
     assert outcome.kind == "held" and "standby" in outcome.reason and ledger.unaccounted == 0
     assert ledger.per_attack()["standby-flood"]["held"] == 1
+
+
+def test_pushes_that_arrive_after_their_round_closed_are_late_and_their_attack_not_played(tmp_path: Path) -> None:
+    """A hostile process behind the rounds (sharing the honest miners' cores) names the round it saw
+    open, truthfully, and is refused because that round has closed: the validator never judged the
+    attack. Those pushes are late, not refused, and an attack that was only ever late is not played;
+    a deliberate push for another round is refused (its defence worked), as is a body cut at close."""
+
+    def sent(attack: str, round_: int, header_round: int, reason: str) -> AttackSent:
+        return AttackSent(
+            round=round_, attack=attack, sender="a" * 64, header_round=header_round, message_id="1" * 64,
+            payload_sha256="2" * 64, status="REJECTED", reason=reason, body_sent=False, peer_id="12D3KooW",
+        )  # fmt: skip
+
+    events = tmp_path / "events"
+    hostile = Events("hostile", events / "hostile.jsonl")
+    for e in (
+        sent("signflip", 5, 5, "round 5 is not open (the open round is 6)"),
+        sent("signflip", 6, 6, "round 6 has closed: the validator is scoring it"),
+        sent("nan", 6, 6, "round 6 has closed: the validator is scoring it"),
+        sent("other-round", 6, 7, "round 7 is not open (the open round is 6)"),
+        sent("slow", 6, 6, "round 6 closed while its body arrived"),
+    ):
+        hostile.emit(e, "pushed")
+    validator_log = "submit from 12D3KooW refused"
+    ledger = build(read_events(events), validator_log=validator_log)
+    kinds = {(o.attack, o.round): o.kind for o in ledger.outcomes}
+    assert kinds == {
+        ("signflip", 5): "late", ("signflip", 6): "late", ("nan", 6): "late",
+        ("other-round", 6): "refused", ("slow", 6): "refused",
+    }  # fmt: skip
+    assert ledger.per_attack()["signflip"]["late"] == 2 and ledger.unaccounted == 0
+    assert sorted(ledger.not_played()) == ["nan", "signflip"]
+    nan_played = Ledger(outcomes=[*ledger.outcomes, Outcome("nan", 7, "b" * 64, "rejected", "undecodable")])
+    clean = _run("clean", [])
+    report = RunReport("hostile30", nan_played, final_loss=3.0, hashes={}, crashes=[], honest_aggregated={0: 5})
+    summary = _result(Options(fractions="0.3"), [clean, report], None, [3], tmp_path, None, {"lm": clean}, []).summary
+    assert summary["attacks_not_played"] == ["signflip"] and summary["hostile_late"] == 3

@@ -72,7 +72,11 @@ def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
     refusals = {o.attack: o.reason for o in ledger.outcomes if o.kind == "refused" and "BUSY" not in o.reason}
     for attack in TRANSPORT:
         if attack in played:
-            assert played[attack]["refused"] == played[attack]["sends"], (attack, played[attack])
+            # refused on the stream; a push the hostile process sent after its round closed is late
+            assert played[attack]["refused"] + played[attack]["late"] == played[attack]["sends"], (
+                attack,
+                played[attack],
+            )
             assert attack in refusals, f"{attack} never met its own check (only BUSY answers)"
     for attack in NETWORK:  # every play met its defence (a breach would also count as unaccounted)
         assert played[attack]["refused"] == played[attack]["sends"] > 0, (attack, played[attack])

@@ -10,8 +10,10 @@ preset (PULSELoCo, rollout workers) are measured against a clean RL run. The cam
 (hostile processes, payload crafting, the ledger) is `tests/redteam/pulse_redteam/campaign/`.
 
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
-counts only attacks visible in the payload), `crashes` (validator or honest processes that exited
-non-zero), `unaccounted_submissions` (pushes or received submissions without exactly one logged
+counts only attacks visible in the payload), `hostile_late` (pushes refused only because their
+round had closed when they arrived: the hostile process ran behind, and the validator never
+judged them) and `attacks_not_played` (attacks whose every push was late), `crashes` (validator
+or honest processes that exited non-zero), `unaccounted_submissions` (pushes or received submissions without exactly one logged
 outcome, rounds closed twice, network attacks whose defence failed), `final_loss_*` (the
 validator's held-out loss after the last round), `faults_recovered` / `faults_total`. Per run under
 attack, against the clean run of its task: rounds completed and honest miners aggregated per round;
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from node.bench.report import BenchResult, table
 from protocol.parsing import STRICT
@@ -44,6 +46,7 @@ ATTACK_COLUMNS = [
     "detectable",
     "pushes",
     "refused, rejected or held",
+    "late",
     "outscored",
     "aggregated",
     "rounds until excluded",
@@ -109,6 +112,11 @@ class Options(BaseModel):
     """rounds of the fault run (at least 9)"""
     deadline: float = Field(default=20.0, gt=0)
     """round deadline in seconds"""
+    min_seconds: float = Field(default=1.0, gt=0)
+    """how long every LM round stays open at least. The validator waits for the miners it evaluated,
+    not for hostile keys, so a hostile process (niced, on the honest miners' cores) that falls behind
+    the rounds arrives after their close and its attack is never judged: `hostile_late` and
+    `attacks_not_played` say whether that happened; raise this if they do"""
     min_indicator_average: float = Field(default=GauntletConfig().min_indicator_average, ge=0, le=1)
     """the indicator record a key needs before its +1 rounds count, in the LM runs: a real run's (the
     home presets'), not the tiny demo's 0 (which trusts a key's first +1 round)"""
@@ -139,6 +147,12 @@ class Options(BaseModel):
         if not all(0 < f < 1 for f in shares):
             raise ValueError(f"{text!r} is not comma-separated fractions between 0 and 1 (e.g. 0.30,0.45)")
         return text
+
+    @model_validator(mode="after")
+    def _timing(self) -> Options:
+        if self.min_seconds > self.deadline:
+            raise ValueError(f"min_seconds {self.min_seconds} is past the deadline {self.deadline}")
+        return self
 
     @field_validator("scenarios")
     @classmethod
@@ -180,6 +194,7 @@ def run(options: Options) -> BenchResult:
             deadline=options.deadline,
             honest=options.honest,
             min_indicator_average=options.min_indicator_average,
+            min_seconds=options.min_seconds,
         )
     )
     _say(_line(reports[-1]))
@@ -192,6 +207,7 @@ def run(options: Options) -> BenchResult:
         run = swarms.attack_run(
             out / name, keys, teams, options.rounds, deadline=options.deadline, honest=options.honest,
             min_indicator_average=options.min_indicator_average, hostile_nice=options.hostile_nice,
+            min_seconds=options.min_seconds,
         )  # fmt: skip
         reports.append(run)
         _say(_line(reports[-1]))
@@ -232,6 +248,7 @@ def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, options: Opt
         min_indicator_average=options.min_indicator_average,
         standby=scenario.standby,
         hostile_nice=options.hostile_nice,
+        min_seconds=options.min_seconds,
     )
 
 
@@ -319,6 +336,8 @@ def _result(
         "validator_disk_mb_max": max((r.validator_disk_mb for r in everything if r is not faults), default=None),
         "hostile_aggregated": sum(r.ledger.aggregated() for r in played),
         "hostile_aggregated_detectable": sum(r.ledger.aggregated(detectable_only=True) for r in played),
+        "hostile_late": sum(m["late"] for m in merged.values()),
+        "attacks_not_played": [a for a, m in merged.items() if m["sends"] and m["late"] == m["sends"]],
         "crashes": sum(len(r.crashes) for r in everything),
         "unaccounted_submissions": sum(r.ledger.unaccounted for r in everything),
         "final_loss_clean": clean,
@@ -326,6 +345,7 @@ def _result(
         "faults_total": len(faults_by_name),
         "hashes_agree": all(r.hashes_agree for r in everything),
         "honest_miners": options.honest,
+        "min_seconds": options.min_seconds,
         "hostile_nice": options.hostile_nice,
         "hostile_miners": dict(zip([r.name for r in reports[1:]], hostile, strict=True)),
         "rounds": options.rounds,
@@ -347,6 +367,7 @@ def _result(
             attacks.ATTACKS[a].detectable,
             m["sends"],
             m["refused"] + m["rejected"] + m["held"],
+            m["late"],
             m["outscored"],
             m["aggregated"],
             m["rounds_until_excluded"],

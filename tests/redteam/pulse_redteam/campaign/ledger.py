@@ -5,6 +5,10 @@ A hostile push ends in exactly one of:
 - refused: the validator answered anything but OK on the stream (its log names the message or the
   stream, with the reason), or took it and later gave its seat to another (a `dropped` event
   with the reason);
+- late: refused only because the round it named (truthfully: the round the hostile process saw
+  open) had closed when it arrived. The validator never judged the attack itself: a campaign whose
+  hostile processes, on the honest miners' cores, run behind the rounds plays fewer attacks than
+  it claims (`not_played` lists the attacks that were late every time);
 - rejected / outscored / aggregated: it was stored and handed to round r, whose `round` event
   lists its sender under `rejections` (with the reason) or `scores` (aggregated);
 - voided: the validator that took it was killed before closing the round (the restarted one
@@ -25,6 +29,7 @@ reason, aggregated (taken into a pool: the attack worked), or unused (never take
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +40,7 @@ from node.events.models import Dropped, PoolPublished, Received, RoundClosed
 from pulse_redteam.campaign.attacks import ATTACKS
 
 OUTSCORED = ("score ", "final score", "indicator average", "rating ordinal")
+CLOSED = re.compile(r"round \d+ (has closed|is not open)")  # the intake's refusals of a round not open (intake.py)
 
 
 @dataclass
@@ -42,7 +48,7 @@ class Outcome:
     attack: str
     round: int
     sender: str
-    kind: str  # refused | rejected | outscored | aggregated | voided | held | unused | breached | unaccounted
+    kind: str  # refused | late | rejected | outscored | aggregated | voided | held | unused | breached | unaccounted
     reason: str
     logged: bool = True
 
@@ -77,6 +83,7 @@ class Ledger:
             table[attack] = {
                 "sends": len(mine),
                 "refused": kinds["refused"],
+                "late": kinds["late"],
                 "rejected": kinds["rejected"],
                 "outscored": kinds["outscored"],
                 "aggregated": kinds["aggregated"],
@@ -90,6 +97,10 @@ class Ledger:
                 "reason": next((o.reason for o in mine if o.kind != "aggregated"), ""),
             }
         return table
+
+    def not_played(self) -> list[str]:
+        """Attacks whose every push arrived after its round had closed: never judged by the validator."""
+        return [attack for attack, row in self.per_attack().items() if row["sends"] and row["late"] == row["sends"]]
 
 
 def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] = frozenset()) -> Ledger:
@@ -140,7 +151,10 @@ def _outcome(
     attack, round_, sender = send.attack, send.round, send.sender
     if send.status != "OK":
         logged = send.message_id[:12] in validator_log or f"submit from {send.peer_id}" in validator_log
-        return Outcome(attack, round_, sender, "refused", f"{send.status} {send.reason}".strip(), logged)
+        late = send.header_round == round_ and CLOSED.search(send.reason) is not None
+        return Outcome(
+            attack, round_, sender, "late" if late else "refused", f"{send.status} {send.reason}".strip(), logged
+        )
     took = receivers.get((round_, sender), set())
     closed = rounds.get(round_)
     if took and took <= killed and (closed is None or closed.name not in took):
