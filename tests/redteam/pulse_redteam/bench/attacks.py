@@ -10,17 +10,17 @@ preset (PULSELoCo, rollout workers) are measured against a clean RL run. The cam
 (hostile processes, payload crafting, the ledger) is `tests/redteam/pulse_redteam/campaign/`.
 
 Figures: `hostile_aggregated` (hostile pushes aggregated, all runs; `hostile_aggregated_detectable`
-counts only attacks visible in the payload), `hostile_late` (pushes refused only because their
-round had closed when they arrived: the hostile process ran behind, and the validator never
-judged them) and `attacks_not_played` (attacks whose every push was late), `crashes` (validator
-or honest processes that exited non-zero), `unaccounted_submissions` (pushes or received submissions without exactly one logged
-outcome, rounds closed twice, network attacks whose defence failed), `final_loss_*` (the
-validator's held-out loss after the last round), `faults_recovered` / `faults_total`. Per run under
-attack, against the clean run of its task: rounds completed and honest miners aggregated per round;
-the worst of each over the runs is `rounds_completed_ratio` and `honest_aggregated_ratio` (targets
-1.0 and >= 0.9). The validator's peak resident memory and the peak size of its folder (state,
-blobs, inbox, sampled every 0.5 s), the largest over the runs in `validator_peak_mb_max` and
-`validator_disk_mb_max`; every node's final state hash in `per_run`.
+counts only attacks visible in the payload), `hostile_late` (pushes refused only because their round
+had closed when they arrived: the hostile process ran behind, and the validator never judged them)
+and `attacks_not_played` (attacks whose every push was late), `crashes` (validator or honest
+processes that exited non-zero), `unaccounted_submissions` (pushes or received submissions without
+exactly one logged outcome, rounds closed twice, network attacks whose defence failed),
+`final_loss_*` (the validator's held-out loss after the last round), `faults_recovered` /
+`faults_total`. Per run under attack, against the clean run of its task: rounds completed and honest
+miners aggregated per round; the worst of each over the runs is `rounds_completed_ratio` and
+`honest_aggregated_ratio` (targets 1.0 and >= 0.9). The validator's peak resident memory and the
+peak size of its folder (state, blobs, inbox, sampled every 0.5 s), the largest over the runs in
+`validator_peak_mb_max` and `validator_disk_mb_max`; every node's final state hash in `per_run`.
 """
 
 from __future__ import annotations
