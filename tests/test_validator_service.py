@@ -129,17 +129,22 @@ def test_round_metrics_carry_the_loss_bytes_and_standings_within_bounds(tmp_path
     assert diverged.held_out_loss is None and diverged.held_out_reward is None  # left out
 
 
-def test_the_next_round_waits_only_for_senders_whose_update_was_evaluated() -> None:
-    """A flood of fresh keys that sent junk, or updates refused before evaluation, must not hold the
-    next round open to its deadline, waiting for keys that never send again; an honest miner whose
-    update was evaluated but not aggregated (a -1 indicator, a record too short) is still waited for."""
+def test_the_next_round_waits_only_for_senders_it_aggregated() -> None:
+    """A flood of fresh keys that sent junk, updates refused before evaluation, or a random direction
+    at the median norm (evaluated; its one-round indicator is +1 about half the time), must not hold
+    the next round open to its deadline, waiting for keys that never send again: none of it costs
+    work. An honest miner that was not aggregated is waited for only as established or as a
+    newcomer that announced itself (`deadline.py`)."""
     outcomes = [
         Outcome(0, "selected", sender="aggregated", score=0.02),
         Outcome(1, "rejected", "record too short", sender="young", score=0.01, indicator=1),
         Outcome(2, "rejected", "indicator -1", sender="unlucky", score=-0.01, indicator=-1),
+        Outcome(7, "rejected", "final score -0.2 is not positive", sender="random", score=-0.003, indicator=-1),
+        Outcome(9, "rejected", "indicator average 0.05, this round +1", sender="lucky", score=0.0001, indicator=1),
+        Outcome(8, "selected", sender="alone", score=0.01, indicator=-1),  # a lone update: aggregated all the same
         Outcome(3, "rejected", "undecodable", sender="junk"),
         Outcome(4, "rejected", "copy of the public previous step: cosine 0.990 on its positions", sender="slice"),
         Outcome(5, "rejected", "norm 3.1 is 151x the median 0.0205", sender="scaled"),
         Outcome(6, "ignored", "one submission per miner per round"),
     ]
-    assert senders_to_wait_for(outcomes) == {"aggregated", "young", "unlucky"}
+    assert senders_to_wait_for(outcomes) == {"aggregated", "alone"}

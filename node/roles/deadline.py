@@ -7,11 +7,11 @@
 
 Both modes close at `deadline_seconds` at the latest, never before `min_seconds`, and as soon as
 every active miner (announced for the round, or a sender of the last one whose update was
-scored) has submitted. A miner without standing that announced itself (a free heartbeat) counts in
-no quorum, and once every miner the round knew is in it is waited for `NEWCOMER_WAIT` times as long
-as they took, no more: a flood of announcements cannot hold every round to its deadline. A
+aggregated) has submitted. A miner without standing that announced itself (a free heartbeat) counts
+in no quorum, and once every miner the round knew is in it is waited for `NEWCOMER_WAIT` times as
+long as they took, no more: a flood of announcements cannot hold every round to its deadline. A
 newcomer that misses its first round trains the next one ahead (`roles/miner.py`) and is in at its
-open, and known from then on.
+open, and known from then on once it is aggregated (`senders_to_wait_for`).
 
 - fixed: nothing else; the target miners aim for is the deadline.
 - adaptive: over the last `history_rounds` rounds, with A_r the arrival times of round r's quorum,

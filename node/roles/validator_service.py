@@ -25,7 +25,8 @@ Round r, phase by phase (`Phase`):
    payloads) and the run's head;
 2. COLLECTING: until the deadline, or earlier (after `min_seconds`) once every miner that announced
    itself for r (established keys, and newcomers only as many as seats: `Admission.awaited`, and
-   no longer than the others took again: `deadline.py`) or submitted in r-1 has submitted, or
+   no longer than the others took again: `deadline.py`) or was aggregated in r-1
+   (`senders_to_wait_for`) has submitted, or
    (adaptive deadlines) once a quorum of them has and the learned target has passed: nobody is
    waited for beyond the deadline;
 3. CLOSING: close the intake; run the round; store its blobs; hand the result to the standbys
@@ -84,14 +85,18 @@ MIN_LINGER_SECONDS = 30.0
 
 
 def senders_to_wait_for(outcomes: Iterable[Outcome]) -> set[str]:
-    """The senders of a closed round that the next round knows and waits for: those whose update
-    was evaluated. Bytes that do not decode, and updates refused before evaluation (a norm far from
-    the median, a copy of the public previous step: `Gauntlet.inspect`), cost nothing to make: a
-    flood of fresh keys sending them every round would otherwise hold every next round open to its
-    deadline, waiting for keys that never send again. An honest update that did not earn standing
-    this round was evaluated all the same, and its miner is waited for as before; so is the sender
-    of a copy of another miner's payload, which is found only after evaluation (`mark_copies`)."""
-    return {o.sender for o in outcomes if o.sender is not None and o.score is not None}
+    """The senders of a closed round that the next round knows and waits for: those it aggregated.
+
+    Anything less can cost nothing to make, and a key the next round knows holds it open, in the
+    fixed deadline mode until its deadline: a fresh key that sends once and never again would do
+    that to every round. Bytes that do not decode, updates refused before evaluation (a norm far
+    from the median, a copy of the public previous step: `Gauntlet.inspect`), and a random direction
+    at the median norm all qualify; the last is evaluated, and its own-data indicator comes out +1
+    in about half the rounds, so one round's indicator is no evidence of work (a record of them is:
+    aggregation needs one). An honest miner that was not aggregated is not lost: it announces itself,
+    so the next round still waits for it as an established key (if it is one), or as a newcomer,
+    for as long again as the miners it knows took (`deadline.py`)."""
+    return {o.sender for o in outcomes if o.sender is not None and o.status == "selected"}
 
 
 class Phase(Enum):
