@@ -11,7 +11,8 @@ import torch
 
 from node.bench.arena import Arena
 from node.events.metrics import reason_class
-from node.swarm.fakeminers import KINDS, Miner, RoundView, identity_for
+from node.roles.validator_service import senders_to_wait_for
+from node.swarm.fakeminers import KINDS, OPEN_KINDS, Miner, RoundView, identity_for
 from protocol.assignment import Assignment, data_digest
 from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import SeenCache, open_signed, sign
@@ -461,3 +462,20 @@ def test_a_round_works_on_the_evaluators_device_when_it_has_room(monkeypatch: py
     assert round_device(cuda, weights, 2) == torch.device("cpu")
     assert round_device(cuda, weights, 0) == cuda  # nothing decoded ahead: 16 kB
     assert round_device(torch.device("cpu"), weights, 2) == torch.device("cpu")
+
+
+def test_quiet_noise_passes_every_check_before_evaluation_and_is_waited_for_only_if_aggregated(tmp_path: Path) -> None:
+    """Random noise at an honest update's norm costs no work, yet is decoded, inside the norm band,
+    no copy of anything public, and evaluated: only scores can keep it out (an open gap, so the kind
+    is played only when named: `OPEN_KINDS`). The next round must not wait for its key on that alone."""
+    assert "quietnoise" in OPEN_KINDS and "quietnoise" not in KINDS
+    swarm = make_swarm()
+    honest = swarm.honest(3)
+    [quiet] = swarm.adversaries(("quietnoise",), [])
+    arena = Arena(swarm.validator(tmp_path), [*honest, quiet])
+    for _ in range(2):
+        record = arena.play()
+        [outcome] = [o for o in record.report.outcomes if o.sender == quiet.key]
+        assert outcome.score is not None and outcome.norm is not None, outcome  # evaluated, not refused before
+        waited = senders_to_wait_for(record.report.outcomes)
+        assert (quiet.key in waited) == (outcome.status == "selected"), (outcome, waited)

@@ -14,6 +14,14 @@ The attacks:
 | nan       | a well-formed payload with NaN values (SparseLoCo centroids, dense raw) | decoder               |
 | replay    | resends an honest miner's previous-round submission (this round's in round 0) | round / replay check |
 | behind    | trains from the previous round's weights and says so                   | base state hash       |
+
+Played only when named (`OPEN_KINDS`: not yet kept out every time, so not in the default set):
+
+| kind       | does                                                                     | caught by                  |
+|------------|--------------------------------------------------------------------------|----------------------------|
+| quietnoise | random noise at its honest update's norm: no work, passes every pre-check | the record rule, by chance |
+
+(its one-round own-data indicator is a coin flip, so a run of +1 rounds can give it the record)
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from validator.intake import Submission
 
 T = TypeVar("T")
 KINDS = ("copycat", "thief", "signflip", "noise", "freerider", "nan", "replay", "behind")
+OPEN_KINDS = ("quietnoise",)
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,23 @@ class Noise(Miner):
         )
 
 
+class QuietNoise(Miner):
+    """Random noise scaled to the norm of the update it would have sent (trained only to know that
+    norm; an attacker reads the published median instead), a direction of its own each round."""
+
+    kind = "quietnoise"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        delta = self.train(view.weights, self.assignment(view.round))
+        seed = int.from_bytes(hashlib.sha256(f"{self.key}/{view.round}".encode()).digest()[:7], "little")
+        gen = torch.Generator().manual_seed(seed)
+        noise = {n: torch.randn(t.shape, generator=gen) for n, t in delta.items()}
+        scale = global_norm(delta) / global_norm(noise)
+        return self.package(
+            view.round, view.state_hash, self.compress({n: t * scale for n, t in noise.items()}, view.weights)
+        )
+
+
 class FreeRider(Miner):
     kind = "freerider"
 
@@ -228,6 +254,7 @@ ADVERSARIES: dict[str, type[Miner]] = {
     "copycat": Copycat,
     "signflip": SignFlip,
     "noise": Noise,
+    "quietnoise": QuietNoise,
     "freerider": FreeRider,
     "nan": NaNPayload,
     "replay": Replay,
