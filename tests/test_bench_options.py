@@ -82,6 +82,7 @@ def test_no_flags_give_the_models_defaults_and_every_field_is_a_flag_with_its_he
         ("attacks", ["--honest", "0"], "--honest: Input should be greater than or equal to 1"),
         ("attacks", ["--fractions", "0.3,1"], "--fractions: '0.3,1' is not comma-separated fractions"),
         ("attacks", ["--scenarios", "flood,nope"], "--scenarios: no scenario nope"),
+        ("attacks", ["--min-seconds", "30"], "min_seconds 30.0 is past the deadline 20.0"),
         ("failover", ["--deadline", "0"], "--deadline: Input should be greater than 0"),
         ("failover", ["--points", "collecting,later"], "--points: no kill point later"),
     ],
@@ -97,6 +98,8 @@ def test_a_bad_value_exits_2_with_one_line_naming_the_flag(
 def test_the_measurement_command_lines_users_type_still_parse() -> None:
     options = options_from(gauntlet.Options, _parse("gauntlet", "--kinds", "nan,copycat", "--skip-rss"))
     assert options.attack_kinds == ["nan", "copycat"] and options.skip_rss
+    assert options_from(gauntlet.Options, _parse("gauntlet", "--kinds", "quietnoise")).attack_kinds == ["quietnoise"]
+    assert "quietnoise" not in gauntlet.Options().attack_kinds  # an open gap: played only when named
     assert options.batches == options.inner_steps  # no --assignment-batches: H
     assert options_from(gauntlet.Options, _parse("gauntlet", "--assignment-batches", "3")).batches == 3
     options = options_from(loco.Options, _parse("loco", "--methods", "ddp,diloco,pulseloco", "--regime", "pretrain"))
