@@ -27,6 +27,7 @@ from node.events.models import (
     PatchApplied,
     Received,
     RoundClosed,
+    Started,
     Submitted,
 )
 from node.run.manifest import Manifest, parse_manifest
@@ -35,7 +36,7 @@ from tests.helpers import events, wait_exits, wait_for
 from tests.swarm.runs import bootstrapped
 
 pytestmark = pytest.mark.swarm
-ROUNDS = 3
+ROUNDS = 5  # rounds left for the late miner to join after the validator resumes
 WAIT = 150.0
 
 
@@ -73,7 +74,7 @@ def _finish(swarm: Swarm, workers: list[Proc]) -> dict[str, Any]:
 
 def test_killed_miner_late_miner_and_paused_follower(swarm: tuple[Swarm, Path, list[Path]]) -> None:
     s, validator_key, miner_keys = swarm
-    s.start_role("validator", "validator", validator_key)
+    validator = s.start_role("validator", "validator", validator_key)
     miners = [s.start_role(f"miner{i}", "miner", key) for i, key in enumerate(miner_keys[:3])]
     follower = s.start_role("follower", "follow", None)
 
@@ -81,9 +82,16 @@ def test_killed_miner_late_miner_and_paused_follower(swarm: tuple[Swarm, Path, l
     os.kill(follower.popen.pid, signal.SIGSTOP)  # misses rounds; its DHT process keeps serving
     _wait(s, "miner2's first submission", _has("miner2", Submitted, 0))  # it now trains for round 1
     s.kill(miner2 := miners[2])
-    # started while round 1 waits out the killed miner: started after it, a slow start (6 s in one
-    # CI run) could miss the whole run, whose last round closes as soon as the two live miners submit
-    late = s.start_role("late", "miner", miner_keys[3])
+    # The run must not end before the late miner is up: a round waits for a killed miner only if the
+    # round before aggregated it, and a slow start (6 to 10 s in CI runs) missed the whole run when
+    # it did not. The validator's own process pauses until the late miner has started (its DHT
+    # process and daemon go on serving, as the paused follower's do).
+    os.kill(validator.popen.pid, signal.SIGSTOP)
+    try:
+        late = s.start_role("late", "miner", miner_keys[3])
+        _wait(s, "the late miner's start", _has("late", Started))
+    finally:
+        os.kill(validator.popen.pid, signal.SIGCONT)
     _wait(s, "round 1 closing", _has("validator", RoundClosed, 1))
     os.kill(follower.popen.pid, signal.SIGCONT)
 
