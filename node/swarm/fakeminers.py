@@ -168,33 +168,33 @@ class SignFlip(Miner):
 
 
 class Noise(Miner):
+    """Random noise at `times` the norm of the update it would have sent (trained only to know that norm)."""
+
     kind = "noise"
+    times = 1000.0
+
+    def seed(self, round_: int) -> int:
+        return round_
 
     def submit(self, view: RoundView) -> Submission | None:
         delta = self.train(view.weights, self.assignment(view.round))
-        gen = torch.Generator().manual_seed(view.round)
+        gen = torch.Generator().manual_seed(self.seed(view.round))
         noise = {n: torch.randn(t.shape, generator=gen) for n, t in delta.items()}
-        scale = 1000 * global_norm(delta) / global_norm(noise)
+        scale = self.times * global_norm(delta) / global_norm(noise)
         return self.package(
             view.round, view.state_hash, self.compress({n: t * scale for n, t in noise.items()}, view.weights)
         )
 
 
-class QuietNoise(Miner):
-    """Random noise scaled to the norm of the update it would have sent (trained only to know that
-    norm; an attacker reads the published median instead), a direction of its own each round."""
+class QuietNoise(Noise):
+    """Noise at the norm itself (an attacker reads the published median instead of training), a
+    direction of its own each round."""
 
     kind = "quietnoise"
+    times = 1.0
 
-    def submit(self, view: RoundView) -> Submission | None:
-        delta = self.train(view.weights, self.assignment(view.round))
-        seed = int.from_bytes(hashlib.sha256(f"{self.key}/{view.round}".encode()).digest()[:7], "little")
-        gen = torch.Generator().manual_seed(seed)
-        noise = {n: torch.randn(t.shape, generator=gen) for n, t in delta.items()}
-        scale = global_norm(delta) / global_norm(noise)
-        return self.package(
-            view.round, view.state_hash, self.compress({n: t * scale for n, t in noise.items()}, view.weights)
-        )
+    def seed(self, round_: int) -> int:
+        return int.from_bytes(hashlib.sha256(f"{self.key}/{round_}".encode()).digest()[:7], "little")
 
 
 class FreeRider(Miner):

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from node.bench.report import BenchResult, table
 from protocol.parsing import STRICT
-from pulse_redteam.campaign import attacks, netns, swarms
+from pulse_redteam.campaign import attacks, ledger, netns, swarms
 from validator.config import GauntletConfig
 
 ATTACK_COLUMNS = [
@@ -338,7 +338,7 @@ def _result(
         "hostile_aggregated": sum(r.ledger.aggregated() for r in played),
         "hostile_aggregated_detectable": sum(r.ledger.aggregated(detectable_only=True) for r in played),
         "hostile_late": sum(m["late"] for m in merged.values()),
-        "attacks_not_played": [a for a, m in merged.items() if m["sends"] and m["late"] == m["sends"]],
+        "attacks_not_played": ledger.not_played(merged),
         "crashes": sum(len(r.crashes) for r in everything),
         "unaccounted_submissions": sum(r.ledger.unaccounted for r in everything),
         "final_loss_clean": clean,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,8 +100,13 @@ class Ledger:
         return table
 
     def not_played(self) -> list[str]:
-        """Attacks whose every push arrived after its round had closed: never judged by the validator."""
-        return [attack for attack, row in self.per_attack().items() if row["sends"] and row["late"] == row["sends"]]
+        return not_played(self.per_attack())
+
+
+def not_played(table: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The attacks of a `per_attack` table (one run's, or several merged) whose every push arrived
+    after its round had closed: never judged by the validator."""
+    return [attack for attack, row in table.items() if row["sends"] and row["late"] == row["sends"]]
 
 
 def build(log: EventLog, validator_log: str, killed_validators: frozenset[str] = frozenset()) -> Ledger:
