@@ -12,7 +12,7 @@ import torch
 from node.bench.arena import Arena
 from node.events.metrics import reason_class
 from node.roles.validator_service import senders_to_wait_for
-from node.swarm.fakeminers import KINDS, OPEN_KINDS, Miner, RoundView, identity_for
+from node.swarm.fakeminers import KINDS, Miner, RoundView, identity_for
 from protocol.assignment import Assignment, data_digest
 from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import SeenCache, open_signed, sign
@@ -22,7 +22,7 @@ from validator.config import GauntletConfig
 from validator.gauntlet import Decision, RoundPipeline, round_device
 from validator.intake import RoundContext, Submission, reason_text, screen
 from validator.ratings import Ratings
-from validator.scoring import CopyCandidate, RoundSecret, Sketch, copy_owners
+from validator.scoring import CopyCandidate, Gains, RoundSecret, Sketch, copy_owners
 
 OTHER_RUN = hashlib.sha256(b"another run").hexdigest()
 STATE = hashlib.sha256(b"state r").hexdigest()
@@ -306,6 +306,7 @@ def test_each_attack_is_stopped_for_its_own_reason(arena_run: tuple[Arena, list[
         "behind": ("behind: trained from", "unknown base state"),
         "copycat": ("copy of", "indicator average"),
         "thief": ("copy of", "indicator average", "final score", "rating ordinal"),
+        "quietnoise": ("score ", "indicator average"),
     }
     for rec in arena.records:
         for o in rec.report.outcomes:
@@ -375,6 +376,7 @@ def test_every_reason_the_validator_gives_has_its_metrics_class(
         "behind": {"behind", "unknown_base"},
         "copycat": {"copy", "indicator"},
         "thief": {"copy", "indicator", "not_positive", "rank"},
+        "quietnoise": {"no_gain", "indicator"},
         # a copied honest miner before it has a record: the whole copy group is refused
         "honest": {"copy", "indicator", "no_gain", "not_positive", "rank"},
     }
@@ -466,9 +468,8 @@ def test_a_round_works_on_the_evaluators_device_when_it_has_room(monkeypatch: py
 
 def test_quiet_noise_passes_every_check_before_evaluation_and_is_waited_for_only_if_aggregated(tmp_path: Path) -> None:
     """Random noise at an honest update's norm costs no work, yet is decoded, inside the norm band,
-    no copy of anything public, and evaluated: only scores can keep it out (an open gap, so the kind
-    is played only when named: `OPEN_KINDS`). The next round must not wait for its key on that alone."""
-    assert "quietnoise" in OPEN_KINDS and "quietnoise" not in KINDS
+    no copy of anything public, and evaluated: only its gains can keep it out, and its indicator
+    stays -1 (it is no work). The next round must not wait for its key on that alone."""
     swarm = make_swarm()
     honest = swarm.honest(3)
     [quiet] = swarm.adversaries(("quietnoise",), [])
@@ -479,3 +480,18 @@ def test_quiet_noise_passes_every_check_before_evaluation_and_is_waited_for_only
         assert outcome.score is not None and outcome.norm is not None, outcome  # evaluated, not refused before
         waited = senders_to_wait_for(record.report.outcomes)
         assert (quiet.key in waited) == (outcome.status == "selected"), (outcome, waited)
+        assert outcome.indicator == -1 and outcome.status == "rejected", outcome
+
+
+def test_an_update_that_gains_little_of_what_the_others_gain_is_no_record_of_work() -> None:
+    """The round that let a random direction in (`pulse bench gauntlet --kinds quietnoise`, before
+    the rule): its own-data margin came out positive by chance, but it gained 0.5% of what the
+    round's other updates gain on random data. Honest updates gain 1.0x to 1.8x that."""
+    lucky = Gains(assigned=-0.000218, random=0.0000429, assigned_ref=0.00760, random_ref=0.00802)
+    assert lucky.margin > 0 and lucky.indicator(0.0, 0.0) == 1  # the margin alone: +1
+    assert lucky.indicator(0.0, 0.25) == -1
+    honest = Gains(assigned=0.0120, random=0.0100, assigned_ref=0.0060, random_ref=0.0066)
+    assert honest.indicator(0.0, 0.25) == 1
+    # a reference that does not gain asks only for a gain
+    assert Gains(assigned=0.002, random=0.0001, assigned_ref=0.0, random_ref=-0.001).indicator(0.0, 0.25) == 1
+    assert Gains(assigned=0.01, random=-0.0001, assigned_ref=0.0, random_ref=-0.003).indicator(0.0, 0.25) == -1

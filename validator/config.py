@@ -143,6 +143,9 @@ class GauntletConfig(UpdateRules, SelectionRules):
     0: any advantage. With a fresh batch every inner step the advantage of an honest update is small
     early in a run (1-4% of the reference's gain on R on the embedded GPT), so a margin of 5% kept every
     miner at -1 and the run at W_0."""
+    useful_share: float = Field(default=0.25, ge=0)
+    """Indicator +1 also needs the update's gain on R to reach this share of the reference update's gain
+    on R: work, not a random direction whose margin came out positive by chance (scoring.py)."""
     indicator_decay: float = Field(default=0.95, ge=0, lt=1)
     """Moving average of the indicator: average = decay x average + (1 - decay) x indicator."""
     openskill_beta: float = Field(default=7.0, gt=0)

@@ -340,7 +340,7 @@ class RoundPipeline:
             update, reference = self._update_and_reference(a, inspection)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
             a.gains = ev.gains(a.index, update, scale, reference)
-            a.indicator = a.gains.indicator(cfg.indicator_margin)
+            a.indicator = a.gains.indicator(cfg.indicator_margin, cfg.useful_share)
             a.alone = reference is None
             if reference is not None and self._others(a, inspection) >= 2:
                 a.echo = echo_cosine(update, reference)

@@ -114,7 +114,7 @@ def recompute(
     mine = ev.gains(0, update, min(1.0, median / norm) if norm > 0 else 1.0, None)
     _, _, assigned_ref, random_ref = committed.gains
     gains = Gains(mine.assigned, mine.random, assigned_ref, random_ref)
-    indicator = gains.indicator(cfg.indicator_margin)
+    indicator = gains.indicator(cfg.indicator_margin, cfg.useful_share)
     differs = []
     if norm != committed.norm:  # norms are bit-reproducible (`aggregate.global_norm`)
         differs.append(f"norm: committed {committed.norm!r}, measured {norm!r}")

@@ -12,7 +12,8 @@ improve whoever trained, so the own-data advantage is measured against a referen
 made without miner i's data:
 
     margin    = (gain(A, g) - gain(A, ref_i)) - (gain(R, g) - gain(R, ref_i))
-    indicator = +1 if margin > indicator_margin * |gain(R, ref_i)| else -1
+    indicator = +1 if margin > indicator_margin * |gain(R, ref_i)|
+                   and gain(R, g) > useful_share * max(gain(R, ref_i), 0) else -1
 
 ref_i is the mean direction of the round's OTHER admissible updates, at the median norm
 (leave-one-out): updates trained on other data, so they help A only as much as any batch of the
@@ -21,6 +22,13 @@ reference that contained g itself would share its own-data advantage, and with a
 would BE g: margin 0 and indicator -1 every round, so a lone miner never trained. On the embedded
 GPT this difference-in-differences separates honest miners from thieves far better than
 comparing gain(A, g) with gain(R, g) alone (`pulse bench gauntlet`).
+
+The second condition asks whether the update is work at all. A random direction at an honest
+norm costs nothing and gains nothing on average, but its margin is a coin flip (+1 in about 2
+rounds of 5 on the embedded GPT), enough for a run of lucky rounds to build a record. Measured
+there, an honest update gains on R 1.0x to 1.8x what ref_i gains (10th to 90th percentile), a
+random one -0.1x to 0.09x: a quarter of the reference's gain passes every honest round but a few
+and a random direction about one round in twenty, so its record stays at zero.
 
 With no other admissible update there is no reference (ref_i = 0): the indicator is then the plain
 comparison gain(A, g) - gain(R, g) > 0, which with a fresh batch every inner step is mostly batch
@@ -140,8 +148,10 @@ class Gains:
     def margin(self) -> float:
         return (self.assigned - self.assigned_ref) - (self.random - self.random_ref)
 
-    def indicator(self, margin_fraction: float) -> int:
-        return 1 if self.margin > margin_fraction * abs(self.random_ref) else -1
+    def indicator(self, margin_fraction: float, useful_share: float) -> int:
+        own = self.margin > margin_fraction * abs(self.random_ref)
+        useful = self.random > useful_share * max(self.random_ref, 0.0)
+        return 1 if own and useful else -1
 
 
 def moving_average(average: float, indicator: int, decay: float) -> float:

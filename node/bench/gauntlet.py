@@ -39,7 +39,7 @@ from node.learn.gpteval import GPTEvaluator, batch_source
 from node.learn.model import GPTConfig, build_gpt
 from node.learn.train import InnerOptimConfig, evaluate, load_bf16_state, unique_state
 from node.run.trainer import MinerSpec
-from node.swarm.fakeminers import KINDS, OPEN_KINDS, FakeRun, Miner, RoundView, Shapeshifter, identity_for
+from node.swarm.fakeminers import KINDS, FakeRun, Miner, RoundView, Shapeshifter, identity_for
 from protocol.codec import REGISTRY
 from protocol.parsing import STRICT
 from validator.config import GauntletConfig
@@ -73,8 +73,7 @@ class Options(BaseModel):
     adversaries: int = Field(default=4, ge=0)
     """adversarial miners"""
     kinds: str = ",".join(KINDS)
-    """attacks the adversaries rotate through, comma-separated (default: every kind but the open ones,
-    played only when named: quietnoise)"""
+    """attacks the adversaries rotate through, comma-separated (default: every kind)"""
     rounds: int = Field(default=20, ge=1)
     """rounds per run"""
     inner_steps: int = Field(default=15, ge=1)
@@ -110,8 +109,8 @@ class Options(BaseModel):
         named = _names(kinds)
         if not named:
             raise ValueError(f"name at least one attack kind of {', '.join(KINDS)}")
-        if unknown := sorted(set(named) - set(KINDS) - set(OPEN_KINDS)):
-            raise ValueError(f"unknown attack kinds {unknown}; known: {', '.join(KINDS + OPEN_KINDS)}")
+        if unknown := sorted(set(named) - set(KINDS)):
+            raise ValueError(f"unknown attack kinds {unknown}; known: {', '.join(KINDS)}")
         return kinds
 
     @field_validator("codec")

@@ -14,14 +14,7 @@ The attacks:
 | nan       | a well-formed payload with NaN values (SparseLoCo centroids, dense raw) | decoder               |
 | replay    | resends an honest miner's previous-round submission (this round's in round 0) | round / replay check |
 | behind    | trains from the previous round's weights and says so                   | base state hash       |
-
-Played only when named (`OPEN_KINDS`: not yet kept out every time, so not in the default set):
-
-| kind       | does                                                                     | caught by                  |
-|------------|--------------------------------------------------------------------------|----------------------------|
-| quietnoise | random noise at its honest update's norm: no work, passes every pre-check | the record rule, by chance |
-
-(its one-round own-data indicator is a coin flip, so a run of +1 rounds can give it the record)
+| quietnoise | random noise at its honest update's norm: no work, passes every pre-check | score, indicator (work) |
 """
 
 from __future__ import annotations
@@ -48,8 +41,7 @@ from validator.aggregate import global_norm
 from validator.intake import Submission
 
 T = TypeVar("T")
-KINDS = ("copycat", "thief", "signflip", "noise", "freerider", "nan", "replay", "behind")
-OPEN_KINDS = ("quietnoise",)
+KINDS = ("copycat", "thief", "signflip", "noise", "freerider", "nan", "replay", "behind", "quietnoise")
 
 
 @dataclass(frozen=True)
