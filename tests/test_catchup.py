@@ -112,3 +112,32 @@ def test_a_follower_stays_on_the_chain_it_follows_and_names_a_fork(
     assert events.loads == 1  # never rejoined
     forks = [rec.getMessage() for rec in caplog.records if "fork" in rec.getMessage()]
     assert len(forks) == 1 and "round 1" in forks[0] and "1" * 12 in forks[0] and hashes[1][:12] in forks[0], forks
+
+
+def test_a_checkpoint_no_holder_delivers_is_tried_again_less_and_less_often(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node started after its run ended finds the last announcement but no holder that answers:
+    it keeps trying (a restarting validator comes back), each wait twice the last, and says why."""
+    net = MemoryNetwork(RunRecords(RUN, (VALIDATOR.public_hex,), 3600.0, 5))
+    validator = net.join(VALIDATOR, tmp_path / "validator", role="validator")
+    follower = net.join(Identity.generate(), tmp_path / "follower", role="follower")
+    weights = {"w": torch.ones(4, 4, dtype=torch.bfloat16)}
+    data = checkpoint_bytes(weights)
+    checkpoint = CheckpointAnnouncement(
+        run_id=RUN, round=0, state_hash=state_hash(weights), blob_sha256=hashlib.sha256(data).hexdigest(),
+        blob_size=len(data), format=CHECKPOINT_FORMAT,
+    )  # fmt: skip  # announced, but nobody stores the blob: every holder is gone
+    chain = Chain(follower, Counting(), poll=0.05)
+
+    async def main() -> None:
+        await validator.heartbeat(0, checkpoint.state_hash)
+        await validator.publish(checkpoint)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(chain.sync(), 1.2)
+
+    with caplog.at_level(logging.WARNING, logger="node.roles.catchup"):
+        asyncio.run(main())
+    tries = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
+    assert 3 <= len(tries) <= 6, tries  # 0.05, 0.1, 0.2, 0.4 s apart; at the poll alone it would be 20
+    assert tries[0].startswith("checkpoint of round 0 unusable (try 1,") and "every holder gone" in tries[-1]

@@ -47,6 +47,10 @@ CHECKPOINT_FORMAT = "safetensors"
 # holder, no more than a holder grants one peer (more were refused as busy, and the join waited)
 PREFETCH_STREAMS = max(1, DEFAULT_LIMITS.max_streams_per_peer - STREAMS_PER_HOLDER)
 QUIET_SECONDS = 30.0  # a node that finds nothing of its run for this long says so (then after 2x, 4x, ...)
+# a checkpoint that no holder delivered is tried again after the poll, then after twice as long each
+# time, up to this: a node started after its run ended (every holder gone) does not dial dead peers
+# once a second for ever, and one started while the validator restarts still joins within a minute
+RETRY_MAX_SECONDS = 60.0
 
 
 class Broken(Enum):
@@ -130,21 +134,25 @@ class Chain:
         the wait is reported (`Quiet`), never silent."""
         start = time.monotonic()
         quiet = QuietWatch(self.events, self.peer, self.quiet_seconds)
+        failed = 0  # loads in a row that no holder delivered
         while True:
             current, announcement, head = await self.peer.position()
             if head is not None:
                 self.peer.validator_peer = head.validator_peer  # it serves the checkpoint and the patches
             skip = frozenset(self.unusable)
             plan = await plan_join(self.peer, current, announcement, skip) if announcement is not None else None
+            wait = self.poll
             if plan is not None:
-                held = await self._load(plan, current)
+                held = await self._load(plan, current, failed + 1, time.monotonic() - start)
                 if held is not None:
                     self.behind = current - held.round  # patches published since the checkpoint
                     self.joining = (start, current, plan.bytes_needed)
                     return held
+                failed += 1
+                wait = min(self.poll * 2 ** (failed - 1), max(RETRY_MAX_SECONDS, self.poll))
             elif announcement is None:
                 quiet.check()
-            await asyncio.sleep(self.poll)
+            await asyncio.sleep(wait)
 
     def _joined(self, held: Held) -> None:
         """Report a join once it holds the state that was current when it started."""
@@ -158,8 +166,10 @@ class Chain:
             f"joined at round {held.round} in {seconds:.1f}s ({mb(planned)} fetched, {self.behind} patches applied)",
         )
 
-    async def _load(self, plan: JoinPlan, current: int) -> Held | None:
-        """The plan's checkpoint, its patches fetched meanwhile (they are applied by `sync`)."""
+    async def _load(self, plan: JoinPlan, current: int, attempt: int, waited: float) -> Held | None:
+        """The plan's checkpoint, its patches fetched meanwhile (they are applied by `sync`); None, with
+        the reason logged, when no holder delivered it (`attempt`: the loads tried in a row, this one
+        included, over `waited` seconds)."""
         a, start = plan.checkpoint, time.monotonic()
         patches = asyncio.ensure_future(self._prefetch(plan))
         try:
@@ -170,7 +180,11 @@ class Chain:
             else:  # every piece checked on arrival against the index, which commits to the state hash
                 weights = await _cpu(load_pieces, path, index, a.state_hash)
         except (TransferError, ProtocolError) as exc:
-            log.warning("checkpoint of round %d unusable: %s; retrying", a.round, exc)
+            gone = " (every holder gone? the validator may be down or the run over)" if attempt > 1 else ""
+            log.warning(
+                "checkpoint of round %d unusable (try %d, %.0f s since the join began)%s: %s; retrying",
+                a.round, attempt, waited, gone, exc,
+            )  # fmt: skip
             self.unusable.add(a.blob_sha256)
             return None
         finally:  # patches in flight now are fetched again by `_apply_next`: a missing one must not hold a load up
