@@ -134,10 +134,16 @@ class Miner:
         """Follow and mine until holding W_rounds (None: forever)."""
         peer_id = self.peer.peer_id
         self.events.emit(Started(sender=self.key, peer_id=peer_id), f"miner {self.key[:12]} joined, peer id {peer_id}")
-        held = await self.chain.sync()
-        while rounds is None or held.round < rounds:
-            await self._mine(held)
+        try:
             held = await self.chain.sync()
+            while rounds is None or held.round < rounds:
+                await self._mine(held)
+                held = await self.chain.sync()
+        except BaseException:  # Ctrl+C cancels this task: the training thread must not finish its round first
+            self.trainer.stopping.set()
+            if self.ahead is not None:
+                self.ahead.stop.set()
+            raise
         await self.peer.heartbeat(held.round, held.state_hash)  # the validator lingers until it sees this
         self.events.emit(
             Final(round=held.round, state_hash=held.state_hash, busy_fraction=self.busy_fraction),

@@ -16,6 +16,7 @@ nothing grows with the number of peers. What differs per task is only `train`:
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,11 +75,18 @@ class MinerSpec:
         )
 
 
+class Stopped(Exception):
+    """The node is stopping (`Trainer.stopping` was set): training ended between two inner steps."""
+
+
 class Trainer(ABC):
     """H inner steps from W_r (`train`, per task), compressed with error feedback, in a signed-ready header."""
 
     def __init__(self, spec: MinerSpec, model: CausalLM, identity: Identity) -> None:
         self.spec, self.model, self.identity = spec, model, identity
+        # set from another thread (a miner stopping on Ctrl+C): `train` raises `Stopped` after the step
+        # it is in, so a node exits in one step's time, not after the rest of a round of training
+        self.stopping = threading.Event()
         self.codec = build_codec(spec.codec, spec.codec_options)
         self.error: StateDict | None = None
         self.steps_done = 0
@@ -91,6 +99,11 @@ class Trainer(ABC):
         """Pseudo-gradient W - W_local after H steps from the BF16 `weights` of round `round_` (LM: stored
         as `train.memory.pseudo_gradient` says); then, with `until`, up to `fill_steps` more while
         `until()` is False (language modelling; a task without it trains H)."""
+
+    def _check_stopping(self, *_: object) -> None:
+        """Raise `Stopped` once `stopping` is set (an inner-step hook)."""
+        if self.stopping.is_set():
+            raise Stopped("training stopped: the node is stopping")
 
     def assignment(self, round_: int, miner: str | None = None) -> Assignment:
         """The data assignment of `miner` (default: this one) in `round_`."""
@@ -174,12 +187,17 @@ class LMTrainer(Trainer):
             x, y = self.batch(assignment.step_seed(step - first))
             return x.to(self.device), y.to(self.device)
 
+        check = self._check_stopping
+        check()
         with autocast(self.device, self.autocast, spec.memory):
-            losses = inner_train(self.model, spec.inner, batch, spec.steps, optimizer=self.optimizer, first_step=first)
+            losses = inner_train(
+                self.model, spec.inner, batch, spec.steps, optimizer=self.optimizer, first_step=first, on_step=check
+            )
             while until is not None and len(losses) < spec.steps + spec.fill_steps and not until():
                 losses += inner_train(
-                    self.model, spec.inner, batch, 1, optimizer=self.optimizer, first_step=first + len(losses)
-                )
+                    self.model, spec.inner, batch, 1, optimizer=self.optimizer, first_step=first + len(losses),
+                    on_step=check,
+                )  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the delta and the codec run
         self.steps_done += len(losses)
         self.last_steps = len(losses)
@@ -220,7 +238,9 @@ class RLTrainer(Trainer):
         groups = self.rollouts.get(round_)
         if not groups:
             raise RuntimeError(f"no rollouts for round {round_}: `use_pool` first")
-        delta = self.grpo.train(weights, groups, self.spec.steps)  # a pool's groups are drawn for H steps
+        self._check_stopping()
+        # a pool's groups are drawn for H steps
+        delta = self.grpo.train(weights, groups, self.spec.steps, self._check_stopping)
         self.steps_done += self.spec.steps
         self.last_steps = self.spec.steps
         self.last_loss = self.grpo.last_loss

@@ -177,10 +177,17 @@ class GRPOTrainer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def train(self, weights: Mapping[str, torch.Tensor], groups: Sequence[RolloutGroup], steps: int) -> State:
-        """FP32 pseudo-gradient W - W_local after `steps` AdamW steps from the BF16 `weights` on `groups`."""
+    def train(
+        self,
+        weights: Mapping[str, torch.Tensor],
+        groups: Sequence[RolloutGroup],
+        steps: int,
+        on_step: Callable[[int], None] | None = None,
+    ) -> State:
+        """FP32 pseudo-gradient W - W_local after `steps` AdamW steps from the BF16 `weights` on `groups`
+        (`on_step` as in `steps`)."""
         load_bf16_state(self.model, weights)
-        self.steps(groups, steps)
+        self.steps(groups, steps, on_step)
         return pseudo_gradient(weights, self.model)
 
     def steps(
