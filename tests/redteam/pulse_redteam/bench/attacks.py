@@ -2,7 +2,9 @@
 
 Runs, with the tiny preset and the same keys throughout: a clean run (the honest miners alone),
 the same honest miners with 30% and with 45% hostile miners (each hostile key plays a different
-attack every round, so every attack is met), then one swarm per scenario (`SCENARIO_RUNS`): the
+attack every round, so every attack is met; their processes start once the honest miners have, as
+on a real network their start-up would not take the honest miners' cores), then one swarm per
+scenario (started together: a run that starts under a flood is what they measure) (`SCENARIO_RUNS`): the
 honest miners beside one attack alone, so that the run's figures say what it costs (the flood of
 fresh keys, the same flood from 4 times the keys, the network attacks all at once every round,
 fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL
@@ -208,7 +210,7 @@ def run(options: Options) -> BenchResult:
         run = swarms.attack_run(
             out / name, keys, teams, options.rounds, deadline=options.deadline, honest=options.honest,
             min_indicator_average=options.min_indicator_average, hostile_nice=options.hostile_nice,
-            min_seconds=options.min_seconds,
+            min_seconds=options.min_seconds, hostile_after_honest=True,
         )  # fmt: skip
         reports.append(run)
         _say(_line(reports[-1]))

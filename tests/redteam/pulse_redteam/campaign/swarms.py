@@ -249,6 +249,7 @@ def attack_run(
     standby: bool = False,
     hostile_nice: int = 0,
     min_seconds: float = 1.0,
+    hostile_after_honest: bool = False,
 ) -> RunReport:
     """Validator, honest miners and a follower for `rounds`, with hostile teams alongside. An RL run
     (`task="rl"`) has `workers` honest inference workers instead of the follower, and `fabricators`
@@ -258,7 +259,12 @@ def attack_run(
     real network attackers run on their own machines; here they share the honest miners' cores).
     `min_seconds`: how long an LM run's rounds stay open at least. The validator waits for the miners
     whose updates it evaluated, not for hostile keys, so a round can close before a hostile process
-    (one for many keys, on the honest miners' cores) has played all of its keys."""
+    (one for many keys, on the honest miners' cores) has played all of its keys.
+    `hostile_after_honest`: start the hostile processes only once every honest miner has started.
+    Their start-up (Python, torch and a DHT daemon each) otherwise takes the honest miners' cores in
+    round 0, which on a real network, with attackers on their own machines, it does not: in one 46%
+    run only 2 of 7 honest miners were in round 0, and the run lagged the clean one by that round to
+    the end. They then play from round 1 or 2 on (the record rule aggregates nothing before round 2)."""
     start = time.monotonic()
     if task == "rl":
         manifest = rl_campaign_manifest(deadline, keys.validator_hex())
@@ -277,14 +283,10 @@ def attack_run(
             honest_procs += [swarm.start_role(f"worker{i}", "follow", None) for i in range(workers)]
         else:
             honest_procs.append(swarm.start_role("follower", "follow", None))
-        # hostile processes start once the honest miners have: their start-up (Python, torch and a DHT
-        # daemon each) would otherwise take the honest miners' cores in round 0, which on a real
-        # network, with attackers on their own machines, it does not (in one 46% run only 2 of 7
-        # honest miners were in round 0, and the run lagged the clean one by that round to the end).
-        # They play from round 1 or 2 on: the record rule aggregates nothing before round 2 anyway
-        miners = [p.name for p in honest_procs if p.role == "miner"]
-        with contextlib.suppress(TimeoutError):  # a miner that never starts shows in the report
-            swarm.wait("the honest miners' start", lambda log: all(log.has(Started, m) for m in miners), 120.0)
+        if hostile_after_honest:
+            miners = [p.name for p in honest_procs if p.role == "miner"]
+            with contextlib.suppress(TimeoutError):  # a miner that never starts shows in the report
+                swarm.wait("the honest miners' start", lambda log: all(log.has(Started, m) for m in miners), 120.0)
         used = 0
         hostile_procs = [swarm.start_fabricator(f"fabricator{i}") for i in range(fabricators)]
         for team in teams:
