@@ -298,3 +298,32 @@ def test_rollout_pushes_take_slots_of_their_own(tmp_path: Path) -> None:
     assert answers == [Status.BUSY]  # one fresh key holds the open rollout slot, the other is turned away
     assert taken == [miner.identity.public_hex]
     assert keeper.intake is not None and trusted.public_hex in {v.sender_hex for v, _ in keeper.intake.held(4)}
+
+
+def test_a_pushed_batch_unseated_while_the_pool_is_built_is_passed_over(tmp_path: Path) -> None:
+    """The pool lists the held batches, then examines them one by one; pushes keep arriving meanwhile,
+    and one that unseats a listed batch removes its bytes. The pool passes over it (neither taken
+    nor refused: not its worker's fault) and is built from the rest. Before, reading the removed
+    file raised out of the pool and stopped the validator (`pulse bench attacks`, rl-push-flood)."""
+    net = Workers(tmp_path)
+    keeper = pushed_keeper(net)
+    assert keeper.intake is not None
+    intake, first, second = keeper.intake, Identity.generate(), Identity.generate()
+    listed = keeper._candidates
+
+    async def unseat_after_listing(round_: int) -> list[tuple[object, Path | None]]:
+        found = await listed(round_)
+        verified, path = found[0]
+        intake._drop(verified.message.round, verified.sender_hex, "unseated by a newcomer with a lower ticket")
+        assert path is not None and not path.exists()
+        return found  # type: ignore[return-value]
+
+    keeper._candidates = unseat_after_listing  # type: ignore[assignment,method-assign]
+
+    async def main() -> None:
+        await net.push(first, honest_batch(first))
+        await net.push(second, honest_batch(second))
+        pool, _ = await asyncio.wait_for(keeper.build(3, STATES), 10)
+        assert len(pool.entries) == 1 and not pool.rejections
+
+    asyncio.run(main())

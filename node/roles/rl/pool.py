@@ -192,7 +192,7 @@ class PoolKeeper:
         if self.examined >= EXAMINED_PER_BATCH * self.cfg.pool_batches:
             return None  # this pool's work is spent; later candidates wait for another round
         self.examined += 1
-        data = pushed.read_bytes() if pushed is not None else await self._fetched(worker, a, round_)
+        data = _read_pushed(pushed, worker) if pushed is not None else await self._fetched(worker, a, round_)
         if data is None:
             return None
         batch = vet(data, a, worker, self.run_id, states, self.cfg)
@@ -284,3 +284,13 @@ class PoolKeeper:
             if r < oldest:
                 del self.checked[sha]
                 self.peer.store.remove(sha)
+
+
+def _read_pushed(path: Path, worker: str) -> bytes | None:
+    """A pushed batch's bytes; None when its file is gone: pushes arrive while a pool is built, and one
+    that unseats a listed batch removes its bytes (neither taken nor refused: not its worker's fault)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        log.info("rollout batch from %s lost its seat while the pool was built: passed over", worker[:12])
+        return None
