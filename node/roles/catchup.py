@@ -135,6 +135,7 @@ class Chain:
         start = time.monotonic()
         quiet = QuietWatch(self.events, self.peer, self.quiet_seconds)
         failed = 0  # loads in a row that no holder delivered
+        retry = self.poll  # the wait after the next such load: doubles, up to RETRY_MAX_SECONDS
         while True:
             current, announcement, head = await self.peer.position()
             if head is not None:
@@ -149,7 +150,7 @@ class Chain:
                     self.joining = (start, current, plan.bytes_needed)
                     return held
                 failed += 1
-                wait = min(self.poll * 2 ** (failed - 1), max(RETRY_MAX_SECONDS, self.poll))
+                wait, retry = retry, min(2 * retry, max(RETRY_MAX_SECONDS, self.poll))
             elif announcement is None:
                 quiet.check()
             await asyncio.sleep(wait)

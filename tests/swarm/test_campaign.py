@@ -52,7 +52,7 @@ def test_every_attack_in_one_swarm(tmp_path: Path) -> None:
         Team("network", NETWORK, len(NETWORK)),
         Team("standing", STANDING, len(STANDING)),
     ]
-    # every round open its whole deadline: the validator waits only for keys whose updates it evaluated,
+    # every round open its whole deadline: the validator waits only for keys whose updates it aggregated,
     # and the payload team (17 keys, training for some, on the honest miners' two cores) sends its
     # last attacks 12 to 15 s after a round opens; the copies and ALIE need the round's honest payloads
     report = attack_run(tmp_path / "run", keys, teams, rounds=2, deadline=15.0, min_seconds=15.0)

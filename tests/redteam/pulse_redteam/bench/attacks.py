@@ -4,7 +4,7 @@ Runs, with the tiny preset and the same keys throughout: a clean run (the honest
 the same honest miners with 30% and with 45% hostile miners (each hostile key plays a different
 attack every round, so every attack is met; their processes start once the honest miners have, as
 on a real network their start-up would not take the honest miners' cores), then one swarm per
-scenario (started together: a run that starts under a flood is what they measure) (`SCENARIO_RUNS`): the
+scenario (`SCENARIO_RUNS`, started together: a run that starts under a flood is what they measure): the
 honest miners beside one attack alone, so that the run's figures say what it costs (the flood of
 fresh keys, the same flood from 4 times the keys, the network attacks all at once every round,
 fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL

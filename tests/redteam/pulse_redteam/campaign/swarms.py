@@ -258,7 +258,7 @@ def attack_run(
     `hostile_nice`: the hostile processes' CPU priority, that much lower than the honest roles' (on a
     real network attackers run on their own machines; here they share the honest miners' cores).
     `min_seconds`: how long an LM run's rounds stay open at least. The validator waits for the miners
-    whose updates it evaluated, not for hostile keys, so a round can close before a hostile process
+    whose updates it aggregated, not for hostile keys, so a round can close before a hostile process
     (one for many keys, on the honest miners' cores) has played all of its keys.
     `hostile_after_honest`: start the hostile processes only once every honest miner has started.
     Their start-up (Python, torch and a DHT daemon each) otherwise takes the honest miners' cores in
