@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,6 +89,9 @@ class Validator:
             raise CorruptState("the saved master weights do not give the saved state hash")
         self.fp32_hash = state_hash(self.outer.fp32_state())  # what the next result's `master_before` names
         self._broken = False
+        # set by a node that is shutting down: the round in progress raises `RoundStopped` before its
+        # next payload instead of deciding (nothing of it is kept, as after a crash); clear to go on
+        self.stopping = threading.Event()
 
     @classmethod
     def create(
@@ -195,7 +199,9 @@ class Validator:
 
     def _pipeline(self, spill: Path | None = None) -> RoundPipeline:
         """The round's pipeline; `spill`: the folder for its decoded updates (None: no spill)."""
-        return RoundPipeline(self.cfg, self.weights, self.evaluator, self.batch_fn, spill, self.previous_weights)
+        return RoundPipeline(
+            self.cfg, self.weights, self.evaluator, self.batch_fn, spill, self.previous_weights, self.stopping
+        )
 
     def _encode(self, new_weights: State, new_hash: str) -> bytes:
         """The PULSESync patch W_r -> W_{r+1}."""

@@ -17,7 +17,7 @@ thread. Leaving the loop early cancels what has not started and waits for what h
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -25,7 +25,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def decode_ahead(decode: Callable[[T], R], items: Sequence[T], depth: int) -> Iterator[tuple[T, Future[R]]]:
+def decode_ahead(
+    decode: Callable[[T], R], items: Sequence[T], depth: int
+) -> Generator[tuple[T, Future[R]], None, None]:
     """(item, its decode's future) in input order, with up to `depth` later decodes running meanwhile."""
     if depth <= 0 or len(items) < 2:
         for item in items:

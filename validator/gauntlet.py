@@ -43,9 +43,11 @@ with its reason. An expected peer failure is a rejection; an exception out of `r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -157,6 +159,10 @@ class Inspection:
     copies: dict[str, tuple[str, ...]]  # payload hash -> the other distinct payloads of its copy group
 
 
+class RoundStopped(Exception):
+    """The round was told to stop (its node is shutting down) before it decided: nothing is kept."""
+
+
 class RoundPipeline:
     """One round's decision and aggregate, from the weights W_r; keeps nothing between rounds."""
 
@@ -168,8 +174,11 @@ class RoundPipeline:
         batch_fn: BatchFn,
         spill_dir: Path | None = None,
         previous: State | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         """`previous`: W_{r-1}, whose step to W_r every node knows (None: no such check this round).
+        `stopping`: once set, the decision raises `RoundStopped` before its next payload (a decode
+        or an evaluation takes seconds at a real size, a round minutes: Ctrl+C must not wait for it).
 
         The round works where the evaluator's model is (`evaluator.device`, the host when it has
         none, or when that device lacks the memory: `round_device`): W_r and W_{r-1} are copied
@@ -186,6 +195,11 @@ class RoundPipeline:
         self.codec = build_codec(cfg.codec, cfg.codec_options)
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
         self.spill = DecodedSpill(spill_dir, cfg.decoded_spill_bytes)
+        self.stopping = stopping
+
+    def _stop_point(self) -> None:
+        if self.stopping is not None and self.stopping.is_set():
+            raise RoundStopped("the round was stopped before its decision: the node is stopping")
 
     def close(self) -> None:
         """Delete the round's spilled updates."""
@@ -265,11 +279,14 @@ class RoundPipeline:
             first.setdefault(a.candidate.header.payload_sha256, a)  # later exact copies: judged with it below
         directions: StateDict | None = None  # sum of update / norm
         # the next payloads decode on their own threads while this one is measured (decodeahead.py)
-        for a, decoded in decode_ahead(self._decoded, list(first.values()), self.cfg.decode_ahead):
-            update = self._measure(a, offset, decoded)
-            if update is not None and a.norm > 0:
-                directions = _accumulate(directions, update, 1.0 / a.norm)
-            del update, decoded  # invariant: one decoded update in use at a time (and `decode_ahead` waiting)
+        # closed on the way out, a stop's too: the decodes not started are cancelled, the others awaited
+        with contextlib.closing(decode_ahead(self._decoded, list(first.values()), self.cfg.decode_ahead)) as ahead:
+            for a, decoded in ahead:
+                self._stop_point()
+                update = self._measure(a, offset, decoded)
+                if update is not None and a.norm > 0:
+                    directions = _accumulate(directions, update, 1.0 / a.norm)
+                del update, decoded  # invariant: one decoded update in use at a time (and `decode_ahead` waiting)
         distinct = [a for a in first.values() if a.problem is None]
         median = gate_median([(a.sender, a.norm) for a in distinct], reference or NormReference())
         for a in distinct:
@@ -337,6 +354,7 @@ class RoundPipeline:
         randoms = [self.batch_fn(seed) for seed in secret.random_seeds(cfg.random_batches)]
         ev = RoundEvaluation(self.evaluator, self.weights, cfg.eval_step, randoms, assigned)
         for a in todo:
+            self._stop_point()
             update, reference = self._update_and_reference(a, inspection)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
             a.gains = ev.gains(a.index, update, scale, reference)

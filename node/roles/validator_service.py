@@ -280,7 +280,11 @@ class ValidatorService:
         sent = sum(payload_size(s.payload) for s in submissions)
         loop = asyncio.get_running_loop()
         before, base = self.validator.weights, self.validator.state_hash
-        report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
+        try:
+            report = await loop.run_in_executor(None, lambda: self.validator.run_round(submissions))
+        except asyncio.CancelledError:  # Ctrl+C: the round's thread stops before its next payload (it
+            self.validator.stopping.set()  # would run on for minutes at a real size, and exit waits for it)
+            raise
         changed = changed_fraction(before, self.validator.weights)
         self.publisher.store_round(report, submissions)
         intake.empty()  # every payload of the round is decided: the aggregated ones were kept above
