@@ -72,8 +72,9 @@ def test_three_honest_miners_are_each_aggregated(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def sliced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Arena, list[str], dict[str, str]]:
     """Three honest miners for three rounds, then 40 keys each sending a disjoint slice of the public
-    previous step at the honest median norm, beside ALIE, a thief and a copycat, for three rounds."""
-    swarm = make_swarm()
+    previous step at the honest median norm, beside ALIE, a thief and a copycat, for three rounds.
+    Every newcomer is examined (test_newcomers.py bounds how many are)."""
+    swarm = make_swarm(newcomer_evaluations=128)
     honest = swarm.honest(3)
     arena = Arena(swarm.validator(tmp_path_factory.mktemp("sliced")), honest)
     for _ in range(3):

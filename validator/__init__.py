@@ -6,6 +6,7 @@ Files:
 - `outer.py`      outer optimizer on the FP32 master: SGD with optional Nesterov momentum, savable state
 - `config.py`     `GauntletConfig`: every threshold of intake, scoring, selection and persistence
 - `admission.py`  a round's seats, before any body: established miners first, newcomers by secret ticket, bytes
+- `newcomers.py`  how many newcomer payloads a round decodes and evaluates (by ticket; junk does not count)
 - `intake.py`     cheap checks before decoding: signature, run, round, replay, duplicate, base hash, size, digest
                   (`check_header`: those a header fails before its body is read, for the node's intake)
 - `scoring.py`    the `Evaluator` interface, loss gains before/after an evaluation step, indicator, copy sketches

@@ -73,6 +73,13 @@ class Established(frozenset[str]):
         return keys
 
 
+def newcomer_ticket(secret: bytes, sender: str, earning: bool) -> int:
+    """`sender`'s ticket for a round whose admission secret is `secret`: lower goes first. Keys earning
+    standing draw from the lower half of the range, fresh keys from the upper half."""
+    draw = int.from_bytes(hashlib.sha256(secret + sender.encode()).digest(), "big") >> 1
+    return draw if earning else draw | 1 << 255
+
+
 def standing_of(established: frozenset[str], sender: str) -> float:
     """`sender`'s standing among `established` (0 when the set carries none)."""
     return established.standing.get(sender, 0.0) if isinstance(established, Established) else 0.0
@@ -129,8 +136,7 @@ class Admission:
     earning: frozenset[str] = frozenset()  # keys on their way to being established: tickets below any fresh key's
 
     def ticket(self, sender: str) -> int:
-        draw = int.from_bytes(hashlib.sha256(self.secret + sender.encode()).digest(), "big") >> 1
-        return draw if sender in self.earning else draw | 1 << 255
+        return newcomer_ticket(self.secret, sender, sender in self.earning)
 
     def awaited(self, announced: Iterable[str]) -> set[str]:
         """Of the keys that announced themselves for this round, those the round waits for: every

@@ -86,6 +86,13 @@ class GauntletConfig(UpdateRules, SelectionRules):
     newcomer_seats: int = Field(default=16, ge=1, le=MAX_REJECTIONS)
     """Of `max_submissions` (all of them if fewer), seats established miners cannot take: keys without a
     history are always drawn for at least these (and for every seat established miners leave)."""
+    newcomer_evaluations: int = Field(default=32, ge=1, le=MAX_REJECTIONS)
+    """Newcomers' payloads a round decodes whole and evaluates at most, lowest admission tickets first
+    (keys earning standing before fresh ones); the rest are rejected unexamined, without penalty. A
+    seat costs its payload's bytes; a decoded payload costs its decode and its forward passes (at 0.5B
+    seconds each): without this bound a flood of fresh keys sending valid noise at the median norm
+    would make every round decode and evaluate all 128 seats. Payloads that fail to decode are
+    cheap and do not count, so a flood of junk cannot spend it."""
     established_rounds: int = Field(default=2, ge=1, le=64)
     """A miner is established (seated before newcomers; its norm counts in the gate's reference) once it
     earned standing in at least this many of the last `established_window` rounds. A round earns

@@ -2,7 +2,8 @@
 
     intake (intake.py)     signature, run, round, replay, duplicate, codec, base hash, size, digest
     --- RoundPipeline.decide: the whole decision, from the state of round r ---
-    inspect                decode each distinct payload once, the next ones ahead on their own
+    inspect                decode each distinct payload once (newcomers' only up to their budget,
+                           lowest ticket first: newcomers.py), the next ones ahead on their own
                            threads (decodeahead.py; spill.py keeps each on disk for the
                            rest of the round): finite, norm, sketch, cosine with the public
                            previous step; the norm gate's median (`gate_median`: the senior
@@ -10,7 +11,8 @@
                            norm far above the median -> rejected, near zero -> free rider;
                            a slice or rescaling of the public previous step -> a copy of it
     evaluate (scoring.py)  read back one at a time: gains on A and R, and those of the update's
-                           reference (the mean direction of the others): indicator; an update
+                           reference (the mean direction of the others, established keys' only
+                           when any sent one: fresh keys' noise cannot dilute it): indicator; an update
                            whose cosine with that mean is near 1 is built from it (ALIE): a copy
     copies                 same payload hash or overlapping sketches: one owner, the rest copies
     standing               indicator moving averages; one OpenSkill match (ratings.py): evaluated
@@ -29,7 +31,8 @@ its `Decision`, which the validator commits with the new weights or not at all.
 
 Memory: payloads stay compressed; at most one decoded update is in use at a time (and at most
 `cfg.decode_ahead` more waiting, decoded ahead during inspect), beside the round's sum of
-directions, the one reference built from it and the aggregate, so a round's peak does not grow
+directions (two while decoding: established keys' and newcomers'), the one reference built from it
+and the aggregate, so a round's peak does not grow
 with the number of miners beyond their compressed bytes. Decoded updates read back
 are memory-mapped from their spill file (at most `cfg.decoded_spill_bytes` of them on disk, deleted
 by `close` when the round ends; what does not fit is decoded again), so a round decodes each
@@ -66,6 +69,7 @@ from validator.aggregate import Aggregate, aggregate, global_norm
 from validator.config import GauntletConfig
 from validator.decodeahead import decode_ahead
 from validator.intake import Candidate, Screened, reason_text
+from validator.newcomers import NewcomerBudget, examine_in_passes
 from validator.ratings import Ratings
 from validator.scoring import (
     Batch,
@@ -99,6 +103,8 @@ class Assessment:
     public: float = 0.0  # cosine with the public previous step on the update's own positions
     echo: float = 0.0  # cosine with the mean of the round's other updates (its reference), on its positions
     alone: bool = False  # no other admissible update to build its reference from (see `select`)
+    decoded: bool = False  # its payload decoded whole (what a newcomer's examination costs)
+    unexamined: bool = False  # a newcomer beyond the round's `newcomer_evaluations`: not its fault
 
     @property
     def index(self) -> int:
@@ -107,6 +113,10 @@ class Assessment:
     @property
     def sender(self) -> str:
         return self.candidate.sender
+
+    @property
+    def payload_sha256(self) -> str:
+        return self.candidate.header.payload_sha256
 
 
 @dataclass(frozen=True)
@@ -154,9 +164,14 @@ class Decision:
 class Inspection:
     assessments: list[Assessment]
     median: float
-    directions: StateDict | None  # sum of update / norm over the distinct admissible updates
-    kept: int  # how many updates that sum holds
+    directions: StateDict | None  # sum of update / norm over the reference's members
+    members: frozenset[str]  # payload hashes of the admissible updates the references are made of
     copies: dict[str, tuple[str, ...]]  # payload hash -> the other distinct payloads of its copy group
+
+    @property
+    def kept(self) -> int:
+        """How many updates the sum of directions holds."""
+        return len(self.members)
 
 
 class RoundStopped(Exception):
@@ -215,7 +230,8 @@ class RoundPipeline:
         self, screened: Screened, secret: RoundSecret, standing: Standing, *, run_id: str, round_: int
     ) -> Decision:
         """Inspect, evaluate, mark copies, rate, select: the round's outcomes and the next standing."""
-        inspection = self.inspect(screened.candidates, secret, NormReference.of(self.cfg, standing, round_))
+        newcomers = replace(newcomer_budget(self.cfg, standing, round_), secret=secret.key("admission"))
+        inspection = self.inspect(screened.candidates, secret, NormReference.of(self.cfg, standing, round_), newcomers)
         evaluated = self.evaluate(inspection, secret, run_id, round_)
         self.mark_copies(evaluated, standing)
         after = self.rate(round_, standing, screened, inspection, evaluated)
@@ -240,7 +256,7 @@ class RoundPipeline:
                 continue
             indicators[a.sender] = moving_average(indicators.get(a.sender, 0.0), a.indicator, self.cfg.indicator_decay)
         ranked = [(a.sender, a.gains.random) for a in evaluated if not a.copy and a.gains is not None]
-        last = [a.sender for a in inspection.assessments if a.problem is not None]
+        last = [a.sender for a in inspection.assessments if a.problem is not None and not a.unexamined]
         last += [f.sender for f in screened.refusals if f.named and f.sender is not None]
         earners = [a.sender for a in evaluated if earned(self.cfg, a)]
         gained = record_gains(standing.gained, earners, round_, self.cfg.established_window)
@@ -264,40 +280,78 @@ class RoundPipeline:
         return update
 
     def inspect(
-        self, candidates: Sequence[Candidate], secret: RoundSecret, reference: NormReference | None = None
+        self,
+        candidates: Sequence[Candidate],
+        secret: RoundSecret,
+        reference: NormReference | None = None,
+        newcomers: NewcomerBudget | None = None,
     ) -> Inspection:
         """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits and
         the public-step check.
 
         The limits are multiples of `gate_median` over `reference` (every payload's when nobody
         established sent one): a majority of fresh or newly established keys must not move the
-        reference that decides whether the honest updates are "99x the median" or free riders."""
+        reference that decides whether the honest updates are "99x the median" or free riders.
+
+        With `newcomers`, every payload an established key sent is decoded, and newcomers' payloads
+        only until `newcomers.evaluations` of them decoded, lowest ticket first; the rest are
+        rejected unexamined (`Assessment.unexamined`). Within each pass payloads decode in arrival
+        order, so a round without more newcomers than that decodes exactly as without a budget."""
         offset = secret.sketch_offset(self.cfg.sketch_stride)
         out = [Assessment(c) for c in candidates]
         first: dict[str, Assessment] = {}  # payload hash -> its first submission
+        senders: dict[str, list[str]] = {}  # payload hash -> every key that sent it
         for a in out:
-            first.setdefault(a.candidate.header.payload_sha256, a)  # later exact copies: judged with it below
-        directions: StateDict | None = None  # sum of update / norm
-        # the next payloads decode on their own threads while this one is measured (decodeahead.py)
-        # closed on the way out, a stop's too: the decodes not started are cancelled, the others awaited
-        with contextlib.closing(decode_ahead(self._decoded, list(first.values()), self.cfg.decode_ahead)) as ahead:
-            for a, decoded in ahead:
-                self._stop_point()
-                update = self._measure(a, offset, decoded)
-                if update is not None and a.norm > 0:
-                    directions = _accumulate(directions, update, 1.0 / a.norm)
-                del update, decoded  # invariant: one decoded update in use at a time (and `decode_ahead` waiting)
+            first.setdefault(a.payload_sha256, a)  # later exact copies: judged with it below
+            senders.setdefault(a.payload_sha256, []).append(a.sender)
+        # the references are the mean direction of the other updates of established keys: a flood of
+        # fresh keys sending noise would otherwise make them noise, and with them the own-data
+        # indicator of every honest miner (newcomers' updates count only in a round without any)
+        trusted = {h for h, who in senders.items() if newcomers is None or newcomers.ticket(who) is None}
+        sums: dict[bool, StateDict | None] = {True: None, False: None}  # trusted? -> sum of update / norm
+
+        def keep(a: Assessment, update: StateDict, sign: float = 1.0) -> None:
+            side = a.payload_sha256 in trusted
+            sums[side] = _accumulate(sums[side], update, sign / a.norm)
+
+        def examine(todo: list[Assessment]) -> list[bool]:
+            self._measure_all(todo, offset, keep)
+            return [a.decoded for a in todo]
+
+        unexamined = examine_in_passes(list(first.values()), lambda a: senders[a.payload_sha256], newcomers, examine)
+        spent = f"not examined: this round's {newcomers.evaluations if newcomers else 0} newcomer examinations"
+        for a in unexamined:
+            a.unexamined, a.problem = True, f"{spent} went to lower admission tickets (no penalty)"
         distinct = [a for a in first.values() if a.problem is None]
         median = gate_median([(a.sender, a.norm) for a in distinct], reference or NormReference())
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median) or self._public_problem(a)
-            if a.problem is not None and a.norm > 0 and directions is not None:
-                directions = _accumulate(directions, self.update_of(a), -1.0 / a.norm)
+            if a.problem is not None and a.norm > 0:
+                keep(a, self.update_of(a), -1.0)
         for a in out:
-            original = first[a.candidate.header.payload_sha256]
+            original = first[a.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
+            a.decoded, a.unexamined = original.decoded, original.unexamined
         admissible = [a for a in distinct if a.problem is None and a.norm > 0]
-        return Inspection(out, median, directions if admissible else None, len(admissible), self._copies(admissible))
+        side = any(a.payload_sha256 in trusted for a in admissible)
+        members = frozenset(a.payload_sha256 for a in admissible if (a.payload_sha256 in trusted) == side)
+        directions = sums[side] if members else None
+        sums.clear()  # the other side's sum is freed here
+        return Inspection(out, median, directions, members, self._copies(admissible))
+
+    def _measure_all(
+        self, todo: Sequence[Assessment], offset: int, keep: Callable[[Assessment, StateDict], None]
+    ) -> None:
+        """Decode and measure `todo` in order, the next ones ahead on their own threads (decodeahead.py);
+        each measured update with a positive norm goes to `keep`."""
+        # closed on the way out, a stop's too: the decodes not started are cancelled, the others awaited
+        with contextlib.closing(decode_ahead(self._decoded, list(todo), self.cfg.decode_ahead)) as ahead:
+            for a, decoded in ahead:
+                self._stop_point()
+                update = self._measure(a, offset, decoded)
+                if update is not None and a.norm > 0:
+                    keep(a, update)
+                del update, decoded  # invariant: one decoded update in use at a time (and `decode_ahead` waiting)
 
     def _copies(self, admissible: Sequence[Assessment]) -> dict[str, tuple[str, ...]]:
         """Each admissible payload's near copies among the others (`copy_groups`), by payload hash."""
@@ -322,6 +376,7 @@ class RoundPipeline:
         except ProtocolError as exc:
             a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
             return None
+        a.decoded = True
         a.norm = global_norm(update)
         if not math.isfinite(a.norm):
             a.problem = "update norm overflows"
@@ -370,8 +425,9 @@ class RoundPipeline:
 
     def _update_and_reference(self, a: Assessment, inspection: Inspection) -> tuple[StateDict, StateDict | None]:
         """`a`'s decoded update and its reference update: the mean direction of the OTHER distinct
-        admissible updates at the median norm (leave-one-out, scoring.py), leaving out its near copies
-        too, which are the same work. None when no other update is left (a lone miner): the
+        admissible updates of established keys (of every key in a round without one: `members`) at
+        the median norm (leave-one-out, scoring.py), leaving out its near copies too, which are the
+        same work. None when no other update is left (a lone miner): the
         indicator is then the plain own-data check. Never two decoded updates alive at once: the
         copies are taken out of the sum before `a`'s own update is decoded."""
         others = self._others(a, inspection)
@@ -379,10 +435,12 @@ class RoundPipeline:
             return self.update_of(a), None
         reference = {name: t.clone() for name, t in inspection.directions.items()}
         by_hash = {x.candidate.header.payload_sha256: x for x in inspection.assessments}
-        for h in inspection.copies.get(a.candidate.header.payload_sha256, ()):
-            _accumulate(reference, self.update_of(by_hash[h]), -1.0 / by_hash[h].norm)
+        for h in inspection.copies.get(a.payload_sha256, ()):
+            if h in inspection.members:
+                _accumulate(reference, self.update_of(by_hash[h]), -1.0 / by_hash[h].norm)
         update = self.update_of(a)
-        _accumulate(reference, update, -1.0 / a.norm)
+        if a.payload_sha256 in inspection.members:
+            _accumulate(reference, update, -1.0 / a.norm)
         for t in reference.values():
             t.mul_(inspection.median / others)
         return update, reference
@@ -390,7 +448,8 @@ class RoundPipeline:
     @staticmethod
     def _others(a: Assessment, inspection: Inspection) -> int:
         """How many distinct admissible updates `a`'s reference is made of (its near copies left out)."""
-        return inspection.kept - 1 - len(inspection.copies.get(a.candidate.header.payload_sha256, ()))
+        group = {a.payload_sha256, *inspection.copies.get(a.payload_sha256, ())}
+        return len(inspection.members - group)
 
     def _assigned_batches(self, miner: str, secret: RoundSecret, run_id: str, round_: int) -> list[Batch]:
         """The sample of `miner`'s assigned batches the validator scores it on (secret, per round)."""
@@ -560,6 +619,12 @@ def seat_standing(standing: Standing, miner: str, round_: int) -> float:
     return float(round_ - standing.since.get(miner, round_))
 
 
+def newcomer_budget(cfg: GauntletConfig, standing: Standing, round_: int) -> NewcomerBudget:
+    """Round `round_`'s bound on newcomers' examinations (newcomers.py), its tickets still unkeyed."""
+    earning = earning_of(cfg, standing.gained, round_)
+    return NewcomerBudget(established(cfg, standing, round_), earning, cfg.newcomer_evaluations)
+
+
 def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozenset[str]:
     """Miners that earned standing in at least `established_rounds` of the `established_window`
     rounds before `round_`."""
@@ -671,13 +736,13 @@ def support_cosine(update: State, direction: Callable[[str, torch.Tensor], torch
 
 def round_device(device: torch.device, weights: State, ahead: int) -> torch.device:
     """Where a round works: the evaluator's device if its free memory holds what the round keeps
-    there (W_r and W_{r-1}, and in FP32 the sum of directions, a reference, the update in use and
-    `ahead` decoded ahead), else the host, said in the log. A 24 GB card evaluating a 1.5B model
+    there (W_r and W_{r-1}, and in FP32 the two sums of directions, a reference, the update in use
+    and `ahead` decoded ahead), else the host, said in the log. A 24 GB card evaluating a 1.5B model
     has room for the model, not for those (about 40 GB)."""
     if device.type != "cuda":
         return device
     elements = sum(t.numel() for t in weights.values())
-    needed = 2 * sum(t.numel() * t.element_size() for t in weights.values()) + 4 * elements * (3 + ahead)
+    needed = 2 * sum(t.numel() * t.element_size() for t in weights.values()) + 4 * elements * (4 + ahead)
     free, _ = torch.cuda.mem_get_info(device)
     if free >= needed * 1.1:  # a margin for the evaluator's activations and the allocator's blocks
         return device

@@ -1,0 +1,175 @@
+"""A flood of fresh keys sending valid noise cannot make a round decode and evaluate all its seats:
+newcomers' payloads are examined only up to `newcomer_evaluations` decoded ones, lowest admission
+ticket first, and payloads that fail to decode do not count (a junk flood cannot spend the budget)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from node.bench.arena import Arena, RoundRecord
+from node.swarm.fakeminers import Miner, RoundView, identity_for
+from protocol.state import State
+from tests.fakeswarm import make_swarm
+from validator.admission import newcomer_ticket
+from validator.aggregate import global_norm
+from validator.core import RoundReport
+from validator.intake import Submission
+from validator.newcomers import NewcomerBudget, examine_in_passes
+from validator.scoring import Batch, RoundSecret
+
+BUDGET = 4
+NOISE, JUNK = 10, 8
+NOT_EXAMINED = "not examined: "
+
+
+class FreshNoise(Miner):
+    """Random noise at a published norm, no training: what a flood of fresh keys can afford."""
+
+    kind = "freshnoise"
+
+    def __init__(self, *args: object, norm: float) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.norm = norm
+
+    def submit(self, view: RoundView) -> Submission | None:
+        gen = torch.Generator().manual_seed(int(self.key[:8], 16))
+        noise = {n: torch.randn(t.shape, generator=gen) for n, t in view.weights.items()}
+        scale = self.norm / global_norm(noise)
+        payload = self.compress({n: t * scale for n, t in noise.items()}, view.weights)
+        return self.package(view.round, view.state_hash, payload)
+
+
+class Junk(Miner):
+    kind = "junk"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        return self.package(view.round, view.state_hash, b"\x00junk" + bytes.fromhex(self.key[:16]))
+
+
+class Counting:
+    """The validator's evaluator, counting the updates it loads (one per evaluation, one per reference)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.loads = inner, 0
+        self.device = getattr(inner, "device", "cpu")
+
+    def load(self, base: State, update: State | None = None, step: float = 0.0) -> None:
+        self.loads += update is not None
+        self.inner.load(base, update, step)  # type: ignore[attr-defined]
+
+    def loss(self, batch: Batch) -> float:
+        return float(self.inner.loss(batch))  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Flooded:
+    arena: Arena
+    record: RoundRecord  # the flooded round
+    honest: list[Miner]
+    loads: int  # updates the validator loaded in that round
+    alone: RoundReport  # the same round judged from the honest miners' submissions alone
+
+
+@pytest.fixture(scope="module")
+def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
+    """Three honest miners until they are established, then a round with a fresh honest miner, 10 keys
+    of valid noise at the median norm and 8 keys of junk, with a budget of 4 newcomer examinations;
+    and that round again, from a copy of the validator's folder, without the newcomers."""
+    swarm = make_swarm(newcomer_evaluations=BUDGET)
+    folder = tmp_path_factory.mktemp("flooded")
+    honest = swarm.honest(3)
+    arena = Arena(swarm.validator(folder / "v"), honest)
+    while not set(m.key for m in honest) <= arena.validator.established():
+        assert len(arena.records) < 8, "the honest miners never became established"
+        arena.play()
+    norm = arena.records[-1].report.median_norm
+    newcomer = Miner(swarm.setup, identity_for("newcomers/honest"))
+    noise = [FreshNoise(swarm.setup, identity_for(f"newcomers/noise/{i}"), norm=norm) for i in range(NOISE)]
+    junk = [Junk(swarm.setup, identity_for(f"newcomers/junk/{i}")) for i in range(JUNK)]
+    arena.miners = [*honest, newcomer, *noise, *junk]
+    shutil.copytree(folder / "v", folder / "twin")
+    subs, kinds, senders = arena.submissions()
+    counting = Counting(arena.validator.evaluator)
+    arena.validator.evaluator = counting
+    report = arena.validator.run_round(subs)
+    record = RoundRecord(report, kinds, senders, arena.validator.weights)
+    ours = {m.key for m in honest}
+    alone = swarm.reopen(folder / "twin").run_round([s for s, k in zip(subs, senders, strict=True) if k in ours])
+    return Flooded(arena, record, honest, counting.loads, alone)
+
+
+def _tickets(arena: Arena, record: RoundRecord) -> dict[str, int]:
+    secret = RoundSecret.derive(identity_for("validator"), arena.validator.run_id, record.report.round).key("admission")
+    return {s: newcomer_ticket(secret, s, False) for s in record.senders}
+
+
+def test_a_flood_of_valid_noise_is_examined_only_up_to_the_budget(
+    flooded: Flooded,
+) -> None:
+    arena, record, honest, loads = flooded.arena, flooded.record, flooded.honest, flooded.loads
+    reasons = {record.senders[o.index]: o.reason for o in record.report.outcomes}
+    kinds = dict(zip(record.senders, record.kinds, strict=True))
+    ours = {m.key for m in honest}
+    assert all(not reasons[k].startswith(NOT_EXAMINED) for k in ours)
+    assert {record.senders[o.index] for o in record.report.selected()} & ours
+    tickets = _tickets(arena, record)
+    decodable = sorted((k for k in reasons if k not in ours and kinds[k] != "junk"), key=tickets.__getitem__)
+    examined = [k for k in decodable if not reasons[k].startswith(NOT_EXAMINED)]
+    assert examined == decodable[:BUDGET]  # the lowest tickets, and no more
+    for k in decodable[BUDGET:]:
+        assert reasons[k].startswith(f"not examined: this round's {BUDGET} newcomer examinations"), reasons[k]
+    # each examined update and its reference are loaded once: the established three and the budget
+    assert loads <= 2 * (len(honest) + BUDGET) < 2 * (len(honest) + len(decodable))
+    # nothing is held against a key left unexamined: it is not even rated (rated last, it would be)
+    assert not set(decodable[BUDGET:]) & set(arena.validator.ratings.records)
+
+
+def test_junk_does_not_spend_the_budget(flooded: Flooded) -> None:
+    """Every junk payload with a ticket below the last examined newcomer's was decoded (and refused
+    as undecodable), yet the budget still went to four payloads that decode."""
+    arena, record, honest = flooded.arena, flooded.record, flooded.honest
+    tickets = _tickets(arena, record)
+    reasons = {record.senders[o.index]: o.reason for o in record.report.outcomes}
+    kinds = dict(zip(record.senders, record.kinds, strict=True))
+    newcomers = [k for k in reasons if k not in {m.key for m in honest}]
+    junk = [k for k in newcomers if kinds[k] == "junk"]
+    last = max(tickets[k] for k in newcomers if kinds[k] != "junk" and not reasons[k].startswith(NOT_EXAMINED))
+    below = [k for k in junk if tickets[k] < last]
+    assert below, "no junk ticket fell before the last examined newcomer: the test proves nothing"
+    assert all(reasons[k].startswith("undecodable") for k in below), [reasons[k] for k in below]
+
+
+def test_fresh_noise_does_not_move_the_established_miners_references(flooded: Flooded) -> None:
+    """The references are the other established miners' mean direction: the ten noise updates and the
+    fresh honest one that were examined beside them change no established miner's gains, indicator
+    or selection (with every examined update in the references, noise diluted them, and a whole
+    round of honest miners could fail the own-data check at once)."""
+    ours = {m.key for m in flooded.honest}
+    flood = {o.sender: o for o in flooded.record.report.outcomes if o.sender in ours}
+    alone = {o.sender: o for o in flooded.alone.outcomes}
+    assert flood.keys() == alone.keys() == ours
+    for key in ours:
+        assert flood[key].gains == alone[key].gains and flood[key].status == alone[key].status, key
+
+
+def test_passes_go_by_ticket_and_keep_arrival_order_within_each() -> None:
+    budget = NewcomerBudget(frozenset({"est"}), frozenset({"earner"}), evaluations=2, secret=b"s")
+    ticket = {k: budget.ticket([k]) or 0 for k in ("a", "b", "c", "d", "earner")}
+    fresh = sorted(("a", "b", "c", "d"), key=ticket.__getitem__)
+    items = ["d", "est", "c", "earner", "b", "a"]  # arrival order
+    junk = {fresh[0]}  # the lowest fresh ticket fails to decode: the next one takes its place
+    passes: list[list[str]] = []
+
+    def examine(todo: list[str]) -> list[bool]:
+        passes.append(list(todo))
+        return [k not in junk for k in todo]
+
+    left = examine_in_passes(items, lambda k: [k], budget, examine)
+    first = [k for k in items if k in {"est", "earner", fresh[0]}]  # established, earner first, then fresh
+    assert passes == [first, [fresh[1]]]
+    assert left == fresh[2:]
+    assert examine_in_passes(items, lambda k: [k], None, examine) == [] and passes[-1] == items

@@ -1,0 +1,69 @@
+"""How much of a round newcomers may spend: which of their payloads are decoded and evaluated.
+
+    budget = NewcomerBudget(established, earning, evaluations, secret=round_secret.key("admission"))
+    unexamined = examine_in_passes(payloads, senders_of, budget, examine)
+
+A seat costs a payload's bytes (admission.py bounds them); examining it costs its decode and its
+forward passes, seconds each at 0.5B. Up to 128 seats go to newcomers when few established keys
+send, so a flood of fresh keys sending valid noise at the median norm (no work: `quietnoise`) would
+make every round decode and evaluate all of them. Here every payload an established key sent is
+examined, and newcomers' payloads until `evaluations` of them decoded whole, lowest admission
+ticket first (keys earning standing before fresh keys, as for seats). A payload that fails to
+decode costs little and does not count, so a flood of junk cannot spend the budget and shut the
+honest newcomers out. The rest are rejected unexamined, with nothing held against their keys.
+
+Payloads are examined in passes, each in arrival order: the established ones and the first
+`evaluations` newcomers, then as many more newcomers as failed to decode, and so on. A round with
+no more newcomer payloads than `evaluations` is one pass in arrival order, as without a budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from validator.admission import newcomer_ticket
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NewcomerBudget:
+    established: frozenset[str]
+    earning: frozenset[str]  # keys on their way to being established: tickets before fresh keys'
+    evaluations: int  # newcomer payloads decoded whole per round, at most
+    secret: bytes = b""  # the round's admission secret (`RoundSecret.key("admission")`): the tickets
+
+    def ticket(self, senders: Sequence[str]) -> int | None:
+        """The ticket of a payload sent by `senders`: None when one of them is established (always
+        examined), else their lowest."""
+        if any(s in self.established for s in senders):
+            return None
+        return min(newcomer_ticket(self.secret, s, s in self.earning) for s in senders)
+
+
+def examine_in_passes(
+    items: Sequence[T],
+    senders_of: Callable[[T], Sequence[str]],
+    budget: NewcomerBudget | None,
+    examine: Callable[[list[T]], Sequence[bool]],
+) -> list[T]:
+    """Run `examine` (item -> whether it decoded whole) over `items` in passes (see above); the items
+    left unexamined, lowest ticket first. Without a budget, one pass over every item."""
+    if budget is None:
+        examine(list(items))
+        return []
+    arrival = {id(item): i for i, item in enumerate(items)}
+    tickets = {id(item): budget.ticket(senders_of(item)) for item in items}
+    newcomers = {id(item): t for item in items if (t := tickets[id(item)]) is not None}
+    queue = sorted((item for item in items if id(item) in newcomers), key=lambda item: newcomers[id(item)])
+    room = budget.evaluations
+    todo = [item for item in items if id(item) not in newcomers] + queue[:room]
+    queue = queue[room:]
+    while todo:
+        todo.sort(key=lambda item: arrival[id(item)])
+        decoded = examine(todo)
+        room -= sum(1 for item, whole in zip(todo, decoded, strict=True) if whole and id(item) in newcomers)
+        todo, queue = queue[: max(room, 0)], queue[max(room, 0) :]
+    return queue
