@@ -18,11 +18,13 @@ from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.errors import SizeLimitExceeded
 from protocol.identity import Identity
+from protocol.signing import SignedMessage
 from protocol.state import State
 from protocol.statehash import state_hash
 from pulse_redteam.campaign import crafting
 from pulse_redteam.campaign.crafting import Forge
 from pulse_redteam.campaign.swarms import rl_campaign_manifest
+from validator.aggregate import global_norm
 from validator.core import Validator
 from validator.intake import Submission
 
@@ -133,3 +135,20 @@ def test_a_tiny_dense_payload_declares_every_weight_in_a_few_hundred_bytes_and_i
     lm = Forge(RunSetup.from_manifest(parse_manifest(tomllib.loads(DEFAULT_CONFIG.read_text()))), 0, weights, "")
     with pytest.raises(ValueError, match="needs PULSELoCo"):
         crafting.tiny_dense(lm)
+
+
+def test_a_noise_flood_sends_valid_payloads_at_the_trained_norm(validator: tuple[Validator, RunSetup]) -> None:
+    """What `noise-flood` pushes passes every check before evaluation: it decodes, inside the norm band
+    of the update its key trained (within 20%), with fresh keys, one per payload, new each round."""
+    v, setup = validator
+    forge = Forge(setup, v.round, v.weights, v.state_hash)
+    trainer = task_for(setup).trainer(_key("noise-flood"))
+    trained = trainer.train(0, v.weights)
+    norm = global_norm(forge.codec.decompress(forge.compress(trained), v.weights))
+    flood = crafting.noise_flood(forge, trained, seed=11, keys=3)
+    again = crafting.noise_flood(forge, trained, seed=12, keys=3)
+    senders = {SignedMessage.from_bytes(s.envelope).sender_hex for s, _ in flood + again}
+    assert len(senders) == 6
+    for sub, _ in flood:
+        sent = global_norm(forge.codec.decompress(sub.read(), v.weights))
+        assert abs(sent / norm - 1) < 0.2, (sent, norm)

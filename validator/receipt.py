@@ -10,7 +10,7 @@ final score). `recompute` redraws the round's batches from the revealed round se
 against the validator's key), loads W_r and the miner's own payload, and measures the gains of its
 update on its assigned batch and on the random batches, as the Gauntlet did (`scoring.RoundEvaluation`),
 scaled by the same clip factor. The reference update's gains are the committed ones (the reference
-is built from every admissible payload of the round, most of them not kept); the indicator is
+is built from the round's other admissible payloads of established keys, most of them not kept); the indicator is
 recomputed from both.
 
 Tolerance: a loss is a float32 forward pass whose reductions may group differently with the

@@ -6,7 +6,7 @@ attack every round, so every attack is met; their processes start once the hones
 on a real network their start-up would not take the honest miners' cores), then one swarm per
 scenario (`SCENARIO_RUNS`, started together: a run that starts under a flood is what they measure): the
 honest miners beside one attack alone, so that the run's figures say what it costs (the flood of
-fresh keys, the same flood from 4 times the keys, the network attacks all at once every round,
+fresh keys, the same flood from 4 times the keys, a flood of valid noise, the network attacks all at once every round,
 fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL
 preset (PULSELoCo, rollout workers) are measured against a clean RL run. The campaign's code
 (hostile processes, payload crafting, the ledger) is `tests/redteam/pulse_redteam/campaign/`.
@@ -74,6 +74,7 @@ class Scenario:
 
 SCENARIO_RUNS = (
     Scenario("flood", "lm", (swarms.Team("flood", ("flood",), 1),)),
+    Scenario("noise-flood", "lm", (swarms.Team("noise-flood", ("noise-flood",), 1),)),
     # the same flood from 4 processes: 4 x the fresh keys, for the validator's memory and disk
     Scenario(
         "flood-x4",

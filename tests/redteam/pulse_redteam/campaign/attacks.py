@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 FLOOD = 160
 """Fresh keys a flood pushes each round: more than the 128 seats of a round."""
+NOISE_FLOOD = 64
+"""Fresh keys a flood of valid noise pushes each round: twice the newcomers a round examines."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ ATTACKS: dict[str, Attack] = {
     "flood": Attack(
         f"{FLOOD} fresh keys a round push random bytes, {3} streams at a time, before the honest miners",
         "admission (established first, newcomers drawn by secret ticket); decoder",
+    ),
+    "noise-flood": Attack(
+        f"{NOISE_FLOOD} fresh keys a round push valid random updates at an honest norm (one key trains to know it)",
+        "newcomers examined by ticket, at most `newcomer_evaluations` a round; references from established keys",
+        detectable=False,
     ),
     "standby-flood": Attack(
         f"{FLOOD} fresh keys a round push random bytes to the standby validator, {3} streams at a time",
@@ -148,6 +155,7 @@ TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "tr
 
 SCENARIOS = {
     "flood": "lm",
+    "noise-flood": "lm",
     "standby-flood": "lm",
     "tiny-dense": "rl",
     "rl-fabricated": "rl",

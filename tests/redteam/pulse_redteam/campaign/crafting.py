@@ -33,6 +33,7 @@ from protocol.signing import sign
 from protocol.sparseloco import CHUNK, SparseLoCoCodec
 from protocol.state import State
 from protocol.wire import Reader, Writer
+from validator.aggregate import global_norm
 from validator.intake import Submission
 
 BOMB_BYTES = 1 << 30  # what the zstd frame expands to
@@ -180,6 +181,23 @@ def trailing_bytes(forge: Forge, seed: int) -> bytes:
 def oversize(forge: Forge, seed: int) -> bytes:
     """Random bytes 1 MB longer than the largest payload the run's codec accepts."""
     return junk(seed, default_max_bytes(forge.weights) + (1 << 20))
+
+
+def noise_flood(forge: Forge, trained: State, seed: int, keys: int) -> list[tuple[Submission, dict[str, object]]]:
+    """`keys` fresh keys (new each `seed`), each sending random noise at the decoded norm of `trained`:
+    valid payloads inside the norm band that only an evaluation can turn down."""
+    codec = forge.codec
+    norm = global_norm(codec.decompress(forge.compress(trained), forge.weights))
+    gen = torch.Generator().manual_seed(seed)
+    scale = 0.0
+    out: list[tuple[Submission, dict[str, object]]] = []
+    for i in range(keys):
+        key = Identity.from_seed(hashlib.sha256(f"noise-flood/{seed}/{i}".encode()).digest())
+        noise = {name: torch.randn(t.shape, generator=gen) for name, t in forge.weights.items()}
+        if not scale:  # the codec keeps about the same share of any random update's norm: measured once
+            scale = norm / max(global_norm(codec.decompress(forge.compress(noise), forge.weights)), 1e-30)
+        out.append((forge.submission(key, forge.compress({n: t * scale for n, t in noise.items()})), {}))
+    return out
 
 
 def junk(seed: int, size: int = 4096) -> bytes:

@@ -54,7 +54,7 @@ from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SignedMessage
 from protocol.state import State
 from pulse_redteam.campaign import budgetattacks, crafting, netattacks, standing
-from pulse_redteam.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, STANDING, TRAINED
+from pulse_redteam.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, NOISE_FLOOD, STANDING, TRAINED
 from pulse_redteam.campaign.crafting import Forge
 from pulse_redteam.campaign.push import Answer, Trickle, push
 from validator.intake import Submission
@@ -63,7 +63,7 @@ T = TypeVar("T")
 log = logging.getLogger("pulse.hostile")
 POLL_SECONDS = 0.5
 SYBILS = 20
-FLOODS = ("flood", "standby-flood")  # pushes that keep to the stream cap and take no BUSY retry
+FLOODS = ("flood", "standby-flood", "noise-flood")  # pushes that keep to the stream cap and take no BUSY retry
 STREAMS = 3
 # a push answered BUSY (the newcomers' upload slots, which every hostile process of a swarm shares)
 # is sent again after these pauses, as an honest miner's is: the attack then meets its own defence,
@@ -224,6 +224,8 @@ class Hostile:
             n = SYBILS if attack == "sybil" else FLOOD
             flood = [Identity.from_seed(hashlib.sha256(f"{attack}/{seed}/{i}".encode()).digest()) for i in range(n)]
             return [(forge.submission(s, crafting.junk(seed + i)), {}) for i, s in enumerate(flood)]
+        if attack == "noise-flood":
+            return await self._cpu(lambda: self._noise_flood(me, forge, seed))
         if attack in STANDING:
             return await self._cpu(lambda: _standing(attack, forge, me, self.previous, seed))
         if attack == "replay":
@@ -265,6 +267,16 @@ class Hostile:
         sub = miner.submit(forge.view(self.previous))
         assert sub is not None
         return sub
+
+    def _noise_flood(self, me: Identity, forge: Forge, seed: int) -> list[tuple[Submission, dict[str, object]]]:
+        """`NOISE_FLOOD` fresh keys, each a random update at the norm of the update `me` trained this
+        round: one miner's work buys the norm, and each key's payload then costs a compression."""
+        with self.training:  # one model per process steps at a time (`_trained`)
+            miner = self.trainers.get(("noise-flood", me.public_hex))
+            if miner is None:
+                miner = self.trainers[("noise-flood", me.public_hex)] = Miner(self.fake, me)
+            trained = miner.train(forge.weights, miner.assignment(forge.round))
+        return crafting.noise_flood(forge, trained, seed, NOISE_FLOOD)
 
     async def _cpu(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
