@@ -220,12 +220,12 @@ class Hostile:
         seed = int.from_bytes(hashlib.sha256(f"{me.public_hex}/{forge.round}".encode()).digest()[:4], "big")
         if attack == "standby-flood" and await self._standby(forge.round) is None:
             raise TransferError("no standby validator announced the round")
+        if attack == "noise-flood":
+            return await self._cpu(lambda: self._noise_flood(me, forge, seed))
         if attack in ("sybil", *FLOODS):
             n = SYBILS if attack == "sybil" else FLOOD
             flood = [Identity.from_seed(hashlib.sha256(f"{attack}/{seed}/{i}".encode()).digest()) for i in range(n)]
             return [(forge.submission(s, crafting.junk(seed + i)), {}) for i, s in enumerate(flood)]
-        if attack == "noise-flood":
-            return await self._cpu(lambda: self._noise_flood(me, forge, seed))
         if attack in STANDING:
             return await self._cpu(lambda: _standing(attack, forge, me, self.previous, seed))
         if attack == "replay":
