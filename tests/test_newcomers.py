@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-import torch
 
+from node.bench import newcomerflood
 from node.bench.arena import Arena, RoundRecord
-from node.swarm.fakeminers import Miner, RoundView, identity_for
+from node.swarm.fakeminers import FreshNoise, Miner, RoundView, identity_for
 from protocol.state import State
 from tests.fakeswarm import make_swarm
 from validator.admission import newcomer_ticket
-from validator.aggregate import global_norm
 from validator.core import RoundReport
 from validator.intake import Submission
 from validator.newcomers import NewcomerBudget, examine_in_passes
@@ -24,23 +24,6 @@ from validator.scoring import Batch, RoundSecret
 BUDGET = 4
 NOISE, JUNK = 10, 8
 NOT_EXAMINED = "not examined: "
-
-
-class FreshNoise(Miner):
-    """Random noise at a published norm, no training: what a flood of fresh keys can afford."""
-
-    kind = "freshnoise"
-
-    def __init__(self, *args: object, norm: float) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
-        self.norm = norm
-
-    def submit(self, view: RoundView) -> Submission | None:
-        gen = torch.Generator().manual_seed(int(self.key[:8], 16))
-        noise = {n: torch.randn(t.shape, generator=gen) for n, t in view.weights.items()}
-        scale = self.norm / global_norm(noise)
-        payload = self.compress({n: t * scale for n, t in noise.items()}, view.weights)
-        return self.package(view.round, view.state_hash, payload)
 
 
 class Junk(Miner):
@@ -88,7 +71,7 @@ def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
         arena.play()
     norm = arena.records[-1].report.median_norm
     newcomer = Miner(swarm.setup, identity_for("newcomers/honest"))
-    noise = [FreshNoise(swarm.setup, identity_for(f"newcomers/noise/{i}"), norm=norm) for i in range(NOISE)]
+    noise = [FreshNoise(swarm.setup, identity_for(f"newcomers/noise/{i}"), norm) for i in range(NOISE)]
     junk = [Junk(swarm.setup, identity_for(f"newcomers/junk/{i}")) for i in range(JUNK)]
     arena.miners = [*honest, newcomer, *noise, *junk]
     shutil.copytree(folder / "v", folder / "twin")
@@ -173,3 +156,13 @@ def test_passes_go_by_ticket_and_keep_arrival_order_within_each() -> None:
     assert passes == [first, [fresh[1]]]
     assert left == fresh[2:]
     assert examine_in_passes(items, lambda k: [k], None, examine) == [] and passes[-1] == items
+
+
+def test_the_flood_bench_reports_each_flooded_round(tmp_path: Path) -> None:
+    """`pulse bench gauntlet --flood N`'s measurement: established honest miners, then N noise keys."""
+    swarm = make_swarm(newcomer_evaluations=2)
+    honest = swarm.honest(3)
+    out = newcomerflood.measure(swarm.validator(tmp_path), honest, swarm.setup, keys=5)
+    assert out.unexamined == [3] * newcomerflood.FLOOD_ROUNDS  # 5 noise keys, 2 examined a round
+    assert all(n > 0 for n in out.honest) and out.warmup_rounds >= 2
+    assert set(out.summary()) >= {"flood_validator_seconds_per_round", "flood_honest_aggregated"}

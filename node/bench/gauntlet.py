@@ -11,6 +11,8 @@ Peak memory: for a round of 8 and of 32 honest submissions, a fresh subprocess o
 validator state, reads the submissions from a file and runs the round; it reports its own peak
 resident memory (VmHWM; `ru_maxrss` would include the parent's, see `peak_rss_mb`). Only the
 compressed payloads grow with the number of miners.
+
+With `--flood N`, a third run measures a round under N fresh keys of valid noise (newcomerflood.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field, field_validator
 
+from node.bench import newcomerflood
 from node.bench.arena import Arena, RoundRecord
 from node.bench.report import BenchResult, table
 from node.events import peak_rss_mb, steps
@@ -102,6 +105,12 @@ class Options(BaseModel):
     """torch CPU threads (1 suits a shared 2-core machine)"""
     skip_rss: bool = False
     """skip the peak-memory subprocesses"""
+    flood: int = Field(default=0, ge=0, le=1024)
+    """also measure a flood of valid noise: this many fresh keys a round beside the honest miners, once
+    they are established, for 2 rounds (newcomerflood.py; 0: not measured)"""
+    newcomer_evaluations: int | None = Field(default=None, ge=1, le=128)
+    """newcomer payloads the validator examines a round at most (default: the validator's, 32; 128:
+    every seat, as before the bound)"""
 
     @field_validator("kinds")
     @classmethod
@@ -141,7 +150,12 @@ def run(options: Options) -> BenchResult:
     mixed = bench.play(options.adversaries, options.attack_kinds)
     honest_only = bench.play(0, options.attack_kinds)
     rss = {} if options.skip_rss else {n: bench.peak_rss(n) for n in RSS_SIZES}
-    return _result(options, bench, mixed, honest_only, rss)
+    flood = None
+    if options.flood:
+        with tempfile.TemporaryDirectory(prefix="pulse-gauntlet-flood-") as folder:
+            flooded = bench.validator(Path(folder))
+            flood = newcomerflood.measure(flooded, bench.honest(options.honest), bench.setup, options.flood)
+    return _result(options, bench, mixed, honest_only, rss, flood)
 
 
 class Bench:
@@ -165,6 +179,8 @@ class Bench:
             top_g=options.top_g,
             random_batches=options.random_batches,
         )
+        if options.newcomer_evaluations is not None:
+            self.cfg = self.cfg.model_copy(update={"newcomer_evaluations": options.newcomer_evaluations})
         # the validator's batches are prefixes of the miners' (Corpus.batch draws starts in order)
         self.eval_batch = batch_source(self.corpus, options.eval_batch_size, self.gpt.block_size)
         self.init = {n: t.detach().clone() for n, t in unique_state(build_gpt(self.gpt, options.seed)).items()}
@@ -311,7 +327,12 @@ def _reasons(run: RunOutcome) -> dict[str, str]:
 
 
 def _result(
-    options: Options, bench: Bench, mixed: RunOutcome, honest_only: RunOutcome, rss: dict[int, float]
+    options: Options,
+    bench: Bench,
+    mixed: RunOutcome,
+    honest_only: RunOutcome,
+    rss: dict[int, float],
+    flood: newcomerflood.FloodOutcome | None = None,
 ) -> BenchResult:
     selected, honest_selected, honest_sent, by_kind, picked = _counts(mixed)
     summary: dict[str, Any] = {
@@ -337,6 +358,7 @@ def _result(
             "n_layer": options.n_layer,
             "n_embd": options.n_embd,
             "threads": options.threads,
+            "newcomer_evaluations": bench.cfg.newcomer_evaluations,
         },
     }
     for n, mb in rss.items():
@@ -359,9 +381,19 @@ def _result(
     ]
     if rss:
         headline.append(["peak RSS MiB, 8 / 32 miners", f"{rss[8]:.0f} / {rss[32]:.0f}", "32 <= 1.2 x 8"])
+    if flood is not None:
+        summary |= flood.summary()
     tables = [
         table("gauntlet: headline", ["figure", "value", "target"], headline),
         table("gauntlet: submissions by kind", ["kind", "sent", "aggregated", "usual reason otherwise"], kind_rows),
         table("gauntlet: held-out loss", ["round", "with adversaries", "honest only", "aggregated"], loss_rows),
     ]
+    if flood is not None:
+        rows = [["before the flood", flood.quiet_seconds, flood.quiet_honest, 0]]
+        rows += [
+            [f"flooded round {i + 1}", sec, n, left]
+            for i, (sec, n, left) in enumerate(zip(flood.seconds, flood.honest, flood.unexamined, strict=True))
+        ]
+        title = f"gauntlet: {flood.keys} fresh keys of valid noise a round ({bench.cfg.newcomer_evaluations} examined)"
+        tables.append(table(title, ["round", "validator s", "honest aggregated", "unexamined"], rows))
     return BenchResult(summary=summary, tables=tables)

@@ -189,6 +189,26 @@ class QuietNoise(Noise):
         return int.from_bytes(hashlib.sha256(f"{self.key}/{round_}".encode()).digest()[:7], "little")
 
 
+class FreshNoise(Miner):
+    """Random noise at a given norm (the published median), without training: what one of a flood of
+    fresh keys can afford, a compression per payload. A direction of its own for each key."""
+
+    kind = "freshnoise"
+
+    def __init__(self, setup: FakeRun, identity: Identity, norm: float) -> None:
+        super().__init__(setup, identity)
+        self.norm = norm
+
+    def submit(self, view: RoundView) -> Submission | None:
+        seed = int.from_bytes(hashlib.sha256(f"{self.key}/{view.round}".encode()).digest()[:7], "little")
+        gen = torch.Generator().manual_seed(seed)
+        noise = {n: torch.randn(t.shape, generator=gen) for n, t in view.weights.items()}
+        # the validator measures what decodes: scaled so that it decodes at the norm (the codec sends a part)
+        sent = global_norm(self.codec.decompress(self.compress(noise, view.weights), view.weights))
+        payload = self.compress({n: t * (self.norm / sent) for n, t in noise.items()}, view.weights)
+        return self.package(view.round, view.state_hash, payload)
+
+
 class FreeRider(Miner):
     kind = "freerider"
 
