@@ -55,6 +55,7 @@ class Flooded:
     honest: list[Miner]
     loads: int  # updates the validator loaded in that round
     alone: RoundReport  # the same round judged from the honest miners' submissions alone
+    norm: float  # the median norm the noise was sent at
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
     record = RoundRecord(report, kinds, senders, arena.validator.weights)
     ours = {m.key for m in honest}
     alone = swarm.reopen(folder / "twin").run_round([s for s, k in zip(subs, senders, strict=True) if k in ours])
-    return Flooded(arena, record, honest, counting.loads, alone)
+    return Flooded(arena, record, honest, counting.loads, alone, norm)
 
 
 def _tickets(arena: Arena, record: RoundRecord) -> dict[str, int]:
@@ -103,6 +104,8 @@ def test_a_flood_of_valid_noise_is_examined_only_up_to_the_budget(
     decodable = sorted((k for k in reasons if k not in ours and kinds[k] != "junk"), key=tickets.__getitem__)
     examined = [k for k in decodable if not reasons[k].startswith(NOT_EXAMINED)]
     assert examined == decodable[:BUDGET]  # the lowest tickets, and no more
+    noise = [o.norm for o in record.report.outcomes if kinds[record.senders[o.index]] == "freshnoise" and o.norm]
+    assert noise and all(n == pytest.approx(flooded.norm, rel=1e-3) for n in noise)  # inside the norm band
     for k in decodable[BUDGET:]:
         assert reasons[k].startswith(f"not examined: this round's {BUDGET} newcomer examinations"), reasons[k]
     # each examined update and its reference are loaded once: the established three and the budget

@@ -203,9 +203,11 @@ class FreshNoise(Miner):
         seed = int.from_bytes(hashlib.sha256(f"{self.key}/{view.round}".encode()).digest()[:7], "little")
         gen = torch.Generator().manual_seed(seed)
         noise = {n: torch.randn(t.shape, generator=gen) for n, t in view.weights.items()}
-        # the validator measures what decodes: scaled so that it decodes at the norm (the codec sends a part)
-        sent = global_norm(self.codec.decompress(self.compress(noise, view.weights), view.weights))
-        payload = self.compress({n: t * (self.norm / sent) for n, t in noise.items()}, view.weights)
+        # the validator measures what decodes: scaled so that it decodes at the norm (the codec sends a
+        # part); no error feedback, which would carry the first, unscaled call's residual into the payload
+        codec = self.codec
+        sent = global_norm(codec.decompress(codec.compress(noise, None, view.weights)[0], view.weights))
+        payload = codec.compress({n: t * (self.norm / sent) for n, t in noise.items()}, None, view.weights)[0]
         return self.package(view.round, view.state_hash, payload)
 
 
