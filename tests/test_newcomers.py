@@ -18,12 +18,11 @@ from tests.fakeswarm import make_swarm
 from validator.admission import newcomer_ticket
 from validator.core import RoundReport
 from validator.intake import Submission
-from validator.newcomers import NewcomerBudget, examine_in_passes
+from validator.newcomers import NOT_EXAMINED, NewcomerBudget, examine_in_passes
 from validator.scoring import Batch, RoundSecret
 
 BUDGET = 4
 NOISE, JUNK = 10, 8
-NOT_EXAMINED = "not examined: "
 
 
 class Junk(Miner):
@@ -107,7 +106,7 @@ def test_a_flood_of_valid_noise_is_examined_only_up_to_the_budget(
     noise = [o.norm for o in record.report.outcomes if kinds[record.senders[o.index]] == "freshnoise" and o.norm]
     assert noise and all(n == pytest.approx(flooded.norm, rel=1e-3) for n in noise)  # inside the norm band
     for k in decodable[BUDGET:]:
-        assert reasons[k].startswith(f"not examined: this round's {BUDGET} newcomer examinations"), reasons[k]
+        assert reasons[k].startswith(f"{NOT_EXAMINED}this round's {BUDGET} newcomer examinations"), reasons[k]
     # each examined update and its reference are loaded once: the established three and the budget
     assert loads <= 2 * (len(honest) + BUDGET) < 2 * (len(honest) + len(decodable))
     # nothing is held against a key left unexamined: it is not even rated (rated last, it would be)

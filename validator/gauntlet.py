@@ -69,7 +69,7 @@ from validator.aggregate import Aggregate, aggregate, global_norm
 from validator.config import GauntletConfig
 from validator.decodeahead import decode_ahead
 from validator.intake import Candidate, Screened, reason_text
-from validator.newcomers import NewcomerBudget, examine_in_passes
+from validator.newcomers import NOT_EXAMINED, NewcomerBudget, examine_in_passes
 from validator.ratings import Ratings
 from validator.scoring import (
     Batch,
@@ -167,11 +167,6 @@ class Inspection:
     directions: StateDict | None  # sum of update / norm over the reference's members
     members: frozenset[str]  # payload hashes of the admissible updates the references are made of
     copies: dict[str, tuple[str, ...]]  # payload hash -> the other distinct payloads of its copy group
-
-    @property
-    def kept(self) -> int:
-        """How many updates the sum of directions holds."""
-        return len(self.members)
 
 
 class RoundStopped(Exception):
@@ -307,7 +302,7 @@ class RoundPipeline:
         # the references are the mean direction of the other updates of established keys: a flood of
         # fresh keys sending noise would otherwise make them noise, and with them the own-data
         # indicator of every honest miner (newcomers' updates count only in a round without any)
-        trusted = {h for h, who in senders.items() if newcomers is None or newcomers.ticket(who) is None}
+        trusted = {h for h, who in senders.items() if newcomers is None or newcomers.vouched(who)}
         sums: dict[bool, StateDict | None] = {True: None, False: None}  # trusted? -> sum of update / norm
 
         def keep(a: Assessment, update: StateDict, sign: float = 1.0) -> None:
@@ -319,7 +314,7 @@ class RoundPipeline:
             return [a.decoded for a in todo]
 
         unexamined = examine_in_passes(list(first.values()), lambda a: senders[a.payload_sha256], newcomers, examine)
-        spent = f"not examined: this round's {newcomers.evaluations if newcomers else 0} newcomer examinations"
+        spent = f"{NOT_EXAMINED}this round's {newcomers.evaluations if newcomers else 0} newcomer examinations"
         for a in unexamined:
             a.unexamined, a.problem = True, f"{spent} went to lower admission tickets (no penalty)"
         distinct = [a for a in first.values() if a.problem is None]

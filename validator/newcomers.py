@@ -26,6 +26,7 @@ from typing import TypeVar
 from validator.admission import newcomer_ticket
 
 T = TypeVar("T")
+NOT_EXAMINED = "not examined: "  # how the reason of a payload left unexamined begins
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,14 @@ class NewcomerBudget:
     evaluations: int  # newcomer payloads decoded whole per round, at most
     secret: bytes = b""  # the round's admission secret (`RoundSecret.key("admission")`): the tickets
 
+    def vouched(self, senders: Sequence[str]) -> bool:
+        """Whether an established key is among `senders` (the keys that sent one payload)."""
+        return any(s in self.established for s in senders)
+
     def ticket(self, senders: Sequence[str]) -> int | None:
         """The ticket of a payload sent by `senders`: None when one of them is established (always
         examined), else their lowest."""
-        if any(s in self.established for s in senders):
+        if self.vouched(senders):
             return None
         return min(newcomer_ticket(self.secret, s, s in self.earning) for s in senders)
 

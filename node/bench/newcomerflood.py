@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from node.bench.arena import Arena, RoundRecord
 from node.swarm.fakeminers import FakeRun, FreshNoise, Miner, identity_for
 from validator.core import Validator
+from validator.newcomers import NOT_EXAMINED
 
 FLOOD_ROUNDS = 2
 MAX_WARMUP_ROUNDS = 12
@@ -65,5 +66,5 @@ def measure(validator: Validator, honest: Sequence[Miner], setup: FakeRun, keys:
         quiet_honest=aggregated(quiet),
         seconds=[r.report.seconds for r in flooded],
         honest=[aggregated(r) for r in flooded],
-        unexamined=[sum(1 for o in r.report.outcomes if o.reason.startswith("not examined")) for r in flooded],
+        unexamined=[sum(1 for o in r.report.outcomes if o.reason.startswith(NOT_EXAMINED)) for r in flooded],
     )
