@@ -189,6 +189,13 @@ class QuietNoise(Noise):
         return int.from_bytes(hashlib.sha256(f"{self.key}/{round_}".encode()).digest()[:7], "little")
 
 
+def decoded_scale(codec: Codec, update: State, weights: State, norm: float) -> float:
+    """The factor that makes what a validator decodes from `update`'s payload (compressed without error
+    feedback) have `norm`: a codec sends a part of an update, so its own norm is not the one measured."""
+    sent = global_norm(codec.decompress(codec.compress(update, None, weights)[0], weights))
+    return norm / sent if sent > 0 else 1.0
+
+
 class FreshNoise(Miner):
     """Random noise at a given norm (the published median), without training: what one of a flood of
     fresh keys can afford, a compression per payload. A direction of its own for each key."""
@@ -203,11 +210,9 @@ class FreshNoise(Miner):
         seed = int.from_bytes(hashlib.sha256(f"{self.key}/{view.round}".encode()).digest()[:7], "little")
         gen = torch.Generator().manual_seed(seed)
         noise = {n: torch.randn(t.shape, generator=gen) for n, t in view.weights.items()}
-        # the validator measures what decodes: scaled so that it decodes at the norm (the codec sends a
-        # part); no error feedback, which would carry the first, unscaled call's residual into the payload
-        codec = self.codec
-        sent = global_norm(codec.decompress(codec.compress(noise, None, view.weights)[0], view.weights))
-        payload = codec.compress({n: t * (self.norm / sent) for n, t in noise.items()}, None, view.weights)[0]
+        # no error feedback (`decoded_scale`, and here): it would carry the unscaled residual into the payload
+        scale = decoded_scale(self.codec, noise, view.weights, self.norm)
+        payload = self.codec.compress({n: t * scale for n, t in noise.items()}, None, view.weights)[0]
         return self.package(view.round, view.state_hash, payload)
 
 

@@ -22,7 +22,7 @@ import zstandard
 from node.run.manifest import Manifest
 from node.run.setup import RunSetup
 from node.run.trainer import MinerSpec
-from node.swarm.fakeminers import FakeRun, RoundView
+from node.swarm.fakeminers import FakeRun, RoundView, decoded_scale
 from protocol import floatcode, positions
 from protocol.codec import Codec, default_max_bytes, layout_digest, read_words, write_words
 from protocol.codec_options import build_codec
@@ -195,7 +195,7 @@ def noise_flood(forge: Forge, trained: State, seed: int, keys: int) -> list[tupl
         key = Identity.from_seed(hashlib.sha256(f"noise-flood/{seed}/{i}".encode()).digest())
         noise = {name: torch.randn(t.shape, generator=gen) for name, t in forge.weights.items()}
         if not scale:  # the codec keeps about the same share of any random update's norm: measured once
-            scale = norm / max(global_norm(codec.decompress(forge.compress(noise), forge.weights)), 1e-30)
+            scale = decoded_scale(codec, noise, forge.weights, norm)
         out.append((forge.submission(key, forge.compress({n: t * scale for n, t in noise.items()})), {}))
     return out
 

@@ -19,6 +19,7 @@ import hashlib
 
 import torch
 
+from node.swarm.fakeminers import decoded_scale
 from protocol.identity import Identity
 from protocol.state import State
 from pulse_redteam.campaign.crafting import Forge
@@ -72,5 +73,5 @@ def _slice(t: torch.Tensor, part: int, parts: int) -> torch.Tensor:
 
 def _at_norm(forge: Forge, update: State, norm: float) -> State:
     """`update` rescaled so that what the validator decodes has `norm`."""
-    sent = global_norm(forge.codec.decompress(forge.compress(update), forge.weights))
-    return {n: t * (norm / sent) for n, t in update.items()} if sent > 0 else update
+    scale = decoded_scale(forge.codec, update, forge.weights, norm)
+    return {n: t * scale for n, t in update.items()}
