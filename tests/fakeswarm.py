@@ -19,8 +19,10 @@ from node.learn.model import GPTConfig, build_gpt
 from node.learn.train import Batch, InnerOptimConfig, evaluate, load_bf16_state, unique_state
 from node.run.trainer import MinerSpec
 from node.swarm.fakeminers import KINDS, FakeRun, Miner, identity_for, make_adversary
+from protocol.state import State
 from validator.config import GauntletConfig
 from validator.core import Validator
+from validator.scoring import Evaluator
 from validator.state import CrashHook
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=64)
@@ -89,3 +91,20 @@ def make_swarm(run_id: str = RUN_ID, **cfg: object) -> Swarm:
 
 
 __all__ = ["KINDS", "Swarm", "make_swarm", "small_corpus"]
+
+
+class CountingEvaluator:
+    """A validator's evaluator, counting what it is asked: `evaluations` (updates loaded: one per
+    evaluated update, one per reference) and `losses` (forward passes)."""
+
+    def __init__(self, inner: Evaluator) -> None:
+        self.inner, self.evaluations, self.losses = inner, 0, 0
+        self.device = getattr(inner, "device", "cpu")
+
+    def load(self, base: State, update: State | None = None, step: float = 0.0) -> None:
+        self.evaluations += update is not None
+        self.inner.load(base, update, step)
+
+    def loss(self, batch: Batch) -> float:
+        self.losses += 1
+        return self.inner.loss(batch)

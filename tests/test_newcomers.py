@@ -13,13 +13,12 @@ import pytest
 from node.bench import newcomerflood
 from node.bench.arena import Arena, RoundRecord
 from node.swarm.fakeminers import FreshNoise, Miner, RoundView, identity_for
-from protocol.state import State
-from tests.fakeswarm import make_swarm
+from tests.fakeswarm import CountingEvaluator, make_swarm
 from validator.admission import newcomer_ticket
 from validator.core import RoundReport
 from validator.intake import Submission
 from validator.newcomers import NOT_EXAMINED, NewcomerBudget, examine_in_passes
-from validator.scoring import Batch, RoundSecret
+from validator.scoring import RoundSecret
 
 BUDGET = 4
 NOISE, JUNK = 10, 8
@@ -30,21 +29,6 @@ class Junk(Miner):
 
     def submit(self, view: RoundView) -> Submission | None:
         return self.package(view.round, view.state_hash, b"\x00junk" + bytes.fromhex(self.key[:16]))
-
-
-class Counting:
-    """The validator's evaluator, counting the updates it loads (one per evaluation, one per reference)."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner, self.loads = inner, 0
-        self.device = getattr(inner, "device", "cpu")
-
-    def load(self, base: State, update: State | None = None, step: float = 0.0) -> None:
-        self.loads += update is not None
-        self.inner.load(base, update, step)  # type: ignore[attr-defined]
-
-    def loss(self, batch: Batch) -> float:
-        return float(self.inner.loss(batch))  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -76,13 +60,13 @@ def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
     arena.miners = [*honest, newcomer, *noise, *junk]
     shutil.copytree(folder / "v", folder / "twin")
     subs, kinds, senders = arena.submissions()
-    counting = Counting(arena.validator.evaluator)
+    counting = CountingEvaluator(arena.validator.evaluator)
     arena.validator.evaluator = counting
     report = arena.validator.run_round(subs)
     record = RoundRecord(report, kinds, senders, arena.validator.weights)
     ours = {m.key for m in honest}
     alone = swarm.reopen(folder / "twin").run_round([s for s, k in zip(subs, senders, strict=True) if k in ours])
-    return Flooded(arena, record, honest, counting.loads, alone, norm)
+    return Flooded(arena, record, honest, counting.evaluations, alone, norm)
 
 
 def _tickets(arena: Arena, record: RoundRecord) -> dict[str, int]:

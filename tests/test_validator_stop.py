@@ -13,31 +13,25 @@ import pytest
 
 from node.bench.arena import Arena
 from node.roles.validator_service import ValidatorService
-from protocol.state import State
-from tests.fakeswarm import make_swarm
+from tests.fakeswarm import CountingEvaluator, make_swarm
 from tests.test_validator_service import _open, _service
 from validator.core import SPILL_FOLDER, RoundReport, Validator
 from validator.gauntlet import RoundStopped
-from validator.scoring import Batch
+from validator.scoring import Batch, Evaluator
 
 
-class StopAfter:
-    """An evaluator that sets `stopping` at its `calls`-th loss (0: never); counts the updates it loads."""
+class StopAfter(CountingEvaluator):
+    """A counting evaluator that sets `stopping` at its `calls`-th loss (0: never)."""
 
-    def __init__(self, inner: object, calls: int, stopping: threading.Event) -> None:
-        self.inner, self.calls, self.seen, self.evaluations = inner, calls, 0, 0
-        self.stopping = stopping
-        self.device = getattr(inner, "device", "cpu")
-
-    def load(self, base: State, update: State | None = None, step: float = 0.0) -> None:
-        self.evaluations += update is not None
-        self.inner.load(base, update, step)  # type: ignore[attr-defined]
+    def __init__(self, inner: Evaluator, calls: int, stopping: threading.Event) -> None:
+        super().__init__(inner)
+        self.calls, self.stopping = calls, stopping
 
     def loss(self, batch: Batch) -> float:
-        self.seen += 1
-        if self.seen == self.calls:
+        out = super().loss(batch)
+        if self.losses == self.calls:
             self.stopping.set()
-        return float(self.inner.loss(batch))  # type: ignore[attr-defined]
+        return out
 
 
 def test_a_stopped_round_keeps_nothing_and_decides_the_same_when_run_again(tmp_path: Path) -> None:
@@ -47,7 +41,7 @@ def test_a_stopped_round_keeps_nothing_and_decides_the_same_when_run_again(tmp_p
     v = arena.validator
     round_, state = v.round, v.state_hash
     probe = StopAfter(v.evaluator, 3, v.stopping)  # among the losses at W_r, before the first evaluation
-    v.evaluator = probe  # type: ignore[assignment]
+    v.evaluator = probe
     with pytest.raises(RoundStopped):
         v.run_round(subs)
     assert (v.round, v.state_hash) == (round_, state)
@@ -55,7 +49,7 @@ def test_a_stopped_round_keeps_nothing_and_decides_the_same_when_run_again(tmp_p
 
     w = swarm.validator(tmp_path / "w")
     counted = StopAfter(w.evaluator, 0, w.stopping)  # never stops: counts a whole round's evaluations
-    w.evaluator = counted  # type: ignore[assignment]
+    w.evaluator = counted
     never_stopped = w.run_round(subs)
     assert probe.evaluations == 0 < counted.evaluations  # not one update evaluated after the stop
 
