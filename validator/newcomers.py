@@ -60,8 +60,7 @@ def examine_in_passes(
         examine(list(items))
         return []
     arrival = {id(item): i for i, item in enumerate(items)}
-    tickets = {id(item): budget.ticket(senders_of(item)) for item in items}
-    newcomers = {id(item): t for item in items if (t := tickets[id(item)]) is not None}
+    newcomers = {id(item): t for item in items if (t := budget.ticket(senders_of(item))) is not None}
     queue = sorted((item for item in items if id(item) in newcomers), key=lambda item: newcomers[id(item)])
     room = budget.evaluations
     todo = [item for item in items if id(item) not in newcomers] + queue[:room]

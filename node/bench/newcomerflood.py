@@ -44,13 +44,18 @@ class FloodOutcome:
         }
 
 
+def establish(arena: Arena, keys: set[str], max_rounds: int = MAX_WARMUP_ROUNDS) -> None:
+    """Play `arena` until every one of `keys` is established; RuntimeError after `max_rounds` rounds."""
+    while not keys <= arena.validator.established():
+        if len(arena.records) >= max_rounds:
+            raise RuntimeError(f"the honest miners were not all established after {max_rounds} rounds")
+        arena.play()
+
+
 def measure(validator: Validator, honest: Sequence[Miner], setup: FakeRun, keys: int, seed: int = 0) -> FloodOutcome:
     arena = Arena(validator, list(honest), seed=seed)
     ours = {m.key for m in honest}
-    while not ours <= validator.established():
-        if len(arena.records) >= MAX_WARMUP_ROUNDS:
-            raise RuntimeError(f"the honest miners were not all established after {MAX_WARMUP_ROUNDS} rounds")
-        arena.play()
+    establish(arena, ours)
     quiet = arena.records[-1]
     norm = quiet.report.median_norm
     arena.miners = [*honest, *(FreshNoise(setup, identity_for(f"flood/{seed}/{i}"), norm) for i in range(keys))]
