@@ -7,7 +7,7 @@ from pathlib import Path
 from node.events import Events, read_events
 from node.events.campaign import AttackSent
 from node.events.models import Received, RoundClosed
-from pulse_redteam.bench.attacks import Options, _result
+from pulse_redteam.bench.attacks import Options, Scenario, _result
 from pulse_redteam.campaign.ledger import Ledger, Outcome, build
 from pulse_redteam.campaign.swarms import RunReport
 
@@ -91,3 +91,23 @@ def test_pushes_that_arrive_after_their_round_closed_are_late_and_their_attack_n
     report = RunReport("hostile30", nan_played, final_loss=3.0, hashes={}, crashes=[], honest_aggregated={0: 5})
     summary = _result(Options(fractions="0.3"), [clean, report], None, [3], tmp_path, None, {"lm": clean}, []).summary
     assert summary["attacks_not_played"] == ["signflip"] and summary["hostile_late"] == 3
+
+
+def test_each_run_reports_how_much_longer_the_validator_took_to_decide(tmp_path: Path) -> None:
+    """Every round of a run can complete while an attack slows the validator's decisions several
+    times over (the network attacks did, 7-9x): the summary reports the decision time per run and
+    the largest slowdown against the clean run."""
+    clean = _run("clean", [])
+    clean.decide_seconds = [1.0, 1.2, 0.8]
+    network = _run("network", [])
+    network.decide_seconds = [5.0, 7.0, 9.0]
+    quiet = _run("flood", [])  # a run whose rounds carry no decision time is reported without one
+    summary = _result(
+        Options(fractions=""), [clean], None, [], tmp_path, None, {"lm": clean},
+        [(Scenario("network", "lm"), network), (Scenario("flood", "lm"), quiet)],
+    ).summary  # fmt: skip
+    assert summary["per_run"]["clean"]["validator_decide_seconds"] == 1.0
+    assert summary["per_run"]["network"]["validator_decide_seconds"] == 7.0
+    assert summary["per_run"]["network"]["validator_decide_ratio"] == 7.0
+    assert summary["per_run"]["flood"]["validator_decide_ratio"] is None
+    assert summary["validator_decide_ratio_max"] == 7.0

@@ -22,7 +22,10 @@ exactly one logged outcome, rounds closed twice, network attacks whose defence f
 miners aggregated per round; the worst of each over the runs is `rounds_completed_ratio` and
 `honest_aggregated_ratio` (targets 1.0 and >= 0.9). The validator's peak resident memory and the
 peak size of its folder (state, blobs, inbox, sampled every 0.5 s), the largest over the runs in
-`validator_peak_mb_max` and `validator_disk_mb_max`; every node's final state hash in `per_run`.
+`validator_peak_mb_max` and `validator_disk_mb_max`; every node's final state hash in `per_run`,
+with the validator's mean seconds to decide a round (`validator_decide_seconds`, and its ratio to
+the clean run's; the largest ratio is `validator_decide_ratio_max`): an attack that leaves every
+round complete may still slow the validator down.
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ ATTACK_COLUMNS = [
     "aggregated",
     "rounds until excluded",
     "unaccounted",
+]
+RUN_COLUMNS = [
+    "run",
+    "rounds",
+    "vs clean",
+    "honest aggregated / round",
+    "vs clean",
+    "validator decides (s, x clean)",
+    "validator MB",
+    "disk MB",
+    "hashes",
 ]
 
 
@@ -275,6 +289,13 @@ def _netns(out: Path, keys: swarms.Keys, options: Options) -> dict[str, Any]:
     }
 
 
+def _decide_cell(m: dict[str, Any]) -> str:
+    if m["validator_decide_seconds"] is None:
+        return "-"
+    ratio = "" if m["validator_decide_ratio"] is None else f" ({m['validator_decide_ratio']:.1f}x)"
+    return f"{m['validator_decide_seconds']:.2f}{ratio}"
+
+
 def _line(report: swarms.RunReport) -> str:
     measure = f"final loss {report.final_loss}" if report.final_reward is None else f"reward {report.final_reward}"
     return (
@@ -287,6 +308,7 @@ def _line(report: swarms.RunReport) -> str:
 
 def _against(report: swarms.RunReport, clean: swarms.RunReport) -> dict[str, Any]:
     """A run under attack against the clean run of its task."""
+    decide, clean_decide = report.validator_decide_seconds, clean.validator_decide_seconds
     return {
         "rounds_completed": report.rounds_completed,
         "rounds_completed_ratio": report.rounds_completed / max(clean.rounds_completed, 1),
@@ -294,6 +316,8 @@ def _against(report: swarms.RunReport, clean: swarms.RunReport) -> dict[str, Any
         "honest_aggregated_ratio": round(report.honest_per_round / clean.honest_per_round, 3)
         if clean.honest_per_round
         else None,
+        "validator_decide_seconds": None if decide is None else round(decide, 3),
+        "validator_decide_ratio": round(decide / clean_decide, 2) if decide is not None and clean_decide else None,
         "validator_peak_mb": report.validator_peak_mb,
         "validator_disk_mb": report.validator_disk_mb,
         "final_state_hashes": report.hashes,
@@ -333,9 +357,11 @@ def _result(
         faults_by_name.setdefault(check.split(":")[0], []).append(ok)
     clean = reports[0].final_loss
     ratios = [v for r, _ in under_attack for v in [per_run[r.name]["honest_aggregated_ratio"]] if v is not None]
+    slowdowns = [v for r, _ in under_attack for v in [per_run[r.name]["validator_decide_ratio"]] if v is not None]
     summary: dict[str, Any] = {
         "rounds_completed_ratio": min((per_run[r.name]["rounds_completed_ratio"] for r in attacked), default=None),
         "honest_aggregated_ratio": min(ratios, default=None),
+        "validator_decide_ratio_max": max(slowdowns, default=None),
         "validator_peak_mb_max": max((r.validator_peak_mb or 0.0 for r in everything), default=None),
         "validator_disk_mb_max": max((r.validator_disk_mb for r in everything if r is not faults), default=None),
         "hostile_aggregated": sum(r.ledger.aggregated() for r in played),
@@ -386,6 +412,7 @@ def _result(
             f"{m['rounds_completed_ratio']:.2f}",
             m["honest_aggregated_per_round"],
             "-" if m["honest_aggregated_ratio"] is None else f"{m['honest_aggregated_ratio']:.2f}",
+            _decide_cell(m),
             m["validator_peak_mb"] if m["validator_peak_mb"] is not None else "-",
             m["validator_disk_mb"],
             m["hashes_agree"],
@@ -395,7 +422,7 @@ def _result(
     tables = [
         table(
             "Runs against their clean run",
-            ["run", "rounds", "vs clean", "honest aggregated / round", "vs clean", "validator MB", "disk MB", "hashes"],
+            RUN_COLUMNS,
             run_rows,
         ),
         table("Attacks (30%, 45% and one-attack runs together)", ATTACK_COLUMNS, rows),

@@ -121,6 +121,12 @@ class RunReport:
     validator_peak_mb: float | None = None  # peak resident memory of the validator process (MiB)
     validator_disk_mb: float = 0.0  # peak size of a validator's folder (the largest): state, blobs, inbox (MB)
     final_reward: float | None = None  # RL runs: the validator's held-out reward after the last round
+    decide_seconds: list[float] = field(default_factory=list)  # per closed round: the validator's decision time
+
+    @property
+    def validator_decide_seconds(self) -> float | None:
+        """Mean seconds the validator took to decide a round (intake to selection), None without rounds."""
+        return sum(self.decide_seconds) / len(self.decide_seconds) if self.decide_seconds else None
 
     @property
     def hashes_agree(self) -> bool:
@@ -324,6 +330,7 @@ def make_report(
     names = records.keys()
     honest_keys = {k for n, k in names.items() if n.startswith("miner")}
     report.honest_aggregated = {r: len(honest_keys & set(c.event.scores)) for r, c in ledger.rounds.items()}
+    report.decide_seconds = [s for _, c in sorted(ledger.rounds.items()) if (s := c.event.decide_seconds) is not None]
     peaks = [r.event.peak_rss_mb for v in validators for r in records.of(Exited, v)]
     report.validator_peak_mb = round(max(peaks), 1) if peaks else None
     report.checks["all rounds closed"] = sorted(ledger.rounds) == list(range(swarm.rounds))
