@@ -132,7 +132,7 @@ def test_evaluator_gain_sign_and_no_stale_cache() -> None:
     flipped = {n: -d for n, d in delta.items()}
     ev = RoundEvaluation(evaluator, weights, 1.0, [batch], {0: [batch], 1: [batch]})
     assert ev.gains(0, delta, 1.0, None).assigned > 0  # the trained update improves J on its batch
-    assert ev.gains(1, flipped, 1.0, None).assigned < 0  # its opposite makes J worse
+    assert ev.gains(1, flipped, 1.0, None, complete=True).assigned < 0  # its opposite makes J worse
     # a new base: logp_old must be recomputed there, so the loss at the new base is 1 again
     moved = {n: (w.float() - d).to(torch.bfloat16) for (n, w), d in zip(weights.items(), delta.values(), strict=True)}
     evaluator.load(moved)

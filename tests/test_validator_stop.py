@@ -40,7 +40,7 @@ def test_a_stopped_round_keeps_nothing_and_decides_the_same_when_run_again(tmp_p
     subs, _, _ = arena.submissions()
     v = arena.validator
     round_, state = v.round, v.state_hash
-    probe = StopAfter(v.evaluator, 3, v.stopping)  # among the losses at W_r, before the first evaluation
+    probe = StopAfter(v.evaluator, swarm.cfg.random_batches, v.stopping)  # the last loss at W_r, on R
     v.evaluator = probe
     with pytest.raises(RoundStopped):
         v.run_round(subs)

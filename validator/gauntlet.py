@@ -461,7 +461,7 @@ class RoundPipeline:
                 a.index,
                 a.candidate.header.payload_sha256,
                 a.sketch,
-                a.gains.margin,
+                a.gains.margin if a.gains.measured else -math.inf,  # it lost on R: last in a tie
                 a.indicator,
                 moving_average(standing.indicators.get(a.sender, 0.0), a.indicator, decay),
                 standing.indicators.get(a.sender, 0.0),

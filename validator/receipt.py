@@ -111,7 +111,7 @@ def recompute(
     randoms = [batch_fn(s) for s in secret.random_seeds(cfg.random_batches)]
     ev = RoundEvaluation(evaluator, weights, cfg.eval_step, randoms, {0: [batch_fn(seeds[j]) for j in picked]})
     median = evidence.median_norm
-    mine = ev.gains(0, update, min(1.0, median / norm) if norm > 0 else 1.0, None)
+    mine = ev.gains(0, update, min(1.0, median / norm) if norm > 0 else 1.0, None, complete=True)
     _, _, assigned_ref, random_ref = committed.gains
     gains = Gains(mine.assigned, mine.random, assigned_ref, random_ref)
     indicator = gains.indicator(cfg.indicator_margin, cfg.useful_share)
