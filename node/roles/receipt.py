@@ -55,7 +55,8 @@ async def receipt_for(
         raise ProtocolError(f"the evidence of round {round_} names another run or round")
     receipt = explain(result, evidence, miner)
     if receipt.assessed is None or receipt.assessed.gains is None:
-        return Found(verified, receipt, None, "the validator measured no gains for it (nothing to recompute)")
+        why = "the validator measured no gains for it (of an update that lost on random data, only the score)"
+        return Found(verified, receipt, None, why)
     if payload is None:
         try:
             payload = await _fetch(peer, _payload_ref(receipt, evidence), round_)
