@@ -173,9 +173,9 @@ def moving_average(average: float, indicator: int, decay: float) -> float:
 class RoundEvaluation:
     """Loss measurements of one round, sharing what every submission needs.
 
-    Losses at W are measured once for R, and for a candidate's sampled assigned batches when it is
-    first measured on them; each submission then costs two weight loads (its update, its
-    reference) and the forward passes on its A and on R.
+    Losses at W are measured once for R, and for a candidate's sampled assigned batches A when it is
+    first measured on them; each submission then costs the forward passes on its A and on R with its
+    update loaded, then with its reference, and a load of W for its losses there.
 
     Its R comes first. An update that does not gain on R (relative gain <= 0) fails the indicator's
     second condition whatever its own-data margin (useful_share >= 0), and selection refuses it
@@ -206,28 +206,35 @@ class RoundEvaluation:
         """Gains of `update` * `scale` and of `reference` for candidate `index` (its A was given at
         construction); without a reference, the reference gains are 0. Only the gain on R when it
         is not positive, unless `complete`."""
-        self.evaluator.load(self.weights, update, self.step * scale)
-        random = relative_gain(self.before_r, self._loss_r())
+        random = self._score(update, self.step * scale)
         if not random > 0 and not complete:
             return Gains(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=math.nan)
-        after_a = [self.evaluator.loss(b) for b in self.assigned[index]]
+        after_a = self._losses_a(index)
         assigned_ref, random_ref = (0.0, 0.0) if reference is None else self._gains(index, reference, self.step)
-        assigned = self._mean_gain(index, after_a)
-        return Gains(assigned=assigned, random=random, assigned_ref=assigned_ref, random_ref=random_ref)
+        return Gains(
+            assigned=self._mean_gain(index, after_a), random=random, assigned_ref=assigned_ref, random_ref=random_ref
+        )
 
     def _gains(self, index: int, update: State, step: float) -> tuple[float, float]:
         """(mean relative gain on candidate `index`'s A, relative gain on R) of W - step * update."""
+        random = self._score(update, step)
+        return self._mean_gain(index, self._losses_a(index)), random
+
+    def _score(self, update: State, step: float) -> float:
+        """Relative gain on R of W - step * update, which is left loaded."""
         self.evaluator.load(self.weights, update, step)
-        after_a = [self.evaluator.loss(b) for b in self.assigned[index]]
-        random = relative_gain(self.before_r, self._loss_r())
-        return self._mean_gain(index, after_a), random
+        return relative_gain(self.before_r, self._loss_r())
+
+    def _losses_a(self, index: int) -> list[float]:
+        """Losses of the loaded weights on candidate `index`'s A."""
+        return [self.evaluator.loss(b) for b in self.assigned[index]]
 
     def _mean_gain(self, index: int, after: Sequence[float]) -> float:
         """Mean relative gain on candidate `index`'s A from its losses `after`; the losses at W are
         measured on first use (the weights are left at W)."""
         if index not in self.before_a:
             self.evaluator.load(self.weights)
-            self.before_a[index] = [self.evaluator.loss(b) for b in self.assigned[index]]
+            self.before_a[index] = self._losses_a(index)
         gains = [relative_gain(before, a) for before, a in zip(self.before_a[index], after, strict=True)]
         return sum(gains) / max(len(gains), 1)
 
