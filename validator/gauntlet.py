@@ -402,12 +402,13 @@ class RoundPipeline:
         cfg = self.cfg
         assigned = {a.index: self._assigned_batches(a.sender, secret, run_id, round_) for a in todo}
         randoms = [self.batch_fn(seed) for seed in secret.random_seeds(cfg.random_batches)]
-        ev = RoundEvaluation(self.evaluator, self.weights, cfg.eval_step, randoms, assigned)
+        ev = RoundEvaluation(self.evaluator, self.weights, cfg.eval_step, randoms, assigned, cfg.useful_share)
         for a in todo:
             self._stop_point()
             update, reference = self._update_and_reference(a, inspection)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
-            a.gains = ev.gains(a.index, update, scale, reference)
+            # the members left out of the sum decide the reference: equal sets, the same update
+            a.gains = ev.gains(a.index, update, scale, reference, reference_key=self._left_out(a, inspection))
             a.indicator = a.gains.indicator(cfg.indicator_margin, cfg.useful_share)
             a.alone = reference is None
             if reference is not None and self._others(a, inspection) >= 2:
@@ -443,8 +444,12 @@ class RoundPipeline:
     @staticmethod
     def _others(a: Assessment, inspection: Inspection) -> int:
         """How many distinct admissible updates `a`'s reference is made of (its near copies left out)."""
-        group = {a.payload_sha256, *inspection.copies.get(a.payload_sha256, ())}
-        return len(inspection.members - group)
+        return len(inspection.members) - len(RoundPipeline._left_out(a, inspection))
+
+    @staticmethod
+    def _left_out(a: Assessment, inspection: Inspection) -> frozenset[str]:
+        """The reference's members left out of `a`'s reference: `a` itself and its near copies."""
+        return inspection.members & {a.payload_sha256, *inspection.copies.get(a.payload_sha256, ())}
 
     def _assigned_batches(self, miner: str, secret: RoundSecret, run_id: str, round_: int) -> list[Batch]:
         """The sample of `miner`'s assigned batches the validator scores it on (secret, per round)."""

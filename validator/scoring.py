@@ -48,7 +48,7 @@ import functools
 import hashlib
 import math
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,8 +139,9 @@ def relative_gain(before: float, after: float) -> float:
 class Gains:
     """Relative gains of a submission's update (g) and of the round's reference update (ref).
 
-    Only `random` is measured when g does not gain on R: the other three are NaN then (`measured`
-    is False) and the indicator is -1, as it would be whatever they were (`RoundEvaluation.gains`)."""
+    Only `random` is measured when g does not gain on R, and `random_ref` beside it when g gains
+    there no more than `useful` asks: the others are NaN then (`measured` is False) and the
+    indicator is -1, as it would be whatever they were (`RoundEvaluation.gains`)."""
 
     assigned: float  # gain(A, g)
     random: float  # gain(R, g): the score
@@ -159,8 +160,13 @@ class Gains:
         if not self.measured:
             return -1
         own = self.margin > margin_fraction * abs(self.random_ref)
-        useful = self.random > useful_share * max(self.random_ref, 0.0)
-        return 1 if own and useful else -1
+        return 1 if own and useful(self.random, self.random_ref, useful_share) else -1
+
+
+def useful(random: float, random_ref: float, share: float) -> bool:
+    """The indicator's second condition: the update gains on R more than `share` of what its
+    reference gains there (of nothing, when the reference loses)."""
+    return random > share * max(random_ref, 0.0)
 
 
 def moving_average(average: float, indicator: int, decay: float) -> float:
@@ -182,7 +188,13 @@ class RoundEvaluation:
     (no gain on random data): its gains on A and the reference's are not measured, which costs it
     2 forward passes instead of 4 + 2 x (|A| + |R|) (16 with the defaults). Random directions,
     sign flips and other updates a flood of fresh keys can send without training therefore cost the
-    validator an eighth of what an honest update does. `complete` measures everything anyway (a
+    validator an eighth of what an honest update does.
+
+    The reference's gain on R comes next, measured once per distinct reference (`reference_key`:
+    every newcomer of a round with established keys has the same one). An update that gains no more
+    than `useful_share` of it fails the same condition (`useful`), so its gains on A are not measured
+    either: a random direction that happens to gain a little on R costs 2 passes once its
+    reference's gain is known, and |R| + |A| before. `complete` measures everything anyway (a
     miner's receipt compares every figure).
     """
 
@@ -193,32 +205,49 @@ class RoundEvaluation:
         step: float,
         random: Sequence[Batch],
         assigned: Mapping[int, Sequence[Batch]],  # candidate index -> its sampled assigned batches A
+        useful_share: float = 0.0,  # the indicator's (`useful`): below it, A is not measured
     ) -> None:
         self.evaluator, self.weights, self.step = evaluator, weights, step
         self.random, self.assigned = list(random), {i: list(bs) for i, bs in assigned.items()}
+        self.useful_share = useful_share
         evaluator.load(weights)
         self.before_r = self._loss_r()
         self.before_a: dict[int, list[float]] = {}  # losses at W on a candidate's A, once it needs them
+        self.reference_r: dict[Hashable, float] = {}  # reference_key -> the reference's gain on R
 
     def gains(
-        self, index: int, update: State, scale: float, reference: State | None, *, complete: bool = False
+        self,
+        index: int,
+        update: State,
+        scale: float,
+        reference: State | None,
+        *,
+        reference_key: Hashable | None = None,
+        complete: bool = False,
     ) -> Gains:
         """Gains of `update` * `scale` and of `reference` for candidate `index` (its A was given at
-        construction); without a reference, the reference gains are 0. Only the gain on R when it
-        is not positive, unless `complete`."""
+        construction); without a reference, the reference gains are 0. Candidates whose references
+        are the same pass the same `reference_key` (None: never the same). Only the gains on R when
+        the update does not gain on R, or not usefully (see above), unless `complete`."""
         random = self._score(update, self.step * scale)
         if not random > 0 and not complete:
             return Gains(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=math.nan)
-        after_a = self._losses_a(index)
-        assigned_ref, random_ref = (0.0, 0.0) if reference is None else self._gains(index, reference, self.step)
-        return Gains(
-            assigned=self._mean_gain(index, after_a), random=random, assigned_ref=assigned_ref, random_ref=random_ref
-        )
-
-    def _gains(self, index: int, update: State, step: float) -> tuple[float, float]:
-        """(mean relative gain on candidate `index`'s A, relative gain on R) of W - step * update."""
-        random = self._score(update, step)
-        return self._mean_gain(index, self._losses_a(index)), random
+        if reference is None:
+            return Gains(self._mean_gain(index, self._losses_a(index)), random, 0.0, 0.0)
+        random_ref = self.reference_r.get(reference_key) if reference_key is not None else None
+        if random_ref is not None and not (useful(random, random_ref, self.useful_share) or complete):
+            return Gains(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=random_ref)
+        after_a = self._losses_a(index)  # the update is still loaded
+        if random_ref is None:
+            random_ref = self._score(reference, self.step)
+            if reference_key is not None:
+                self.reference_r[reference_key] = random_ref
+            if not (useful(random, random_ref, self.useful_share) or complete):
+                return Gains(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=random_ref)
+        else:
+            self.evaluator.load(self.weights, reference, self.step)
+        assigned_ref = self._mean_gain(index, self._losses_a(index))
+        return Gains(self._mean_gain(index, after_a), random, assigned_ref, random_ref)
 
     def _score(self, update: State, step: float) -> float:
         """Relative gain on R of W - step * update, which is left loaded."""

@@ -55,7 +55,10 @@ async def receipt_for(
         raise ProtocolError(f"the evidence of round {round_} names another run or round")
     receipt = explain(result, evidence, miner)
     if receipt.assessed is None or receipt.assessed.gains is None:
-        why = "the validator measured no gains for it (of an update that lost on random data, only the score)"
+        why = (
+            "the validator measured no gains for it on its own data (of an update that did not gain on random"
+            " data, or gained there too little beside its reference, only the gains on random data)"
+        )
         return Found(verified, receipt, None, why)
     if payload is None:
         try:
