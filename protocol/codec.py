@@ -39,6 +39,7 @@ from protocol.errors import (
     LayoutMismatch,
     NonFiniteUpdate,
     NonFiniteValues,
+    ProtocolError,
     SizeLimitExceeded,
     UnknownVersion,
 )
@@ -139,7 +140,11 @@ class Codec(ABC):
         count = r.varint(1 << 32, "tensor count")
         if count != len(weights) or bytes(r.raw(_DIGEST_BYTES)) != layout_digest(weights):
             raise LayoutMismatch(f"{self.name} payload was made for another layout ({count} tensors)")
-        return self._decode(r, weights)
+        try:
+            return self._decode(r, weights)
+        except ProtocolError as exc:
+            exc.body_read = r.ended
+            raise
 
     def initial_error(self, weights: State) -> dict[str, torch.Tensor]:
         return zeros_like(weights)

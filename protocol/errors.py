@@ -54,6 +54,10 @@ class Superseded(PulseError):
 class ProtocolError(PulseError):
     """Bytes or a message from a peer failed validation. Nothing was changed."""
 
+    # set on a payload's error when its whole body had been read: decoding its streams had begun,
+    # so finding the fault cost about what a decode costs (junk that fails earlier costs little)
+    body_read: bool = False
+
 
 class MalformedPayload(ProtocolError):
     """A payload does not decode under its announced format."""

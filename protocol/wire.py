@@ -57,6 +57,7 @@ class Reader:
         self._buf = memoryview(data)
         self._pos = 0
         self.what = what
+        self.ended = False  # `expect_end` passed: every field was read
 
     @property
     def remaining(self) -> int:
@@ -105,3 +106,4 @@ class Reader:
     def expect_end(self) -> None:
         if self.remaining:
             raise TrailingBytes(f"{self.what}: {self.remaining} bytes after the last field")
+        self.ended = True

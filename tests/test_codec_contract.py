@@ -67,6 +67,7 @@ def rejects(codec: Codec, payload: bytes, weights: State, exc: type[Exception], 
     with pytest.raises(exc) as info:
         codec.decompress(payload, weights, **kw)
     assert info.type is exc, f"{codec.name}: expected {exc.__name__}, got {info.type.__name__}: {info.value}"
+    assert not getattr(info.value, "body_read", False)  # found before the body was read whole: cheap
     assert same(weights, before)
 
 
@@ -211,6 +212,18 @@ def test_random_corruption_never_escapes_the_error_tree(
         assert set(out) == set(weights)
         assert all(out[n].shape == weights[n].shape and bool(torch.isfinite(out[n]).all()) for n in out)
     assert same(weights, before)
+
+
+@pytest.mark.parametrize("name", [c for c in CODECS if c != "dense"])  # dense has no check to fail there
+def test_a_fault_found_after_the_whole_body_was_read_says_so(name: str) -> None:
+    """The last byte changed: the body reads whole and decodes, then fails its checks. The error says
+    the body was read (the validator counts such a payload as a decode's cost, newcomers.py)."""
+    codec = make_codec(name)
+    weights, delta, error = make_case(6)
+    payload = codec.compress(delta, error, weights)[0]
+    with pytest.raises(MalformedPayload) as info:
+        codec.decompress(payload[:-1] + bytes([payload[-1] ^ 0xFF]), weights)
+    assert info.value.body_read
 
 
 # -- the dense codec (DiLoCo): exact, keeps nothing --------------------------------------------

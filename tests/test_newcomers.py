@@ -1,6 +1,7 @@
 """A flood of fresh keys sending valid noise cannot make a round decode and evaluate all its seats:
 newcomers' payloads are examined only up to `newcomer_evaluations` decoded ones, lowest admission
-ticket first, and payloads that fail to decode do not count (a junk flood cannot spend the budget)."""
+ticket first. Payloads that fail before their body is read do not count (a junk flood cannot spend
+the budget); payloads that fail only after a decode's work count, as noise does."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from validator.newcomers import NOT_EXAMINED, NewcomerBudget, examine_in_passes
 from validator.scoring import RoundSecret
 
 BUDGET = 4
-NOISE, JUNK = 10, 8
+NOISE, JUNK, LATE = 10, 8, 6
 
 
 class Junk(Miner):
@@ -29,6 +30,18 @@ class Junk(Miner):
 
     def submit(self, view: RoundView) -> Submission | None:
         return self.package(view.round, view.state_hash, b"\x00junk" + bytes.fromhex(self.key[:16]))
+
+
+class LateJunk(FreshNoise):
+    """Valid noise with its last byte changed: it reads whole, decodes, then fails its checks."""
+
+    kind = "latejunk"
+
+    def submit(self, view: RoundView) -> Submission | None:
+        noise = super().submit(view)
+        assert noise is not None
+        late = noise.payload[:-1] + bytes([noise.payload[-1] ^ 0xFF])
+        return self.package(view.round, view.state_hash, late)
 
 
 @dataclass(frozen=True)
@@ -44,8 +57,9 @@ class Flooded:
 @pytest.fixture(scope="module")
 def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
     """Three honest miners until they are established, then a round with a fresh honest miner, 10 keys
-    of valid noise at the median norm and 8 keys of junk, with a budget of 4 newcomer examinations;
-    and that round again, from a copy of the validator's folder, without the newcomers."""
+    of valid noise at the median norm, 8 keys of junk and 6 of junk that fails late, with a budget of
+    4 newcomer examinations; and that round again, from a copy of the validator's folder, without
+    the newcomers."""
     swarm = make_swarm(newcomer_evaluations=BUDGET)
     folder = tmp_path_factory.mktemp("flooded")
     honest = swarm.honest(3)
@@ -55,7 +69,8 @@ def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
     newcomer = Miner(swarm.setup, identity_for("newcomers/honest"))
     noise = [FreshNoise(swarm.setup, identity_for(f"newcomers/noise/{i}"), norm) for i in range(NOISE)]
     junk = [Junk(swarm.setup, identity_for(f"newcomers/junk/{i}")) for i in range(JUNK)]
-    arena.miners = [*honest, newcomer, *noise, *junk]
+    late = [LateJunk(swarm.setup, identity_for(f"newcomers/late/{i}"), norm) for i in range(LATE)]
+    arena.miners = [*honest, newcomer, *noise, *junk, *late]
     shutil.copytree(folder / "v", folder / "twin")
     subs, kinds, senders = arena.submissions()
     counting = CountingEvaluator(arena.validator.evaluator)
@@ -108,6 +123,25 @@ def test_junk_does_not_spend_the_budget(flooded: Flooded) -> None:
     below = [k for k in junk if tickets[k] < last]
     assert below, "no junk ticket fell before the last examined newcomer: the test proves nothing"
     assert all(reasons[k].startswith("undecodable") for k in below), [reasons[k] for k in below]
+
+
+def test_a_payload_that_fails_after_a_decodes_work_spends_the_budget(flooded: Flooded) -> None:
+    """Late junk among the lowest tickets was decoded, refused as undecodable, and counted: the
+    budget's other examinations went to payloads that decode, and no more of them (uncounted, a
+    flood of late junk would make the round decode every seat)."""
+    arena, record, honest = flooded.arena, flooded.record, flooded.honest
+    tickets = _tickets(arena, record)
+    reasons = {record.senders[o.index]: o.reason for o in record.report.outcomes}
+    kinds = dict(zip(record.senders, record.kinds, strict=True))
+    counted = sorted(
+        (k for k in reasons if k not in {m.key for m in honest} and kinds[k] != "junk"), key=tickets.__getitem__
+    )[:BUDGET]
+    late = [k for k in counted if kinds[k] == "latejunk"]
+    assert late, "no late junk had one of the lowest tickets: the test proves nothing"
+    assert all(reasons[k].startswith("undecodable: MalformedPayload") for k in late), [reasons[k] for k in late]
+    decoded = [k for k in reasons if kinds[k] in ("freshnoise", "honest") and k not in {m.key for m in honest}]
+    examined = [k for k in decoded if not reasons[k].startswith(NOT_EXAMINED)]
+    assert len(examined) == BUDGET - len(late)
 
 
 def test_fresh_noise_does_not_move_the_established_miners_references(flooded: Flooded) -> None:

@@ -91,8 +91,9 @@ class GauntletConfig(UpdateRules, SelectionRules):
     (keys earning standing before fresh ones); the rest are rejected unexamined, without penalty. A
     seat costs its payload's bytes; a decoded payload costs its decode and its forward passes (at 0.5B
     seconds each): without this bound a flood of fresh keys sending valid noise at the median norm
-    would make every round decode and evaluate all 128 seats. Payloads that fail to decode are
-    cheap and do not count, so a flood of junk cannot spend it."""
+    would make every round decode and evaluate all 128 seats. Payloads that fail to decode before
+    their whole body is read are cheap and do not count, so a flood of junk cannot spend it; those
+    that fail later cost a decode and count (newcomers.py)."""
     established_rounds: int = Field(default=2, ge=1, le=64)
     """A miner is established (seated before newcomers; its norm counts in the gate's reference) once it
     earned standing in at least this many of the last `established_window` rounds. A round earns

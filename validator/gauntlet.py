@@ -103,7 +103,9 @@ class Assessment:
     public: float = 0.0  # cosine with the public previous step on the update's own positions
     echo: float = 0.0  # cosine with the mean of the round's other updates (its reference), on its positions
     alone: bool = False  # no other admissible update to build its reference from (see `select`)
-    decoded: bool = False  # its payload decoded whole (what a newcomer's examination costs)
+    # its decode ran: it decoded whole, or failed only once its whole body was read (junk that fails
+    # earlier costs little); what counts against a round's `newcomer_evaluations`
+    decode_ran: bool = False
     unexamined: bool = False  # a newcomer beyond the round's `newcomer_evaluations`: not its fault
 
     @property
@@ -311,7 +313,7 @@ class RoundPipeline:
 
         def examine(todo: list[Assessment]) -> list[bool]:
             self._measure_all(todo, offset, keep)
-            return [a.decoded for a in todo]
+            return [a.decode_ran for a in todo]
 
         unexamined = examine_in_passes(list(first.values()), lambda a: senders[a.payload_sha256], newcomers, examine)
         spent = f"{NOT_EXAMINED}this round's {newcomers.evaluations if newcomers else 0} newcomer examinations"
@@ -326,7 +328,7 @@ class RoundPipeline:
         for a in out:
             original = first[a.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
-            a.decoded, a.unexamined = original.decoded, original.unexamined
+            a.decode_ran, a.unexamined = original.decode_ran, original.unexamined
         admissible = [a for a in distinct if a.problem is None and a.norm > 0]
         side = any(a.payload_sha256 in trusted for a in admissible)
         members = frozenset(a.payload_sha256 for a in admissible if (a.payload_sha256 in trusted) == side)
@@ -370,8 +372,9 @@ class RoundPipeline:
             update = decoded.result()
         except ProtocolError as exc:
             a.problem = reason_text(f"undecodable: {type(exc).__name__}: {exc}")
+            a.decode_ran = exc.body_read
             return None
-        a.decoded = True
+        a.decode_ran = True
         a.norm = global_norm(update)
         if not math.isfinite(a.norm):
             a.problem = "update norm overflows"

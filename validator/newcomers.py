@@ -7,13 +7,17 @@ A seat costs a payload's bytes (admission.py bounds them); examining it costs it
 forward passes, seconds each at 0.5B. Up to 128 seats go to newcomers when few established keys
 send, so a flood of fresh keys sending valid noise at the median norm (no work: `quietnoise`) would
 make every round decode and evaluate all of them. Here every payload an established key sent is
-examined, and newcomers' payloads until `evaluations` of them decoded whole, lowest admission
-ticket first (keys earning standing before fresh keys, as for seats). A payload that fails to
-decode costs little and does not count, so a flood of junk cannot spend the budget and shut the
-honest newcomers out. The rest are rejected unexamined, with nothing held against their keys.
+examined, and newcomers' payloads until `evaluations` of them were decoded, lowest admission
+ticket first (keys earning standing before fresh keys, as for seats). A payload that fails before
+its whole body is read (random bytes, another layout, a truncation) costs little and does not
+count, so a flood of junk cannot spend the budget and shut the honest newcomers out. One that fails
+later counts: its streams were being decoded, so it cost about what a decode costs (a valid
+payload with its last byte changed decodes whole and then fails its checks); if it did not count, a
+flood of those would make every round decode every seat.
+The rest are rejected unexamined, with nothing held against their keys.
 
 Payloads are examined in passes, each in arrival order: the established ones and the first
-`evaluations` newcomers, then as many more newcomers as failed to decode, and so on. A round with
+`evaluations` newcomers, then as many more newcomers as failed cheaply, and so on. A round with
 no more newcomer payloads than `evaluations` is one pass in arrival order, as without a budget.
 """
 
@@ -54,8 +58,9 @@ def examine_in_passes(
     budget: NewcomerBudget | None,
     examine: Callable[[list[T]], Sequence[bool]],
 ) -> list[T]:
-    """Run `examine` (item -> whether it decoded whole) over `items` in passes (see above); the items
-    left unexamined, lowest ticket first. Without a budget, one pass over every item."""
+    """Run `examine` (item -> whether its decode ran: whole, or failing late) over `items` in passes
+    (see above); the items left unexamined, lowest ticket first. Without a budget, one pass over
+    every item."""
     if budget is None:
         examine(list(items))
         return []
@@ -67,7 +72,7 @@ def examine_in_passes(
     queue = queue[room:]
     while todo:
         todo.sort(key=lambda item: arrival[id(item)])
-        decoded = examine(todo)
-        room -= sum(1 for item, whole in zip(todo, decoded, strict=True) if whole and id(item) in newcomers)
+        ran = examine(todo)
+        room -= sum(1 for item, costly in zip(todo, ran, strict=True) if costly and id(item) in newcomers)
         todo, queue = queue[: max(room, 0)], queue[max(room, 0) :]
     return queue
