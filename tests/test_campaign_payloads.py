@@ -16,7 +16,7 @@ from node.commands.roles import DEFAULT_CONFIG
 from node.run.manifest import parse_manifest
 from node.run.setup import RunSetup
 from node.run.task import task_for
-from protocol.errors import SizeLimitExceeded
+from protocol.errors import MalformedPayload, SizeLimitExceeded
 from protocol.identity import Identity
 from protocol.signing import SignedMessage
 from protocol.state import State
@@ -152,3 +152,10 @@ def test_a_noise_flood_sends_valid_payloads_at_the_trained_norm(validator: tuple
     for sub, _ in flood:
         sent = global_norm(forge.codec.decompress(sub.read(), v.weights))
         assert abs(sent / norm - 1) < 0.2, (sent, norm)
+    # `late-flood`: the same noise from other keys, each failing only once its body was read and decoded
+    late = crafting.noise_flood(forge, trained, seed=11, keys=3, late=True)
+    assert not senders & {SignedMessage.from_bytes(s.envelope).sender_hex for s, _ in late}
+    for sub, _ in late:
+        with pytest.raises(MalformedPayload) as info:
+            forge.codec.decompress(sub.read(), v.weights)
+        assert info.value.body_read

@@ -6,10 +6,10 @@ attack every round, so every attack is met; their processes start once the hones
 on a real network their start-up would not take the honest miners' cores), then one swarm per
 scenario (`SCENARIO_RUNS`, hostile and honest processes started together: a run that starts under a
 flood is what the floods measure; the network attacks, which play on a running swarm, start once the
-honest miners have, as the hostile runs do): the
-honest miners beside one attack alone, so that the run's figures say what it costs (the flood of
-fresh keys, the same flood from 4 times the keys, a flood of valid noise, the network attacks all at once every round,
-fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL
+honest miners have, as the hostile runs do): the honest miners beside one attack alone, so that
+the run's figures say what it costs (the flood of fresh keys, the same flood from 4 times the keys,
+a flood of valid noise, the same noise made to fail once decoded, the network attacks all at once
+every round, fabricated rollouts, tiny dense payloads); then one swarm with every fault. Scenarios on the RL
 preset (PULSELoCo, rollout workers) are measured against a clean RL run. The campaign's code
 (hostile processes, payload crafting, the ledger) is `tests/redteam/pulse_redteam/campaign/`.
 
@@ -92,6 +92,7 @@ class Scenario:
 SCENARIO_RUNS = (
     Scenario("flood", "lm", (swarms.Team("flood", ("flood",), 1),)),
     Scenario("noise-flood", "lm", (swarms.Team("noise-flood", ("noise-flood",), 1),)),
+    Scenario("late-flood", "lm", (swarms.Team("late-flood", ("late-flood",), 1),)),
     # the same flood from 4 processes: 4 x the fresh keys, for the validator's memory and disk
     Scenario(
         "flood-x4",

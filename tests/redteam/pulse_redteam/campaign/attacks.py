@@ -57,6 +57,11 @@ ATTACKS: dict[str, Attack] = {
         "newcomers examined by ticket, at most `newcomer_evaluations` a round; references from established keys",
         detectable=False,
     ),
+    "late-flood": Attack(
+        f"{NOISE_FLOOD} fresh keys a round push valid random updates with the last byte changed: each decodes"
+        " whole, then fails",
+        "a payload that fails only after its body was read counts against `newcomer_evaluations`",
+    ),
     "standby-flood": Attack(
         f"{FLOOD} fresh keys a round push random bytes to the standby validator, {3} streams at a time",
         "one intake on every validator (the same admission, header checks and byte budget); held, never scored",
@@ -156,6 +161,7 @@ TRANSPORT = ("replay", "other-run", "other-round", "forged-sig", "size-lie", "tr
 SCENARIOS = {
     "flood": "lm",
     "noise-flood": "lm",
+    "late-flood": "lm",
     "standby-flood": "lm",
     "tiny-dense": "rl",
     "rl-fabricated": "rl",

@@ -183,20 +183,26 @@ def oversize(forge: Forge, seed: int) -> bytes:
     return junk(seed, default_max_bytes(forge.weights) + (1 << 20))
 
 
-def noise_flood(forge: Forge, trained: State, seed: int, keys: int) -> list[tuple[Submission, dict[str, object]]]:
+def noise_flood(
+    forge: Forge, trained: State, seed: int, keys: int, *, late: bool = False
+) -> list[tuple[Submission, dict[str, object]]]:
     """`keys` fresh keys (new each `seed`), each sending random noise at the decoded norm of `trained`:
-    valid payloads inside the norm band that only an evaluation can turn down."""
+    valid payloads inside the norm band that only an evaluation can turn down. `late`: each with its
+    last byte changed, so that it reads whole and decodes, then fails (a decode's cost, for nothing)."""
     codec = forge.codec
     norm = global_norm(codec.decompress(forge.compress(trained), forge.weights))
     gen = torch.Generator().manual_seed(seed)
     scale = 0.0
     out: list[tuple[Submission, dict[str, object]]] = []
     for i in range(keys):
-        key = Identity.from_seed(hashlib.sha256(f"noise-flood/{seed}/{i}".encode()).digest())
+        key = Identity.from_seed(hashlib.sha256(f"{'late' if late else 'noise'}-flood/{seed}/{i}".encode()).digest())
         noise = {name: torch.randn(t.shape, generator=gen) for name, t in forge.weights.items()}
         if not scale:  # the codec keeps about the same share of any random update's norm: measured once
             scale = decoded_scale(codec, noise, forge.weights, norm)
-        out.append((forge.submission(key, forge.compress({n: t * scale for n, t in noise.items()})), {}))
+        payload = forge.compress({n: t * scale for n, t in noise.items()})
+        if late:
+            payload = payload[:-1] + bytes([payload[-1] ^ 0xFF])
+        out.append((forge.submission(key, payload), {}))
     return out
 
 

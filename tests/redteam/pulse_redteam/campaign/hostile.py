@@ -63,7 +63,8 @@ T = TypeVar("T")
 log = logging.getLogger("pulse.hostile")
 POLL_SECONDS = 0.5
 SYBILS = 20
-FLOODS = ("flood", "standby-flood", "noise-flood")  # pushes that keep to the stream cap and take no BUSY retry
+# pushes that keep to the stream cap and take no BUSY retry
+FLOODS = ("flood", "standby-flood", "noise-flood", "late-flood")
 STREAMS = 3
 # a push answered BUSY (the newcomers' upload slots, which every hostile process of a swarm shares)
 # is sent again after these pauses, as an honest miner's is: the attack then meets its own defence,
@@ -220,8 +221,8 @@ class Hostile:
         seed = int.from_bytes(hashlib.sha256(f"{me.public_hex}/{forge.round}".encode()).digest()[:4], "big")
         if attack == "standby-flood" and await self._standby(forge.round) is None:
             raise TransferError("no standby validator announced the round")
-        if attack == "noise-flood":
-            return await self._cpu(lambda: self._noise_flood(me, forge, seed))
+        if attack in ("noise-flood", "late-flood"):
+            return await self._cpu(lambda: self._noise_flood(me, forge, seed, late=attack == "late-flood"))
         if attack in ("sybil", *FLOODS):
             n = SYBILS if attack == "sybil" else FLOOD
             flood = [Identity.from_seed(hashlib.sha256(f"{attack}/{seed}/{i}".encode()).digest()) for i in range(n)]
@@ -268,15 +269,18 @@ class Hostile:
         assert sub is not None
         return sub
 
-    def _noise_flood(self, me: Identity, forge: Forge, seed: int) -> list[tuple[Submission, dict[str, object]]]:
+    def _noise_flood(
+        self, me: Identity, forge: Forge, seed: int, *, late: bool = False
+    ) -> list[tuple[Submission, dict[str, object]]]:
         """`NOISE_FLOOD` fresh keys, each a random update at the norm of the update `me` trained this
-        round: one miner's work buys the norm, and each key's payload then costs a compression."""
+        round: one miner's work buys the norm, and each key's payload then costs a compression
+        (`late`: its last byte changed, `crafting.noise_flood`)."""
         with self.training:  # one model per process steps at a time (`_trained`)
             miner = self.trainers.get(("noise-flood", me.public_hex))
             if miner is None:
                 miner = self.trainers[("noise-flood", me.public_hex)] = Miner(self.fake, me)
             trained = miner.train(forge.weights, miner.assignment(forge.round))
-        return crafting.noise_flood(forge, trained, seed, NOISE_FLOOD)
+        return crafting.noise_flood(forge, trained, seed, NOISE_FLOOD, late=late)
 
     async def _cpu(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
