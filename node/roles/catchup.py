@@ -293,9 +293,10 @@ def _report_placement(events: Events, result: RoundResult, me: str) -> None:
         events.emit(Scored(round=result.round, of=total, place=place + 1, score=score), text)
         return
     reason = next((r.reason for r in result.rejections if r.sender == me), None)
-    text = (
-        f"round {result.round}: not aggregated ({reason})" if reason else f"round {result.round}: recorded as missing"
-    )
+    # not named at all: nothing of this key reached the round in time, or (a key without standing) its
+    # seat went to a newcomer with a lower admission ticket after it was taken; the validator's log says which
+    missing = "not named in the result: nothing of this key counted (late, or a newcomer's seat lost to a lower ticket)"
+    text = f"round {result.round}: not aggregated ({reason})" if reason else f"round {result.round}: {missing}"
     events.emit(Scored(round=result.round, of=total, reason=reason), text)
 
 
