@@ -13,8 +13,8 @@ its whole body is read (random bytes, another layout, a truncation) costs little
 count, so a flood of junk cannot spend the budget and shut the honest newcomers out. One that fails
 later counts: its streams were being decoded, so it cost about what a decode costs (a valid
 payload with its last byte changed decodes whole and then fails its checks); if it did not count, a
-flood of those would make every round decode every seat.
-The rest are rejected unexamined, with nothing held against their keys.
+flood of those would make every round decode every seat. The rest are rejected unexamined, with
+nothing held against their keys.
 
 Payloads are examined in passes, each in arrival order: the established ones and the first
 `evaluations` newcomers, then as many more newcomers as failed cheaply, and so on. A round with
