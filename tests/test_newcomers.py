@@ -184,3 +184,20 @@ def test_the_flood_bench_reports_each_flooded_round(tmp_path: Path) -> None:
     assert out.unexamined == [3] * newcomerflood.FLOOD_ROUNDS  # 5 noise keys, 2 examined a round
     assert all(n > 0 for n in out.honest) and out.warmup_rounds >= 2
     assert set(out.summary()) >= {"flood_validator_seconds_per_round", "flood_honest_aggregated"}
+    assert out.flood == [0] * newcomerflood.FLOOD_ROUNDS and not out.cold
+
+
+def test_the_flood_bench_can_start_the_flood_with_the_run(tmp_path: Path) -> None:
+    """`--flood-cold --flood-norm 0.01`: the noise from round 0 at a hundredth of an honest update's
+    norm, the same keys every round; every round is reported, with the flood's keys aggregated."""
+    swarm = make_swarm(newcomer_evaluations=2)
+    honest = swarm.honest(3)
+    v = swarm.validator(tmp_path)
+    norm = newcomerflood.honest_norm(v, swarm.setup)
+    out = newcomerflood.measure(v, honest, swarm.setup, keys=5, norm_share=0.01, cold=True)
+    rounds = newcomerflood.COLD_ROUNDS
+    assert out.cold and out.warmup_rounds == 0 and out.quiet_seconds is None
+    assert len(out.seconds) == len(out.honest) == len(out.flood) == len(out.unexamined) == rounds
+    assert norm > 0 and out.summary()["flood_norm_share"] == 0.01
+    assert out.unexamined[0] == 5 + 3 - 2  # round 0: the honest miners are newcomers too, 2 examined
+    assert all(0 <= n <= 3 for n in out.honest) and all(n >= 0 for n in out.flood)

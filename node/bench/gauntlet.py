@@ -12,7 +12,8 @@ validator state, reads the submissions from a file and runs the round; it report
 resident memory (VmHWM; `ru_maxrss` would include the parent's, see `peak_rss_mb`). Only the
 compressed payloads grow with the number of miners.
 
-With `--flood N`, a third run measures a round under N fresh keys of valid noise (newcomerflood.py).
+With `--flood N`, a third run measures rounds under N fresh keys of valid noise (newcomerflood.py):
+at `--flood-norm` times the honest norm, and with `--flood-cold` from the run's first round.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ class Options(BaseModel):
     flood: int = Field(default=0, ge=0, le=1024)
     """also measure a flood of valid noise: this many fresh keys a round beside the honest miners, once
     they are established, for 2 rounds (newcomerflood.py; 0: not measured)"""
+    flood_norm: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    """the flood's norm, as a multiple of the honest median (0.01: a whisper)"""
+    flood_cold: bool = False
+    """start the flood with the run, before anyone is established, for 8 rounds"""
     newcomer_evaluations: int | None = Field(default=None, ge=1, le=128)
     """newcomer payloads the validator examines a round at most (default: the validator's, 32; 128:
     every seat, as before the bound)"""
@@ -154,7 +159,14 @@ def run(options: Options) -> BenchResult:
     if options.flood:
         with tempfile.TemporaryDirectory(prefix="pulse-gauntlet-flood-") as folder:
             flooded = bench.validator(Path(folder))
-            flood = newcomerflood.measure(flooded, bench.honest(options.honest), bench.setup, options.flood)
+            flood = newcomerflood.measure(
+                flooded,
+                bench.honest(options.honest),
+                bench.setup,
+                options.flood,
+                norm_share=options.flood_norm,
+                cold=options.flood_cold,
+            )
     return _result(options, bench, mixed, honest_only, rss, flood)
 
 
@@ -389,11 +401,18 @@ def _result(
         table("gauntlet: held-out loss", ["round", "with adversaries", "honest only", "aggregated"], loss_rows),
     ]
     if flood is not None:
-        rows = [["before the flood", flood.quiet_seconds, flood.quiet_honest, 0]]
+        rows = [] if flood.cold else [["before the flood", flood.quiet_seconds, flood.quiet_honest, 0, 0]]
         rows += [
-            [f"flooded round {i + 1}", sec, n, left]
-            for i, (sec, n, left) in enumerate(zip(flood.seconds, flood.honest, flood.unexamined, strict=True))
+            [f"flooded round {i + 1}", sec, n, theirs, left]
+            for i, (sec, n, theirs, left) in enumerate(
+                zip(flood.seconds, flood.honest, flood.flood, flood.unexamined, strict=True)
+            )
         ]
-        title = f"gauntlet: {flood.keys} fresh keys of valid noise a round ({bench.cfg.newcomer_evaluations} examined)"
-        tables.append(table(title, ["round", "validator s", "honest aggregated", "unexamined"], rows))
+        when = "from round 0" if flood.cold else "once the honest miners are established"
+        title = (
+            f"gauntlet: {flood.keys} fresh keys of valid noise at {flood.norm_share:g}x the honest norm a round,"
+            f" {when} ({bench.cfg.newcomer_evaluations} examined)"
+        )
+        columns = ["round", "validator s", "honest aggregated", "flood aggregated", "unexamined"]
+        tables.append(table(title, columns, rows))
     return BenchResult(summary=summary, tables=tables)
