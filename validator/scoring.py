@@ -148,6 +148,11 @@ class Gains:
     assigned_ref: float  # gain(A, ref)
     random_ref: float  # gain(R, ref)
 
+    @classmethod
+    def on_random(cls, random: float, random_ref: float = math.nan) -> Gains:
+        """Gains measured on R alone (the update's, and its reference's when known): not `measured`."""
+        return cls(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=random_ref)
+
     @property
     def measured(self) -> bool:
         return not math.isnan(self.assigned)
@@ -231,19 +236,23 @@ class RoundEvaluation:
         the update does not gain on R, or not usefully (see above), unless `complete`."""
         random = self._score(update, self.step * scale)
         if not random > 0 and not complete:
-            return Gains(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=math.nan)
+            return Gains.on_random(random)
         if reference is None:
             return Gains(self._mean_gain(index, self._losses_a(index)), random, 0.0, 0.0)
+
+        def stop(random_ref: float) -> bool:  # the indicator is -1 whatever A says
+            return not (useful(random, random_ref, self.useful_share) or complete)
+
         random_ref = self.reference_r.get(reference_key) if reference_key is not None else None
-        if random_ref is not None and not (useful(random, random_ref, self.useful_share) or complete):
-            return Gains(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=random_ref)
+        if random_ref is not None and stop(random_ref):
+            return Gains.on_random(random, random_ref)
         after_a = self._losses_a(index)  # the update is still loaded
         if random_ref is None:
             random_ref = self._score(reference, self.step)
             if reference_key is not None:
                 self.reference_r[reference_key] = random_ref
-            if not (useful(random, random_ref, self.useful_share) or complete):
-                return Gains(assigned=math.nan, random=random, assigned_ref=math.nan, random_ref=random_ref)
+            if stop(random_ref):
+                return Gains.on_random(random, random_ref)
         else:
             self.evaluator.load(self.weights, reference, self.step)
         assigned_ref = self._mean_gain(index, self._losses_a(index))
