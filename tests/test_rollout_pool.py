@@ -59,7 +59,10 @@ def test_a_batch_from_a_state_the_validator_never_had_is_refused() -> None:
 def test_the_pool_takes_honest_batches_and_penalizes_liars(tmp_path: Path) -> None:
     honest, liar, garbler = Identity.generate(), Identity.generate(), Identity.generate()
     net = Workers(tmp_path)
-    keeper = PoolKeeper(net.validator, CFG, RUN, Events("validator"))
+    # every candidate is examined in one pass: under a busy test run fetching them can take longer
+    # than CFG's 0.2 s, after which a pass that already has a batch stops examining
+    patient = CFG.model_copy(update={"pool_wait_seconds": 30.0})
+    keeper = PoolKeeper(net.validator, patient, RUN, Events("validator"))
 
     async def main() -> None:
         await net.publish(honest, honest_batch(honest))
