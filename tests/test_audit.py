@@ -23,9 +23,9 @@ from protocol.messages import RoundResult, SubmissionHeader
 from protocol.signing import open_signed, sign
 from pulse_redteam.lying import LIES, lying_validator
 from tests.fakeswarm import Swarm, make_swarm
-from validator.audit import AuditContext, AuditReport, Replica, audit_round, refuted_rejection
+from validator.audit import AuditContext, AuditReport, Replica, _check_median, audit_round, refuted_rejection
 from validator.core import RoundReport, initial_snapshot
-from validator.evidence import Aggregated, RoundEvidence
+from validator.evidence import Aggregated, Assessed, RoundEvidence
 from validator.intake import Submission
 from validator.state import StateStore
 
@@ -183,3 +183,35 @@ def test_fp32_state_includes_momentum_only_when_it_is_on() -> None:
     master = {"w": torch.ones(3)}
     assert set(OuterOptimizer(OuterConfig(momentum=0.0), master).fp32_state()) == {"w"}
     assert set(OuterOptimizer(OuterConfig(momentum=0.9), master).fp32_state()) == {"w", "momentum/w"}
+
+
+def test_a_cold_rounds_median_weights_are_checked(played: Played) -> None:
+    """Round 0 has no established sender: each measured payload's committed `median_weight` (its gain
+    on R) weighs it in the norm gate's median, and the auditor recomputes the median from them. A
+    weight moved, one left out, or one given in a round with established senders is found."""
+    evidence = RoundEvidence.from_bytes(played.reports[0].evidence)
+    measured = [a for a in evidence.assessed if a.norm is not None]
+    assert measured and all(a.median_weight is not None for a in measured)
+    assert any(a.median_weight for a in measured)
+    replica = w0_replica(played)
+
+    def findings(assessed: list[Assessed], of: RoundEvidence = evidence, at: Replica = replica) -> set[str]:
+        report = AuditReport(at.round)
+        _check_median(played.swarm.cfg, at, of.model_copy(update={"assessed": tuple(assessed)}), report)
+        return {f.what for f in report.findings}
+
+    assert findings(list(evidence.assessed)) == set()
+    by_norm = sorted(measured, key=lambda a: a.norm or 0.0)
+    heavy = max(by_norm[0].median_weight or 0.0, 1.0) * 1e6  # the smallest norm now outweighs all
+    moved = [a.model_copy(update={"median_weight": heavy}) if a is by_norm[0] else a for a in evidence.assessed]
+    assert findings(moved) == {"median"}
+    dropped = [a.model_copy(update={"median_weight": None}) if a is by_norm[0] else a for a in evidence.assessed]
+    assert findings(dropped) == {"median"}
+    at2 = w0_replica(played)
+    for r in range(2):
+        assert audit(at2, played, played.reports[r], r, patch=r != 1).ok
+    later = RoundEvidence.from_bytes(played.reports[2].evidence)  # established senders by round 2
+    assert findings(list(later.assessed), later, at2) == set()
+    assert all(a.median_weight is None for a in later.assessed)
+    given = [a.model_copy(update={"median_weight": 1.0}) for a in later.assessed]
+    assert findings(given, later, at2) == {"median"}

@@ -69,6 +69,31 @@ def test_an_update_that_gains_is_measured_exactly_as_completely() -> None:
     assert Gains(float("nan"), 0.01, float("nan"), float("nan")).indicator(0.0, 0.0) == -1
 
 
+def test_a_gain_on_random_data_measured_for_the_norm_gate_is_not_measured_again() -> None:
+    """The norm gate of a round without established keys measures each payload's gain on R at its own
+    norm (`random_gain`); its evaluation at the same scale reuses it, and is otherwise unchanged. At
+    another scale, or without a key, R is measured again."""
+    evaluator = Parabola()
+    ev = RoundEvaluation(evaluator, {"w": torch.tensor(1.0)}, 0.1, list(RANDOM), {})
+    towards, reference = {"w": torch.tensor(4.0)}, {"w": torch.tensor(2.0)}
+    before = evaluator.losses
+    gain = ev.random_gain(towards, key="p")
+    assert evaluator.losses - before == len(RANDOM) and gain > 0
+    ev.assign({0: list(ASSIGNED)})
+    before = evaluator.losses
+    gains = ev.gains(0, towards, 1.0, reference, update_key="p")
+    assert evaluator.losses - before == 3 * len(ASSIGNED) + len(RANDOM)  # its R is kept
+    assert gains == _round(Parabola()).gains(0, towards, 1.0, reference, complete=True)
+    before = evaluator.losses
+    assert ev.random_gain(towards, 0.5, key="p") != gain and ev.random_gain(towards) == gain
+    assert evaluator.losses - before == 2 * len(RANDOM)
+    away = {"w": torch.tensor(-1.0)}
+    assert ev.random_gain(away, key="q") < 0
+    before = evaluator.losses
+    assert not ev.gains(0, away, 1.0, reference, update_key="q").measured
+    assert evaluator.losses == before  # kept, and no gain: nothing more is measured
+
+
 def test_an_update_that_gains_less_than_a_quarter_of_its_reference_is_not_measured_on_its_data() -> None:
     """Its reference's gain on R is measured once per distinct reference: the first such update costs
     its R and A and the reference's R; the next with the same reference, its R alone."""

@@ -204,3 +204,47 @@ def test_a_bad_start_fades_and_a_steady_record_outlasts_a_noisy_round() -> None:
     assert not chosen([1] * 5 + [-1]) and not chosen([1] * 3 + [-1])
     thief = [1, -1, -1, -1] * 6 + [1, 1, -1, 1, -1]
     assert not any(chosen(thief[: n + 1]) for n in range(len(thief))), "a one-in-four record is never eligible"
+
+
+def test_gains_weigh_the_median_of_a_round_without_established_keys() -> None:
+    """Without established senders each payload weighs its gain on R: 30 whispers that gain almost
+    nothing do not move the median off the three that gain; noise (no gain) weighs nothing; with no
+    gain anywhere the weights are equal, as with no gains given."""
+    measured = [*((f"h{i}", 1.0 + i / 10) for i in range(3)), *((f"w{i}", 0.01) for i in range(30))]
+    gains = [0.02, 0.03, 0.025, *([1e-6] * 15), *([-1e-6] * 15)]
+    reference = NormReference()
+    assert reference.cold([s for s, _ in measured])
+    assert gate_median(measured, reference, gains) == pytest.approx(1.1)
+    assert gate_median(measured, reference) == pytest.approx(0.01)
+    assert gate_median(measured, reference, [0.0] * 3 + [-0.5] * 30) == pytest.approx(0.01)
+    established = NormReference(frozenset({"w0"}))
+    assert not established.cold([s for s, _ in measured])
+    assert gate_median(measured, established, gains) == pytest.approx(0.01)  # the established key's own
+
+
+def test_a_run_started_under_a_whisper_flood_moves(tmp_path: Path) -> None:
+    """From the very first round 24 fresh keys send random updates at 1/100 of the honest norm beside
+    three honest miners, every key examined. No key is established, so the round's own payloads set
+    the median: weighted by their gain on R, it is the honest miners'; the whispers are free riders
+    and the honest updates are aggregated from round 2, as without the flood. (Weighted equally, the
+    median was the whispers', every honest update was "100x the median", and the run never moved.)"""
+    quiet = make_swarm()
+    probe = Arena(quiet.validator(tmp_path / "quiet"), quiet.honest(3))
+    honest_norm = probe.play().report.median_norm
+    swarm = make_swarm(newcomer_evaluations=128)
+    honest = swarm.honest(3)
+    whispers = [Whisper(swarm.setup, identity_for(f"cold/{i}"), honest_norm / 100) for i in range(24)]
+    arena = Arena(swarm.validator(tmp_path / "flooded"), [*honest, *whispers])
+    kinds = {m.key: m.kind for m in arena.miners}
+    for _ in range(3):
+        arena.play()
+    for rec in arena.records:
+        norms = [o.norm or 0.0 for o in rec.report.outcomes if kinds[rec.senders[o.index]] == "honest"]
+        assert min(norms) <= rec.report.median_norm <= max(norms), (rec.report.median_norm, norms)
+        for o in rec.report.outcomes:
+            if kinds[rec.senders[o.index]] == "whisper":
+                assert o.reason.startswith("free rider"), o.reason
+            else:
+                assert not o.reason.startswith("norm"), o.reason
+    selected = [rec.senders[o.index] for o in arena.records[2].report.selected()]
+    assert len(selected) >= 2 and {kinds[s] for s in selected} == {"honest"}

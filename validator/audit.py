@@ -308,16 +308,19 @@ def _check_clips(cfg: GauntletConfig, evidence: RoundEvidence, report: AuditRepo
 def _check_median(cfg: GauntletConfig, replica: Replica, evidence: RoundEvidence, report: AuditReport) -> None:
     """The norm gate's median, recomputed as `gauntlet.inspect` takes it: from the committed norm of
     every distinct payload that decoded (`assessed`), weighted by the seniority its sender had in the
-    book the round started from. (The aggregated payloads' norms are checked against their bytes
-    below; the rejected ones' payloads are not kept, so their committed norms are taken as given.)"""
+    book the round started from, or in a round without established senders by its committed
+    `median_weight`. (The aggregated payloads' norms are checked against their bytes below; the
+    rejected ones' payloads are not kept, so their committed norms and weights are taken as given.)"""
     reference = NormReference.of_book(cfg, replica.book.gained, replica.book.since, replica.round)
     senders: dict[str, set[str]] = {}
     norms: dict[str, float] = {}
+    weights: dict[str, float | None] = {}
     for a in evidence.assessed:
         if a.norm is None:
             continue  # not measured: undecodable, or refused before inspection
-        if norms.setdefault(a.payload_sha256, a.norm) != a.norm:
-            report.add("median", f"payload {a.payload_sha256[:12]} is committed with two different norms")
+        committed = (norms.setdefault(a.payload_sha256, a.norm), weights.setdefault(a.payload_sha256, a.median_weight))
+        if committed != (a.norm, a.median_weight):
+            report.add("median", f"payload {a.payload_sha256[:12]} is committed with two different norms or weights")
             return
         senders.setdefault(a.payload_sha256, set()).add(a.sender)
     measured: list[tuple[str | None, float]] = []
@@ -325,7 +328,11 @@ def _check_median(cfg: GauntletConfig, replica: Replica, evidence: RoundEvidence
         if len(set(reference.weights(sorted(who)))) > 1:
             return  # exact copies from keys of different standing: which came first is not public
         measured.append((next(iter(who)), norms[sha]))
-    median = gate_median(measured, reference)
+    cold = reference.cold([s for s, _ in measured])
+    if any((weights[sha] is None) == cold for sha in senders):
+        report.add("median", "median weights are committed exactly in a round without established senders: not so here")
+        return
+    median = gate_median(measured, reference, [weights[sha] or 0.0 for sha in senders] if cold else None)
     if median != evidence.median_norm:
         said = evidence.median_norm
         report.add("median", f"the norm gate's median is committed as {said!r}; the committed norms give {median!r}")

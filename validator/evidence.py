@@ -8,6 +8,8 @@ for a DHT value. Contents:
                  now that the round is closed: anyone checks it against the signer's key and redraws
                  the round's random batches and each miner's tested batch (`pulse receipt`)
     median_norm  the norm gate's reference: updates far above it are rejected, near zero are free riders
+                 (in a round no established key sent to, each payload weighs its gain on R in it:
+                 `Assessed.median_weight`)
     aggregated   the selected submissions in aggregation order: payload hash and size, the norm the
                  validator measured (float64), and the clip factor min(1, clip_to / norm) it applied
     clip_to      the median of the aggregated norms
@@ -75,6 +77,9 @@ class Assessed(BaseModel):
     indicator: Literal[-1, 0, 1]
     final: Finite | None
     """Rating strength (exp(ordinal / beta)) x max(indicator average, 0), the score selection ranked by."""
+    median_weight: Finite | None = Field(default=None, ge=0)
+    """In a round no established key sent to: the payload's weight in the norm gate's median, its gain
+    on the random batches at its own norm, at least 0 (`gauntlet.gate_median`); None otherwise."""
 
 
 class RoundEvidence(BaseModel):
@@ -154,6 +159,7 @@ def _assessed(o: Outcome) -> Assessed:
         gains=gains if gains is not None and all(math.isfinite(x) for x in gains) else None,
         indicator=1 if o.indicator > 0 else -1 if o.indicator < 0 else 0,
         final=o.final,
+        median_weight=o.median_weight,
     )
 
 

@@ -7,7 +7,9 @@
                            threads (decodeahead.py; spill.py keeps each on disk for the
                            rest of the round): finite, norm, sketch, cosine with the public
                            previous step; the norm gate's median (`gate_median`: the senior
-                           miners', younger established ones capped; of all when none sent one);
+                           miners', younger established ones capped; when none sent one, every
+                           payload's weighted by its gain on R, and those without a gain left
+                           out of the references);
                            norm far above the median -> rejected, near zero -> free rider;
                            a slice or rescaling of the public previous step -> a copy of it
     evaluate (scoring.py)  read back one at a time: gains on A and R, and those of the update's
@@ -107,6 +109,9 @@ class Assessment:
     # earlier costs little); what counts against a round's `newcomer_evaluations`
     decode_ran: bool = False
     unexamined: bool = False  # a newcomer beyond the round's `newcomer_evaluations`: not its fault
+    # in a round no established key sent to: its gain on R at its own norm, at least 0, its weight in
+    # the norm gate's median (`gate_median`); None in other rounds
+    median_weight: float | None = None
 
     @property
     def index(self) -> int:
@@ -135,6 +140,7 @@ class Outcome:
     indicator: int = 0
     gains: Gains | None = None
     norm: float | None = None  # global L2 norm of the decoded update, if it decoded
+    median_weight: float | None = None  # `Assessment.median_weight`
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,7 @@ class RoundPipeline:
         self.cap = cfg.max_payload_bytes or default_max_bytes(weights)
         self.spill = DecodedSpill(spill_dir, cfg.decoded_spill_bytes)
         self.stopping = stopping
+        self._evaluations: dict[bytes, RoundEvaluation] = {}  # round secret's signature -> its evaluation
 
     def _stop_point(self) -> None:
         if self.stopping is not None and self.stopping.is_set():
@@ -286,9 +293,10 @@ class RoundPipeline:
         """Decode each distinct payload once (finite, norm, sketch), then apply the norm limits and
         the public-step check.
 
-        The limits are multiples of `gate_median` over `reference` (every payload's when nobody
-        established sent one): a majority of fresh or newly established keys must not move the
-        reference that decides whether the honest updates are "99x the median" or free riders.
+        The limits are multiples of `gate_median` over `reference` (every payload's, weighted by
+        its gain on R, when nobody established sent one: `_median_weights`): a majority of fresh or
+        newly established keys must not move the reference that decides whether the honest updates
+        are "99x the median" or free riders.
 
         With `newcomers`, every payload an established key sent is decoded, and newcomers' payloads
         only until `newcomers.evaluations` of them decoded, lowest ticket first; the rest are
@@ -320,18 +328,24 @@ class RoundPipeline:
         for a in unexamined:
             a.unexamined, a.problem = True, f"{spent} went to lower admission tickets (no penalty)"
         distinct = [a for a in first.values() if a.problem is None]
-        median = gate_median([(a.sender, a.norm) for a in distinct], reference or NormReference())
+        reference = reference or NormReference()
+        cold = bool(distinct) and reference.cold([a.sender for a in distinct])
+        weights = self._median_weights(distinct, secret) if cold else None
+        median = gate_median([(a.sender, a.norm) for a in distinct], reference, weights)
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median) or self._public_problem(a)
-            if a.problem is not None and a.norm > 0:
-                keep(a, self.update_of(a), -1.0)
+            if a.norm > 0 and (a.problem is not None or a.median_weight == 0):
+                keep(a, self.update_of(a), -1.0)  # out of the references: rejected, or no gain on R
         for a in out:
             original = first[a.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
             a.decode_ran, a.unexamined = original.decode_ran, original.unexamined
+            a.median_weight = original.median_weight
         admissible = [a for a in distinct if a.problem is None and a.norm > 0]
         side = any(a.payload_sha256 in trusted for a in admissible)
-        members = frozenset(a.payload_sha256 for a in admissible if (a.payload_sha256 in trusted) == side)
+        members = frozenset(
+            a.payload_sha256 for a in admissible if (a.payload_sha256 in trusted) == side and a.median_weight != 0
+        )
         directions = sums[side] if members else None
         sums.clear()  # the other side's sum is freed here
         return Inspection(out, median, directions, members, self._copies(admissible))
@@ -349,6 +363,34 @@ class RoundPipeline:
                 if update is not None and a.norm > 0:
                     keep(a, update)
                 del update, decoded  # invariant: one decoded update in use at a time (and `decode_ahead` waiting)
+
+    def _evaluation(self, secret: RoundSecret) -> RoundEvaluation:
+        """The round's loss measurements (scoring.py), shared by the norm gate and `evaluate`."""
+        if secret.signature not in self._evaluations:
+            randoms = [self.batch_fn(seed) for seed in secret.random_seeds(self.cfg.random_batches)]
+            self._evaluations[secret.signature] = RoundEvaluation(
+                self.evaluator, self.weights, self.cfg.eval_step, randoms, {}, self.cfg.useful_share
+            )
+        return self._evaluations[secret.signature]
+
+    def _median_weights(self, distinct: Sequence[Assessment], secret: RoundSecret) -> list[float]:
+        """Each payload's weight in the norm gate's median in a round no established key sent to
+        (`Assessment.median_weight`): its gain on R at its own norm, at least 0.
+
+        Without it the round's own payloads, equally weighted, set the median, and a flood of fresh
+        keys whispering at a hundredth of an honest norm made every honest update "100x the median":
+        a run started under such a flood never moved. Weighted by gain, a whisper weighs what it
+        helps, about its norm's share of an honest update's weight, so pulling the median down by a
+        factor costs that factor more examined keys (and `newcomer_evaluations` bounds those); noise
+        at any norm, which does not gain, weighs nothing. The cost is |R| forward passes a payload,
+        kept for its evaluation at the same scale (`RoundEvaluation.random_gain`)."""
+        ev, weights = self._evaluation(secret), []
+        for a in distinct:
+            self._stop_point()
+            gain = ev.random_gain(self.update_of(a), key=a.payload_sha256) if a.norm > 0 else 0.0
+            a.median_weight = gain if math.isfinite(gain) and gain > 0 else 0.0
+            weights.append(a.median_weight)
+        return weights
 
     def _copies(self, admissible: Sequence[Assessment]) -> dict[str, tuple[str, ...]]:
         """Each admissible payload's near copies among the others (`copy_groups`), by payload hash."""
@@ -403,15 +445,15 @@ class RoundPipeline:
         if not todo:
             return []
         cfg = self.cfg
-        assigned = {a.index: self._assigned_batches(a.sender, secret, run_id, round_) for a in todo}
-        randoms = [self.batch_fn(seed) for seed in secret.random_seeds(cfg.random_batches)]
-        ev = RoundEvaluation(self.evaluator, self.weights, cfg.eval_step, randoms, assigned, cfg.useful_share)
+        ev = self._evaluation(secret)
+        ev.assign({a.index: self._assigned_batches(a.sender, secret, run_id, round_) for a in todo})
         for a in todo:
             self._stop_point()
             update, reference = self._update_and_reference(a, inspection)
             scale = min(1.0, inspection.median / a.norm) if a.norm > 0 else 1.0
             # the members left out of the sum decide the reference: equal sets, the same update
-            a.gains = ev.gains(a.index, update, scale, reference, reference_key=self._left_out(a, inspection))
+            left_out = self._left_out(a, inspection)
+            a.gains = ev.gains(a.index, update, scale, reference, reference_key=left_out, update_key=a.payload_sha256)
             a.indicator = a.gains.indicator(cfg.indicator_margin, cfg.useful_share)
             a.alone = reference is None
             if reference is not None and self._others(a, inspection) >= 2:
@@ -563,6 +605,7 @@ def outcomes_and_result(
         base = Outcome(
             a.index, "rejected", "", a.sender, h, a.gains.random if a.gains else None,
             finals.get(a.index), a.indicator, a.gains, a.norm if a.sketch is not None else None,
+            a.median_weight,
         )  # fmt: skip
         if a.index in chosen:
             outcomes[a.index] = replace(base, status="selected")
@@ -674,10 +717,14 @@ class NormReference:
         senior = frozenset(m for m in settled if round_ - since.get(m, round_) >= cfg.senior_rounds)
         return cls(settled, senior, cfg.young_median_share)
 
-    def weights(self, senders: Sequence[str | None]) -> list[float]:
+    def cold(self, senders: Sequence[str | None]) -> bool:
+        """No established miner among `senders`: the round's own payloads set the median."""
+        return not any(s in self.established for s in senders)
+
+    def weights(self, senders: Sequence[str | None], gains: Sequence[float] | None = None) -> list[float]:
         """Each sender's weight in the median: seniors 1, younger established ones their capped share,
         others 0; when no senior (or no established miner) is among `senders`, equal weights over the
-        established ones (over all)."""
+        established ones (over all, or by their `gains` on R when any is positive: `cold`)."""
         seniors = sum(1 for s in senders if s in self.senior)
         young = sum(1 for s in senders if s in self.established and s not in self.senior)
         if seniors:
@@ -685,14 +732,20 @@ class NormReference:
             return [1.0 if s in self.senior else each if s in self.established else 0.0 for s in senders]
         if young:
             return [1.0 if s in self.established else 0.0 for s in senders]
+        if gains is not None and any(g > 0 for g in gains):
+            return [max(g, 0.0) for g in gains]
         return [1.0] * len(senders)
 
 
-def gate_median(measured: Sequence[tuple[str | None, float]], reference: NormReference) -> float:
+def gate_median(
+    measured: Sequence[tuple[str | None, float]], reference: NormReference, gains: Sequence[float] | None = None
+) -> float:
     """The norm gate's reference: the weighted median norm (`NormReference.weights`) of the distinct
     payloads that decoded to a finite update (`measured`: (first sender, norm) each); 0 with none.
-    Keys that earned standing lately, however many, hold at most `young_share` seniors' weight."""
-    weighted = [(norm, w) for (_, norm), w in zip(measured, reference.weights([s for s, _ in measured]), strict=True)]
+    Keys that earned standing lately, however many, hold at most `young_share` seniors' weight; in a
+    round without established keys, each payload weighs its `gains` on R (`RoundPipeline._median_weights`)."""
+    senders = [s for s, _ in measured]
+    weighted = [(norm, w) for (_, norm), w in zip(measured, reference.weights(senders, gains), strict=True)]
     return weighted_median([(n, w) for n, w in weighted if w > 0])
 
 

@@ -201,6 +201,11 @@ class RoundEvaluation:
     either: a random direction that happens to gain a little on R costs 2 passes once its
     reference's gain is known, and |R| + |A| before. `complete` measures everything anyway (a
     miner's receipt compares every figure).
+
+    A gain on R is kept per (update key, step) once measured (`random_gain`): the norm gate of a
+    round no established key sent to weighs each payload by its gain at its own norm (gauntlet.py),
+    and an update evaluated at that same scale later does not pay for it twice. The assigned batches
+    may be given after construction (`assign`), once the gate has decided who is evaluated.
     """
 
     def __init__(
@@ -219,6 +224,26 @@ class RoundEvaluation:
         self.before_r = self._loss_r()
         self.before_a: dict[int, list[float]] = {}  # losses at W on a candidate's A, once it needs them
         self.reference_r: dict[Hashable, float] = {}  # reference_key -> the reference's gain on R
+        self.random_r: dict[tuple[Hashable, float], float] = {}  # (update key, step) -> its gain on R
+
+    def assign(self, assigned: Mapping[int, Sequence[Batch]]) -> None:
+        """Give candidates' sampled assigned batches A (index -> batches)."""
+        self.assigned.update({i: list(bs) for i, bs in assigned.items()})
+
+    def random_gain(self, update: State, scale: float = 1.0, *, key: Hashable | None = None) -> float:
+        """Relative gain on R of W - step * `scale` * `update`, measured once per (`key`, scale)
+        (None: measured every time)."""
+        return self._random(update, self.step * scale, key)[0]
+
+    def _random(self, update: State, step: float, key: Hashable | None) -> tuple[float, bool]:
+        """The gain on R at `step` and whether the update is left loaded (not when it was kept)."""
+        kept = self.random_r.get((key, step)) if key is not None else None
+        if kept is not None:
+            return kept, False
+        gain = self._score(update, step)
+        if key is not None:
+            self.random_r[(key, step)] = gain
+        return gain, True
 
     def gains(
         self,
@@ -228,16 +253,20 @@ class RoundEvaluation:
         reference: State | None,
         *,
         reference_key: Hashable | None = None,
+        update_key: Hashable | None = None,
         complete: bool = False,
     ) -> Gains:
         """Gains of `update` * `scale` and of `reference` for candidate `index` (its A was given at
-        construction); without a reference, the reference gains are 0. Candidates whose references
-        are the same pass the same `reference_key` (None: never the same). Only the gains on R when
-        the update does not gain on R, or not usefully (see above), unless `complete`."""
-        random = self._score(update, self.step * scale)
+        construction or by `assign`); without a reference, the reference gains are 0. Candidates
+        whose references are the same pass the same `reference_key` (None: never the same); equal
+        updates may pass an `update_key` (see `random_gain`). Only the gains on R when the update
+        does not gain on R, or not usefully (see above), unless `complete`."""
+        random, loaded = self._random(update, self.step * scale, update_key)
         if not random > 0 and not complete:
             return Gains.on_random(random)
         if reference is None:
+            if not loaded:
+                self.evaluator.load(self.weights, update, self.step * scale)
             return Gains(self._mean_gain(index, self._losses_a(index)), random, 0.0, 0.0)
 
         def stop(random_ref: float) -> bool:  # the indicator is -1 whatever A says
@@ -246,7 +275,9 @@ class RoundEvaluation:
         random_ref = self.reference_r.get(reference_key) if reference_key is not None else None
         if random_ref is not None and stop(random_ref):
             return Gains.on_random(random, random_ref)
-        after_a = self._losses_a(index)  # the update is still loaded
+        if not loaded:
+            self.evaluator.load(self.weights, update, self.step * scale)
+        after_a = self._losses_a(index)
         if random_ref is None:
             random_ref = self._score(reference, self.step)
             if reference_key is not None:
