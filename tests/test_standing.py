@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from node.bench.arena import Arena
-from node.swarm.fakeminers import identity_for
+from node.swarm.fakeminers import FreshNoise, identity_for
 from node.swarm.fakestanding import Alie, PublicSlice, Whisper
 from tests.fakeswarm import RUN_ID, make_swarm
 from validator.config import GauntletConfig
@@ -248,3 +248,31 @@ def test_a_run_started_under_a_whisper_flood_moves(tmp_path: Path) -> None:
                 assert not o.reason.startswith("norm"), o.reason
     selected = [rec.senders[o.index] for o in arena.records[2].report.selected()]
     assert len(selected) >= 2 and {kinds[s] for s in selected} == {"honest"}
+
+
+def test_updates_without_a_gain_are_left_out_of_a_cold_rounds_references(tmp_path: Path) -> None:
+    """In a round without established keys the references are the mean of the round's own admissible
+    updates that gain on R more than a quarter of the round's typical gain: noise at the honest norm,
+    which gains little or nothing there, is left out of them (and weighs next to nothing in the
+    median), so a flood of it cannot make every honest miner's reference noise."""
+    swarm = make_swarm(newcomer_evaluations=128)
+    honest = swarm.honest(3)
+    probe = Arena(swarm.validator(tmp_path / "probe"), honest)
+    honest_norm = probe.play().report.median_norm
+    noise = [FreshNoise(swarm.setup, identity_for(f"noise/{i}"), honest_norm) for i in range(8)]
+    arena = Arena(swarm.validator(tmp_path / "flooded"), [*honest, *noise])
+    subs, kinds, _ = arena.submissions()
+    v = arena.validator
+    pipeline = RoundPipeline(v.cfg, v.weights, v.evaluator, v.batch_fn, previous=v.previous_weights)
+    screened = screen(subs, v.context(pipeline), v.seen)
+    secret = RoundSecret.derive(identity_for("validator"), RUN_ID, v.round)
+    with pipeline:
+        inspection = pipeline.inspect(screened.candidates, secret, NormReference.of(v.cfg, v.standing(), v.round))
+    by_kind = {kind: [a for a in inspection.assessments if kinds[a.index] == kind] for kind in ("honest", "freshnoise")}
+    assert all(a.problem is None for a in by_kind["freshnoise"])  # at the honest norm: past the gate
+    noise = [a.median_weight or 0.0 for a in by_kind["freshnoise"]]
+    gains = sorted(a.median_weight or 0.0 for a in by_kind["honest"])
+    assert sum(w > 0 for w in noise) >= 2  # some noise gains a little: more than nothing is asked
+    bar = v.cfg.useful_share * gains[1]  # the typical gain: the honest miners' gain-weighted median
+    assert max(noise) < bar < gains[0]
+    assert inspection.members == {a.payload_sha256 for a in by_kind["honest"]}

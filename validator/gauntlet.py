@@ -332,10 +332,11 @@ class RoundPipeline:
         cold = bool(distinct) and reference.cold([a.sender for a in distinct])
         weights = self._median_weights(distinct, secret) if cold else None
         median = gate_median([(a.sender, a.norm) for a in distinct], reference, weights)
+        bar = reference_bar(weights, self.cfg.useful_share)
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median) or self._public_problem(a)
-            if a.norm > 0 and (a.problem is not None or a.median_weight == 0):
-                keep(a, self.update_of(a), -1.0)  # out of the references: rejected, or no gain on R
+            if a.norm > 0 and (a.problem is not None or (a.median_weight is not None and a.median_weight <= bar)):
+                keep(a, self.update_of(a), -1.0)  # out of the references: rejected, or too little gain on R
         for a in out:
             original = first[a.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
@@ -344,7 +345,9 @@ class RoundPipeline:
         admissible = [a for a in distinct if a.problem is None and a.norm > 0]
         side = any(a.payload_sha256 in trusted for a in admissible)
         members = frozenset(
-            a.payload_sha256 for a in admissible if (a.payload_sha256 in trusted) == side and a.median_weight != 0
+            a.payload_sha256
+            for a in admissible
+            if (a.payload_sha256 in trusted) == side and (a.median_weight is None or a.median_weight > bar)
         )
         directions = sums[side] if members else None
         sums.clear()  # the other side's sum is freed here
@@ -747,6 +750,17 @@ def gate_median(
     senders = [s for s, _ in measured]
     weighted = [(norm, w) for (_, norm), w in zip(measured, reference.weights(senders, gains), strict=True)]
     return weighted_median([(n, w) for n, w in weighted if w > 0])
+
+
+def reference_bar(gains: Sequence[float] | None, useful_share: float) -> float:
+    """In a round without established keys (`gains` on R given, else 0): the gain on R an update must
+    beat to be in the references, `useful_share` of the round's typical gain (weighted by gain, so
+    the many small gains of a noise flood do not set it). Noise at an honest norm gains a little on R
+    in about half the rounds, a twentieth of what an honest update gains; in the references it made
+    every honest miner's own-data indicator a coin flip."""
+    if not gains:
+        return 0.0
+    return useful_share * weighted_median([(g, g) for g in gains if g > 0])
 
 
 def weighted_median(items: Sequence[tuple[float, float]]) -> float:
