@@ -8,8 +8,8 @@ for a DHT value. Contents:
                  now that the round is closed: anyone checks it against the signer's key and redraws
                  the round's random batches and each miner's tested batch (`pulse receipt`)
     median_norm  the norm gate's reference: updates far above it are rejected, near zero are free riders
-                 (in a round no established key sent to, each payload weighs its gain on R in it:
-                 `Assessed.median_weight`)
+                 (in a round no established key sent to, each payload weighs its gain on R per
+                 unit of norm in it: `Assessed.median_weight`)
     aggregated   the selected submissions in aggregation order: payload hash and size, the norm the
                  validator measured (float64), and the clip factor min(1, clip_to / norm) it applied
     clip_to      the median of the aggregated norms
@@ -79,7 +79,7 @@ class Assessed(BaseModel):
     """Rating strength (exp(ordinal / beta)) x max(indicator average, 0), the score selection ranked by."""
     median_weight: Finite | None = Field(default=None, ge=0)
     """In a round no established key sent to: the payload's weight in the norm gate's median, its gain
-    on the random batches at its own norm, at least 0 (`gauntlet.gate_median`); None otherwise."""
+    on the random batches per unit of norm, or 0 (`gauntlet.RoundPipeline._median_weights`); None otherwise."""
 
 
 class RoundEvidence(BaseModel):

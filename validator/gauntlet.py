@@ -8,8 +8,8 @@
                            rest of the round): finite, norm, sketch, cosine with the public
                            previous step; the norm gate's median (`gate_median`: the senior
                            miners', younger established ones capped; when none sent one, every
-                           payload's weighted by its gain on R, and those without a gain left
-                           out of the references);
+                           payload's weighted by its gain on R per unit of norm, and those of
+                           no weight left out of the references);
                            norm far above the median -> rejected, near zero -> free rider;
                            a slice or rescaling of the public previous step -> a copy of it
     evaluate (scoring.py)  read back one at a time: gains on A and R, and those of the update's
@@ -109,8 +109,8 @@ class Assessment:
     # earlier costs little); what counts against a round's `newcomer_evaluations`
     decode_ran: bool = False
     unexamined: bool = False  # a newcomer beyond the round's `newcomer_evaluations`: not its fault
-    # in a round no established key sent to: its gain on R at its own norm, at least 0, its weight in
-    # the norm gate's median (`gate_median`); None in other rounds
+    # in a round no established key sent to: its weight in the norm gate's median (`gate_median`,
+    # `RoundPipeline._median_weights`); None in other rounds
     median_weight: float | None = None
 
     @property
@@ -294,9 +294,9 @@ class RoundPipeline:
         the public-step check.
 
         The limits are multiples of `gate_median` over `reference` (every payload's, weighted by
-        its gain on R, when nobody established sent one: `_median_weights`): a majority of fresh or
-        newly established keys must not move the reference that decides whether the honest updates
-        are "99x the median" or free riders.
+        its gain on R per unit of norm, when nobody established sent one: `_median_weights`): a
+        majority of fresh or newly established keys must not move the reference that decides
+        whether the honest updates are "99x the median" or free riders.
 
         With `newcomers`, every payload an established key sent is decoded, and newcomers' payloads
         only until `newcomers.evaluations` of them decoded, lowest ticket first; the rest are
@@ -332,11 +332,10 @@ class RoundPipeline:
         cold = bool(distinct) and reference.cold([a.sender for a in distinct])
         weights = self._median_weights(distinct, secret) if cold else None
         median = gate_median([(a.sender, a.norm) for a in distinct], reference, weights)
-        bar = reference_bar(weights, self.cfg.useful_share)
         for a in distinct:
             a.problem = self._norm_problem(a.norm, median) or self._public_problem(a)
-            if a.norm > 0 and (a.problem is not None or (a.median_weight is not None and a.median_weight <= bar)):
-                keep(a, self.update_of(a), -1.0)  # out of the references: rejected, or too little gain on R
+            if a.norm > 0 and (a.problem is not None or a.median_weight == 0):
+                keep(a, self.update_of(a), -1.0)  # out of the references: rejected, or of no weight
         for a in out:
             original = first[a.payload_sha256]
             a.norm, a.sketch, a.problem = original.norm, original.sketch, original.problem
@@ -345,9 +344,7 @@ class RoundPipeline:
         admissible = [a for a in distinct if a.problem is None and a.norm > 0]
         side = any(a.payload_sha256 in trusted for a in admissible)
         members = frozenset(
-            a.payload_sha256
-            for a in admissible
-            if (a.payload_sha256 in trusted) == side and (a.median_weight is None or a.median_weight > bar)
+            a.payload_sha256 for a in admissible if (a.payload_sha256 in trusted) == side and a.median_weight != 0
         )
         directions = sums[side] if members else None
         sums.clear()  # the other side's sum is freed here
@@ -378,21 +375,40 @@ class RoundPipeline:
 
     def _median_weights(self, distinct: Sequence[Assessment], secret: RoundSecret) -> list[float]:
         """Each payload's weight in the norm gate's median in a round no established key sent to
-        (`Assessment.median_weight`): its gain on R at its own norm, at least 0.
+        (`Assessment.median_weight`): how much its direction helps, its gain on R at its own norm per
+        unit of norm; 0 at or below `useful_share` of the round's typical one; near copies share one.
 
-        Without it the round's own payloads, equally weighted, set the median, and a flood of fresh
-        keys whispering at a hundredth of an honest norm made every honest update "100x the median":
-        a run started under such a flood never moved. Weighted by gain, a whisper weighs what it
-        helps, about its norm's share of an honest update's weight, so pulling the median down by a
-        factor costs that factor more examined keys (and `newcomer_evaluations` bounds those); noise
-        at any norm, which does not gain, weighs nothing. The cost is |R| forward passes a payload,
-        kept for its evaluation at the same scale (`RoundEvaluation.random_gain`)."""
-        ev, weights = self._evaluation(secret), []
+        Weighted equally, the round's own payloads set the median, and a flood of fresh keys
+        whispering at a hundredth of the honest norm made every honest update "100x the median": a
+        run started under such a flood never moved. Noise at any norm helps next to nothing per unit
+        of norm (a thirtieth of an honest update here): below the bar, it weighs nothing. Per unit of
+        norm, not the gain itself: a gain grows with the norm (an honest update sent at 24x its norm
+        gains 12x more on R here), so one key shouting a trained update would outweigh every honest
+        one and make them free riders. A direction cannot be sent at a second norm from a second key
+        for a second weight either: near copies (`copy_groups`) share one weight. The public previous
+        step, a good direction anyone has, weighs nothing (rejected as its copy; not measured). What
+        weighs is a trained direction per key, as each key weighed before, less the noise.
+        The cost is |R| forward passes a payload, kept for its evaluation at the same scale
+        (`RoundEvaluation.random_gain`)."""
+        ev, quality = self._evaluation(secret), []
         for a in distinct:
             self._stop_point()
-            gain = ev.random_gain(self.update_of(a), key=a.payload_sha256) if a.norm > 0 else 0.0
-            a.median_weight = gain if math.isfinite(gain) and gain > 0 else 0.0
-            weights.append(a.median_weight)
+            measured = a.norm > 0 and self._public_problem(a) is None
+            gain = ev.random_gain(self.update_of(a), key=a.payload_sha256) if measured else 0.0
+            quality.append(gain / a.norm if measured and math.isfinite(gain) and gain > 0 else 0.0)
+        # the typical quality weighted by itself: the many small ones of a flood do not set it
+        bar = self.cfg.useful_share * weighted_median([(q, q) for q in quality if q > 0])
+        weights = [q if q > bar else 0.0 for q in quality]
+        sketched, items = [], []
+        for i, a in enumerate(distinct):
+            if a.sketch is not None:
+                sketched.append(i)
+                items.append((a.payload_sha256, a.sketch))
+        for group in copy_groups(items, self.cfg.copy_overlap, self.cfg.copy_cosine):
+            for member in group:
+                weights[sketched[member]] /= len(group)
+        for a, w in zip(distinct, weights, strict=True):
+            a.median_weight = w
         return weights
 
     def _copies(self, admissible: Sequence[Assessment]) -> dict[str, tuple[str, ...]]:
@@ -727,7 +743,7 @@ class NormReference:
     def weights(self, senders: Sequence[str | None], gains: Sequence[float] | None = None) -> list[float]:
         """Each sender's weight in the median: seniors 1, younger established ones their capped share,
         others 0; when no senior (or no established miner) is among `senders`, equal weights over the
-        established ones (over all, or by their `gains` on R when any is positive: `cold`)."""
+        established ones (over all, or by `gains` when any is positive: `cold`)."""
         seniors = sum(1 for s in senders if s in self.senior)
         young = sum(1 for s in senders if s in self.established and s not in self.senior)
         if seniors:
@@ -746,21 +762,10 @@ def gate_median(
     """The norm gate's reference: the weighted median norm (`NormReference.weights`) of the distinct
     payloads that decoded to a finite update (`measured`: (first sender, norm) each); 0 with none.
     Keys that earned standing lately, however many, hold at most `young_share` seniors' weight; in a
-    round without established keys, each payload weighs its `gains` on R (`RoundPipeline._median_weights`)."""
+    round without established keys, each payload weighs what `gains` gives it (`RoundPipeline._median_weights`)."""
     senders = [s for s, _ in measured]
     weighted = [(norm, w) for (_, norm), w in zip(measured, reference.weights(senders, gains), strict=True)]
     return weighted_median([(n, w) for n, w in weighted if w > 0])
-
-
-def reference_bar(gains: Sequence[float] | None, useful_share: float) -> float:
-    """In a round without established keys (`gains` on R given, else 0): the gain on R an update must
-    beat to be in the references, `useful_share` of the round's typical gain (weighted by gain, so
-    the many small gains of a noise flood do not set it). Noise at an honest norm gains a little on R
-    in about half the rounds, a twentieth of what an honest update gains; in the references it made
-    every honest miner's own-data indicator a coin flip."""
-    if not gains:
-        return 0.0
-    return useful_share * weighted_median([(g, g) for g in gains if g > 0])
 
 
 def weighted_median(items: Sequence[tuple[float, float]]) -> float:
