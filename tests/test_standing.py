@@ -206,12 +206,12 @@ def test_a_bad_start_fades_and_a_steady_record_outlasts_a_noisy_round() -> None:
     assert not any(chosen(thief[: n + 1]) for n in range(len(thief))), "a one-in-four record is never eligible"
 
 
-def test_gains_weigh_the_median_of_a_round_without_established_keys() -> None:
-    """Without established senders each payload weighs its gain on R: 30 whispers that gain almost
-    nothing do not move the median off the three that gain; noise (no gain) weighs nothing; with no
-    gain anywhere the weights are equal, as with no gains given."""
+def test_cold_weights_decide_the_median_of_a_round_without_established_keys() -> None:
+    """Without established senders each payload weighs its cold weight (what its direction does on R):
+    30 whispers of next to no weight do not move the median off the three that weigh; with no weight
+    anywhere the weights are equal, as with none given; with an established sender they are unused."""
     measured = [*((f"h{i}", 1.0 + i / 10) for i in range(3)), *((f"w{i}", 0.01) for i in range(30))]
-    gains = [0.02, 0.03, 0.025, *([1e-6] * 15), *([-1e-6] * 15)]
+    gains = [0.02, 0.03, 0.025, *([1e-6] * 15), *([0.0] * 15)]
     reference = NormReference()
     assert reference.cold([s for s, _ in measured])
     assert gate_median(measured, reference, gains) == pytest.approx(1.1)
@@ -321,8 +321,8 @@ def test_one_key_shouting_a_trained_update_does_not_own_a_cold_rounds_median(tmp
     probe = Arena(quiet.validator(tmp_path / "quiet"), quiet.honest(3))
     honest_norm = probe.play().report.median_norm
     swarm = make_swarm(newcomer_evaluations=128)
-    arena = Arena(swarm.validator(tmp_path / "shouted"), [*swarm.honest(3)])
-    arena.miners.append(Shout(swarm.setup, identity_for("shout"), 24 * honest_norm))
+    shout = Shout(swarm.setup, identity_for("shout"), 24 * honest_norm)
+    arena = Arena(swarm.validator(tmp_path / "shouted"), [*swarm.honest(3), shout])
     kinds = {m.key: m.kind for m in arena.miners}
     record = arena.play()
     norms = [o.norm or 0.0 for o in record.report.outcomes if kinds[record.senders[o.index]] == "honest"]

@@ -740,10 +740,10 @@ class NormReference:
         """No established miner among `senders`: the round's own payloads set the median."""
         return not any(s in self.established for s in senders)
 
-    def weights(self, senders: Sequence[str | None], gains: Sequence[float] | None = None) -> list[float]:
+    def weights(self, senders: Sequence[str | None], cold_weights: Sequence[float] | None = None) -> list[float]:
         """Each sender's weight in the median: seniors 1, younger established ones their capped share,
         others 0; when no senior (or no established miner) is among `senders`, equal weights over the
-        established ones (over all, or by `gains` when any is positive: `cold`)."""
+        established ones (over all, or `cold_weights` when any is positive: `cold`)."""
         seniors = sum(1 for s in senders if s in self.senior)
         young = sum(1 for s in senders if s in self.established and s not in self.senior)
         if seniors:
@@ -751,20 +751,22 @@ class NormReference:
             return [1.0 if s in self.senior else each if s in self.established else 0.0 for s in senders]
         if young:
             return [1.0 if s in self.established else 0.0 for s in senders]
-        if gains is not None and any(g > 0 for g in gains):
-            return [max(g, 0.0) for g in gains]
+        if cold_weights is not None and any(w > 0 for w in cold_weights):
+            return [max(w, 0.0) for w in cold_weights]
         return [1.0] * len(senders)
 
 
 def gate_median(
-    measured: Sequence[tuple[str | None, float]], reference: NormReference, gains: Sequence[float] | None = None
+    measured: Sequence[tuple[str | None, float]],
+    reference: NormReference,
+    cold_weights: Sequence[float] | None = None,
 ) -> float:
     """The norm gate's reference: the weighted median norm (`NormReference.weights`) of the distinct
     payloads that decoded to a finite update (`measured`: (first sender, norm) each); 0 with none.
     Keys that earned standing lately, however many, hold at most `young_share` seniors' weight; in a
-    round without established keys, each payload weighs what `gains` gives it (`RoundPipeline._median_weights`)."""
+    round without established keys, each payload weighs its `cold_weights` entry (`RoundPipeline._median_weights`)."""
     senders = [s for s, _ in measured]
-    weighted = [(norm, w) for (_, norm), w in zip(measured, reference.weights(senders, gains), strict=True)]
+    weighted = [(norm, w) for (_, norm), w in zip(measured, reference.weights(senders, cold_weights), strict=True)]
     return weighted_median([(n, w) for n, w in weighted if w > 0])
 
 
