@@ -324,15 +324,17 @@ def _check_median(cfg: GauntletConfig, replica: Replica, evidence: RoundEvidence
             return
         senders.setdefault(a.payload_sha256, set()).add(a.sender)
     measured: list[tuple[str | None, float]] = []
+    committed_weights: list[float | None] = []
     for sha, who in senders.items():
         if len(set(reference.weights(sorted(who)))) > 1:
             return  # exact copies from keys of different standing: which came first is not public
         measured.append((next(iter(who)), norms[sha]))
+        committed_weights.append(weights[sha])
     cold = reference.cold([s for s, _ in measured])
-    if any((weights[sha] is None) == cold for sha in senders):
+    if any((w is None) == cold for w in committed_weights):
         report.add("median", "median weights are committed exactly in a round without established senders: not so here")
         return
-    median = gate_median(measured, reference, [weights[sha] or 0.0 for sha in senders] if cold else None)
+    median = gate_median(measured, reference, [w or 0.0 for w in committed_weights] if cold else None)
     if median != evidence.median_norm:
         said = evidence.median_norm
         report.add("median", f"the norm gate's median is committed as {said!r}; the committed norms give {median!r}")

@@ -398,28 +398,29 @@ class RoundPipeline:
             quality.append(gain / a.norm if measured and math.isfinite(gain) and gain > 0 else 0.0)
         # the typical quality weighted by itself: the many small ones of a flood do not set it
         bar = self.cfg.useful_share * weighted_median([(q, q) for q in quality if q > 0])
-        weights = [q if q > bar else 0.0 for q in quality]
-        sketched, items = [], []
-        for i, a in enumerate(distinct):
-            if a.sketch is not None:
-                sketched.append(i)
-                items.append((a.payload_sha256, a.sketch))
-        for group in copy_groups(items, self.cfg.copy_overlap, self.cfg.copy_cosine):
-            for member in group:
-                weights[sketched[member]] /= len(group)
-        for a, w in zip(distinct, weights, strict=True):
-            a.median_weight = w
-        return weights
+        for a, q in zip(distinct, quality, strict=True):
+            a.median_weight = q if q > bar else 0.0
+        for group in self._copy_groups(distinct):
+            for a in group:
+                a.median_weight = (a.median_weight or 0.0) / len(group)
+        return [a.median_weight or 0.0 for a in distinct]
 
     def _copies(self, admissible: Sequence[Assessment]) -> dict[str, tuple[str, ...]]:
         """Each admissible payload's near copies among the others (`copy_groups`), by payload hash."""
-        items = [(a.candidate.header.payload_sha256, a.sketch) for a in admissible if a.sketch is not None]
         copies: dict[str, tuple[str, ...]] = {}
-        for members in copy_groups(items, self.cfg.copy_overlap, self.cfg.copy_cosine):
-            hashes = [items[i][0] for i in members]
+        for group in self._copy_groups(admissible):
+            hashes = [a.payload_sha256 for a in group]
             for h in hashes:
                 copies[h] = tuple(other for other in hashes if other != h)
         return copies
+
+    def _copy_groups(self, assessments: Sequence[Assessment]) -> list[list[Assessment]]:
+        """The groups (two or more) of `assessments` whose sketches are near copies (`copy_groups`)."""
+        sketched = [a for a in assessments if a.sketch is not None]
+        items = [(a.payload_sha256, a.sketch) for a in sketched if a.sketch is not None]  # (typed: not None)
+        return [
+            [sketched[i] for i in group] for group in copy_groups(items, self.cfg.copy_overlap, self.cfg.copy_cosine)
+        ]
 
     def _decoded(self, a: Assessment) -> StateDict:
         """`a`'s update: from the spill if it is there, else decoded from its payload."""

@@ -203,9 +203,10 @@ class RoundEvaluation:
     miner's receipt compares every figure).
 
     A gain on R is kept per (update key, step) once measured (`random_gain`): the norm gate of a
-    round no established key sent to weighs each payload by its gain at its own norm (gauntlet.py),
-    and an update evaluated at that same scale later does not pay for it twice. The assigned batches
-    may be given after construction (`assign`), once the gate has decided who is evaluated.
+    round no established key sent to weighs each payload by its gain at its own norm per unit of
+    norm (gauntlet.py), and an update evaluated at that same scale later does not pay for it twice.
+    The assigned batches may be given after construction (`assign`), once the gate has decided who
+    is evaluated.
     """
 
     def __init__(
@@ -264,10 +265,14 @@ class RoundEvaluation:
         random, loaded = self._random(update, self.step * scale, update_key)
         if not random > 0 and not complete:
             return Gains.on_random(random)
-        if reference is None:
+
+        def losses_a() -> list[float]:  # the update's losses on A, loaded first if its R gain was kept
             if not loaded:
                 self.evaluator.load(self.weights, update, self.step * scale)
-            return Gains(self._mean_gain(index, self._losses_a(index)), random, 0.0, 0.0)
+            return self._losses_a(index)
+
+        if reference is None:
+            return Gains(self._mean_gain(index, losses_a()), random, 0.0, 0.0)
 
         def stop(random_ref: float) -> bool:  # the indicator is -1 whatever A says
             return not (useful(random, random_ref, self.useful_share) or complete)
@@ -275,9 +280,7 @@ class RoundEvaluation:
         random_ref = self.reference_r.get(reference_key) if reference_key is not None else None
         if random_ref is not None and stop(random_ref):
             return Gains.on_random(random, random_ref)
-        if not loaded:
-            self.evaluator.load(self.weights, update, self.step * scale)
-        after_a = self._losses_a(index)
+        after_a = losses_a()
         if random_ref is None:
             random_ref = self._score(reference, self.step)
             if reference_key is not None:
