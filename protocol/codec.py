@@ -128,10 +128,36 @@ class Codec(ABC):
 
     def decompress(self, payload: bytes, weights: State, *, max_bytes: int | None = None) -> dict[str, torch.Tensor]:
         """The FP32 update the payload carries, one dense tensor per name of `weights`."""
+        r = self._opened(payload, weights, max_bytes, Reader)
+        try:
+            return self._decode(r, weights)
+        except ProtocolError as exc:
+            exc.body_read = r.ended
+            raise
+
+    def framing_problem(
+        self, payload: bytes | memoryview, weights: State, *, max_bytes: int | None = None
+    ) -> ProtocolError | None:
+        """The error `decompress` raises before it has read the whole body (another codec, version or
+        layout, a truncation, trailing bytes, a broken header), or None: the body is read to its end,
+        no value is decoded. A validator asks it as a body arrives (`node/roles/intake.py`), so a
+        payload that is not one holds no seat while the round waits."""
+        try:
+            self._decode(self._opened(payload, weights, max_bytes, _FramingReader), weights)
+        except _BodyFramed:
+            return None
+        except ProtocolError as exc:
+            return exc.with_traceback(None)  # its frames hold views of `payload`, which the caller may unmap
+        return None  # a `_decode` that never ends its reader decoded it whole, without an error
+
+    def _opened(
+        self, payload: bytes | memoryview, weights: State, max_bytes: int | None, reader: type[Reader]
+    ) -> Reader:
+        """A reader past the prologue every payload starts with (magic, version, layout), checked."""
         cap = default_max_bytes(weights) if max_bytes is None else max_bytes
         if len(payload) > cap:
             raise SizeLimitExceeded(f"{self.name} payload is {len(payload)} bytes, above the cap of {cap}")
-        r = Reader(payload, f"{self.name} payload")
+        r = reader(payload, f"{self.name} payload")
         if bytes(r.raw(len(self.magic))) != self.magic:
             raise UnknownVersion(f"not a {self.name} payload (bad magic)")
         version = r.u8()
@@ -140,11 +166,7 @@ class Codec(ABC):
         count = r.varint(1 << 32, "tensor count")
         if count != len(weights) or bytes(r.raw(_DIGEST_BYTES)) != layout_digest(weights):
             raise LayoutMismatch(f"{self.name} payload was made for another layout ({count} tensors)")
-        try:
-            return self._decode(r, weights)
-        except ProtocolError as exc:
-            exc.body_read = r.ended
-            raise
+        return r
 
     def initial_error(self, weights: State) -> dict[str, torch.Tensor]:
         return zeros_like(weights)
@@ -185,6 +207,19 @@ class DenseCodec(Codec):
         sections = [(name, r.raw(4 * weights[name].numel())) for name in sorted(weights)]
         r.expect_end()
         return {name: f32_tensor(np.frombuffer(raw, dtype="<f4"), weights[name], name) for name, raw in sections}
+
+
+class _BodyFramed(Exception):
+    """A body's framing was read to its end (`_FramingReader`): nothing is left but decoding it."""
+
+
+class _FramingReader(Reader):
+    """A reader that stops a decode where the body's last field has been read (`Codec.framing_problem`):
+    every codec's `_decode` reads its whole body before it decodes any of it."""
+
+    def expect_end(self) -> None:
+        super().expect_end()
+        raise _BodyFramed
 
 
 def make_codec(name: str, **options: object) -> Codec:

@@ -167,6 +167,24 @@ def test_a_seat_whose_body_never_comes_is_freed_with_its_bytes() -> None:
     assert a.expire() == () and set(a.seats) == {honest, late}
 
 
+def test_a_body_that_is_no_payload_frees_its_seat_and_bytes_at_once() -> None:
+    """Junk from the lowest tickets holds the seats only until it lands: each rejected body frees its
+    seat and bytes to the next newcomer, whatever its ticket, and its sender is not seated again."""
+    a = admission(capacity=2, newcomer_seats=2, budget=200)
+    junk = keys("junk", 2)
+    worst_junk = max(a.ticket(k) for k in junk)
+    honest = [k for k in keys("honest", 50) if a.ticket(k) > worst_junk][:2]  # drawn after the junk
+    assert all(a.offer(k, 100).refusal is None for k in junk)
+    assert all("not drawn" in str(a.offer(k, 100).refusal) for k in honest)  # the junk holds both
+    for k in junk:
+        assert a.arrive(k) is None
+        a.reject(k, "undecodable: UnknownVersion: not a sparseloco payload (bad magic)")
+    assert a.seats == {} and a.held_bytes == 0
+    assert all(a.offer(k, 100).refusal is None for k in honest)
+    again = a.offer(junk[0], 100).refusal
+    assert again is not None and "its payload was refused this round: undecodable" in again
+
+
 def test_a_key_that_earned_standing_once_keeps_a_newcomer_seat_against_any_flood() -> None:
     """Established takes two earning rounds; under a flood of fresh keys a newcomer was seated in
     about one round in five, so the second took most of a run. A key that earned once now draws its

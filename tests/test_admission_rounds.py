@@ -8,7 +8,10 @@ start of rounds 1 and 2 and meanwhile plays:
   disk); another key pushes, as its payload, the bytes of the round-0 patch the validator serves
   (the payload must not replace or remove the served blob);
 - round 2: a flood of fresh keys pushes junk before the honest miners, more keys than the round
-  has seats, against a small byte budget.
+  has seats, against a small byte budget. The junk is payloads of the run's codec (dense here:
+  86 KB each) carrying a NaN: they read whole and fail only once decoded, so each holds its seat
+  and bytes until the round is scored (random bytes are refused as they land,
+  `test_standby_intake.py`).
 
 Then: the honest miners are seated and evaluated (not silently ignored behind the flood); every
 flood push was refused with a reason on the stream, dropped with a reason, or named in the round;
@@ -21,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import os
+import struct
 import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +42,7 @@ from node.roles.miner import Miner, RoundInputs
 from node.roles.records import run_records
 from node.roles.tasks import validator_for
 from node.roles.validator_service import ValidatorService
+from node.run.manifest import Manifest, codec_for
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.assignment import Assignment
@@ -44,6 +50,7 @@ from protocol.errors import TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
+from protocol.state import State
 from protocol.warmup import warm_up
 from tests.helpers import apoll
 from tests.rounds import (
@@ -55,8 +62,7 @@ from validator.admission import AdmissionRules
 
 ROUNDS = 3
 FLOOD = 140  # more fresh keys than the round's 128 seats
-JUNK = 64 * 1024  # bytes of each flood payload
-BUDGET = 40 * JUNK  # the validator's payload budget for round 2 (the default is far larger)
+SEATS_OF_BUDGET = 40  # round 2's payload budget, in flood payloads (the default is far larger)
 STREAMS = 16  # the validator's stream slots: a body already on its way when its seat goes on arriving
 DEADLINE = 90.0
 TIMEOUT = 2 * DEADLINE
@@ -86,6 +92,7 @@ class Observed:
     traced_growth: int = 0
     leftovers: list[str] = field(default_factory=list)
     established: set[str] = field(default_factory=set)  # keys established when round 2 opened
+    junk_bytes: int = 0  # the size of a flood payload
 
 
 class Pusher:
@@ -112,6 +119,15 @@ class Pusher:
         return None
 
 
+def late_failing(setup: RunSetup, weights: State, seed: int) -> bytes:
+    """A dense payload for `weights` whose last value is a NaN: it reads whole and fails only once
+    decoded."""
+    g = torch.Generator().manual_seed(seed)
+    delta = {name: torch.randn(t.shape, generator=g) * 1e-3 for name, t in weights.items()}
+    payload = codec_for(setup.manifest).compress(delta, None, weights)[0]
+    return payload[:-4] + struct.pack("<f", math.nan)
+
+
 def unserved_files(folder: Path, served: set[str]) -> list[Path]:
     """Files under the validator's blob folders that are not blobs it serves (patches, checkpoints)."""
     return [
@@ -131,7 +147,9 @@ def held_payload_bytes(folder: Path, served: set[str]) -> int:
 
 
 async def play(root: Path) -> Observed:
-    manifest = lm_manifest()
+    fields = lm_manifest().model_dump()
+    fields["train"].update(codec="dense", codec_options={})  # payloads large enough to weigh on disk
+    manifest = Manifest.model_validate(fields)
     # a long deadline: rounds close early once the miners they wait for submitted, and a loaded
     # machine (or the codecs' first compile) must not make the miners miss rounds 0 and 1
     manifest = manifest.model_copy(update={"round": manifest.round.model_copy(update={"deadline_seconds": DEADLINE})})
@@ -169,8 +187,8 @@ async def play(root: Path) -> Observed:
         seen.double = [
             str(answer)
             for answer in await asyncio.gather(
-                pusher.push(twice, b"first body" * 100, 1, base, pusher.peers[0]),
-                pusher.push(twice, b"second body" * 100, 1, base, pusher.peers[1]),
+                pusher.push(twice, late_failing(setup, service.validator.weights, 1), 1, base, pusher.peers[0]),
+                pusher.push(twice, late_failing(setup, service.validator.weights, 2), 1, base, pusher.peers[1]),
             )
         ]
         patch = service.validator.last_patch
@@ -185,7 +203,9 @@ async def play(root: Path) -> Observed:
         probes = {twice.public_hex, key("patch-bytes").public_hex}
         assert not service.previous_senders & probes
         assert service.previous_senders <= {key(f"miner{i}").public_hex for i in range(2)}
-        intake.rules = AdmissionRules(capacity=128, newcomer_seats=16, byte_budget=BUDGET)
+        junk = [late_failing(setup, service.validator.weights, 100 + i) for i in range(FLOOD)]
+        seen.junk_bytes = max(len(j) for j in junk)
+        intake.rules = AdmissionRules(capacity=128, newcomer_seats=16, byte_budget=SEATS_OF_BUDGET * seen.junk_bytes)
         # round 2's seats were made when it opened: make them again under the small budget
         intake.admission = type(intake.admission)(intake.rules, intake.admission.established, intake.admission.secret)
         seen.established = set(intake.admission.established)
@@ -197,7 +217,7 @@ async def play(root: Path) -> Observed:
 
         async def one(i: int, sybil: Identity) -> None:
             async with gates[i % len(gates)]:
-                payload = os.urandom(JUNK)
+                payload, junk[i] = junk[i], b""
                 answer = await pusher.push(sybil, payload, 2, base, pusher.peers[i % len(gates)])
                 del payload
                 if answer is not None:
@@ -268,8 +288,9 @@ def test_every_flood_push_has_one_outcome_with_a_reason(observed: Observed) -> N
 def test_payloads_held_for_a_round_stay_within_the_budget_and_out_of_memory(observed: Observed) -> None:
     # seated payloads stay within the budget; a body whose seat went to another newcomer while it
     # was arriving is refused when it lands, so at most the stream slots' worth come on top
-    assert 0 < observed.peak_held_bytes <= BUDGET + STREAMS * JUNK < FLOOD * JUNK / 2
-    assert observed.traced_growth < FLOOD * JUNK / 4  # payloads stay on disk, not in the process
+    junk = observed.junk_bytes
+    assert 0 < observed.peak_held_bytes <= (SEATS_OF_BUDGET + STREAMS) * junk < FLOOD * junk / 2
+    assert observed.traced_growth < FLOOD * junk / 4  # payloads stay on disk, not in the process
 
 
 def test_a_refused_body_leaves_nothing_and_a_served_blob_is_never_touched(observed: Observed) -> None:

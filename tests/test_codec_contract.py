@@ -5,7 +5,8 @@ to within one FP32 rounding), produce the same bytes for the same inputs, leave 
 tensors alone (compress and decompress), and reject hostile payloads with the specific
 `MalformedPayload` subclass: truncation anywhere, trailing bytes, the caller's size cap, another
 layout, another codec's payload; a corrupted byte either raises one or decodes to finite tensors
-of the right shapes. Codec-specific properties (gating, top-k, crafted headers) stay in
+of the right shapes. `framing_problem` finds exactly the errors raised before the body was read
+whole, with the same message. Codec-specific properties (gating, top-k, crafted headers) stay in
 test_pulseloco.py and test_sparseloco.py; the dense codec's, which has no file of its own, at the end.
 """
 
@@ -68,6 +69,8 @@ def rejects(codec: Codec, payload: bytes, weights: State, exc: type[Exception], 
         codec.decompress(payload, weights, **kw)
     assert info.type is exc, f"{codec.name}: expected {exc.__name__}, got {info.type.__name__}: {info.value}"
     assert not getattr(info.value, "body_read", False)  # found before the body was read whole: cheap
+    found = codec.framing_problem(payload, weights, **kw)  # ... so a validator finds it as the body lands
+    assert type(found) is exc and str(found) == str(info.value)
     assert same(weights, before)
 
 
@@ -204,11 +207,14 @@ def test_random_corruption_never_escapes_the_error_tree(
     at = data.draw(st.integers(0, len(payload) - 1))
     bad = payload[:at] + bytes([data.draw(st.integers(0, 255))]) + payload[at + 1 :]
     before = clone(weights)
+    framing = codec.framing_problem(bad, weights)
     try:
         out = codec.decompress(bad, weights)
-    except MalformedPayload:
-        pass
+    except MalformedPayload as exc:
+        # the same error where it is found before the body was read whole; none where it is found after
+        assert (framing is None) == exc.body_read and (framing is None or str(framing) == str(exc))
     else:
+        assert framing is None
         assert set(out) == set(weights)
         assert all(out[n].shape == weights[n].shape and bool(torch.isfinite(out[n]).all()) for n in out)
     assert same(weights, before)
@@ -224,6 +230,7 @@ def test_a_fault_found_after_the_whole_body_was_read_says_so(name: str) -> None:
     with pytest.raises(MalformedPayload) as info:
         codec.decompress(payload[:-1] + bytes([payload[-1] ^ 0xFF]), weights)
     assert info.value.body_read
+    assert codec.framing_problem(payload[:-1] + bytes([payload[-1] ^ 0xFF]), weights) is None  # frames whole
 
 
 # -- the dense codec (DiLoCo): exact, keeps nothing --------------------------------------------

@@ -15,7 +15,7 @@ from node.bench import newcomerflood
 from node.bench.arena import Arena, RoundRecord
 from node.swarm.fakeminers import FreshNoise, Miner, RoundView, identity_for
 from tests.fakeswarm import CountingEvaluator, make_swarm
-from validator.admission import newcomer_ticket
+from validator.admission import FRESH, newcomer_ticket
 from validator.core import RoundReport
 from validator.intake import Submission
 from validator.newcomers import NOT_EXAMINED, NewcomerBudget, examine_in_passes
@@ -84,7 +84,7 @@ def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
 
 def _tickets(arena: Arena, record: RoundRecord) -> dict[str, int]:
     secret = RoundSecret.derive(identity_for("validator"), arena.validator.run_id, record.report.round).key("admission")
-    return {s: newcomer_ticket(secret, s, False) for s in record.senders}
+    return {s: newcomer_ticket(secret, s, FRESH) for s in record.senders}
 
 
 def test_a_flood_of_valid_noise_is_examined_only_up_to_the_budget(
@@ -158,10 +158,13 @@ def test_fresh_noise_does_not_move_the_established_miners_references(flooded: Fl
 
 
 def test_passes_go_by_ticket_and_keep_arrival_order_within_each() -> None:
-    budget = NewcomerBudget(frozenset({"est"}), frozenset({"earner"}), evaluations=2, secret=b"s")
-    ticket = {k: budget.ticket([k]) or 0 for k in ("a", "b", "c", "d", "earner")}
+    budget = NewcomerBudget(
+        frozenset({"est"}), frozenset({"earner"}), evaluations=3, secret=b"s", waited=frozenset("w")
+    )
+    ticket = {k: budget.ticket([k]) or 0 for k in ("a", "b", "c", "d", "earner", "w")}
+    assert ticket["earner"] < ticket["w"] < min(ticket[k] for k in "abcd")  # whatever the draws
     fresh = sorted(("a", "b", "c", "d"), key=ticket.__getitem__)
-    items = ["d", "est", "c", "earner", "b", "a"]  # arrival order
+    items = ["d", "est", "c", "w", "earner", "b", "a"]  # arrival order
     junk = {fresh[0]}  # the lowest fresh ticket fails to decode: the next one takes its place
     passes: list[list[str]] = []
 
@@ -170,10 +173,37 @@ def test_passes_go_by_ticket_and_keep_arrival_order_within_each() -> None:
         return [k not in junk for k in todo]
 
     left = examine_in_passes(items, lambda k: [k], budget, examine)
-    first = [k for k in items if k in {"est", "earner", fresh[0]}]  # established, earner first, then fresh
+    first = [k for k in items if k in {"est", "earner", "w", fresh[0]}]  # established, earner, waited, fresh
     assert passes == [first, [fresh[1]]]
     assert left == fresh[2:]
     assert examine_in_passes(items, lambda k: [k], None, examine) == [] and passes[-1] == items
+
+
+def test_a_newcomer_left_unexamined_goes_before_the_next_rounds_fresh_keys(tmp_path: Path) -> None:
+    """A run that starts under a flood of valid noise from fresh keys every round: the honest
+    newcomers draw for the examinations with the flood, and those left out are in the validator's
+    book; next round each of them is examined before any fresh key (with the draw alone, each
+    would face the flood again)."""
+    swarm = make_swarm(newcomer_evaluations=3)
+    honest = swarm.honest(3)
+    validator = swarm.validator(tmp_path)
+    norm = newcomerflood.honest_norm(validator, swarm.setup)
+    arena = Arena(validator, honest)
+    ours = {m.key for m in honest}
+    left_out: set[str] = set()
+    for r in range(2):
+        noise = [FreshNoise(swarm.setup, identity_for(f"newcomers/wait/{r}/{i}"), norm) for i in range(8)]
+        arena.miners = [*honest, *noise]
+        waited = set(validator.book.waited)
+        assert waited == left_out  # what the round before left unexamined, and nothing else
+        record = arena.play()
+        reasons = {record.senders[o.index]: o.reason for o in record.report.outcomes}
+        left_out = {k for k, why in reasons.items() if why.startswith(NOT_EXAMINED)}
+        if r == 0:
+            assert left_out & ours, "every honest newcomer was examined in round 0: the test proves nothing"
+        else:
+            assert not waited & left_out  # each one that waited was examined
+    assert set(validator.book.waited) == left_out
 
 
 def test_the_flood_bench_reports_each_flooded_round(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ in-memory network's real submit conversation:
 - a payload larger than the round's byte budget is refused from its header;
 - a flood of fresh keys fills the newcomer seats (the rest are "not drawn") without holding more
   than the byte budget on disk;
+- a body that is no payload of the run's codec is refused as it lands and its seat freed: junk
+  from fresh keys that came first does not keep later newcomers out;
 - then M, established, is seated all the same (a newcomer is unseated and reported), and the
   service B would start on takeover is handed the same intake with what it collected.
 """
@@ -19,13 +21,15 @@ import asyncio
 import hashlib
 from pathlib import Path
 
+import torch
+
 from node.events import Events, read_events
 from node.events.models import Dropped
 from node.net.memory import MemoryNetwork, MemoryPeer
 from node.roles.intake import RoundIntake
 from node.roles.records import run_records
 from node.roles.tasks import validator_role_for
-from node.run.manifest import Manifest
+from node.run.manifest import Manifest, codec_for
 from node.run.setup import RunSetup
 from node.run.task import task_for
 from protocol.assignment import Assignment
@@ -33,6 +37,7 @@ from protocol.errors import TransferError
 from protocol.identity import Identity
 from protocol.messages import SubmissionHeader
 from protocol.signing import sign
+from protocol.state import State
 from validator.admission import AdmissionRules
 from validator.audit import Replica
 from validator.core import initial_snapshot
@@ -40,8 +45,9 @@ from validator.core import initial_snapshot
 FLOOD = 24  # fresh keys, three times the round's seats
 SEATS = 8
 NEWCOMER_SEATS = 4
-BODY = 1000  # bytes of each payload
-BUDGET = SEATS * BODY
+BODY = 1000  # bytes of a junk body
+BUDGET = 16 * BODY  # above SEATS payloads of the run's codec (each under BODY) ...
+BIG = BUDGET + 1  # ... and below this
 EARLIER = "e" * 64  # the state of round 0, as B's book names it
 ROUND = 2  # the round B opens: M earned standing in rounds 0 and 1 (`established_rounds`)
 
@@ -63,12 +69,22 @@ def manifest() -> Manifest:
 
 
 class Pushers:
-    def __init__(self, setup: RunSetup, peer: MemoryPeer, to: str) -> None:
-        self.setup, self.peer, self.to = setup, peer, to
+    def __init__(self, setup: RunSetup, peer: MemoryPeer, to: str, weights: State) -> None:
+        self.setup, self.peer, self.to, self.weights = setup, peer, to, weights
 
-    async def push(self, me: Identity, base: str, *, size: int = BODY, codec: str | None = None) -> str | None:
-        """One submission for round `ROUND` from `me`; None if B took it, else its answer."""
-        payload = hashlib.sha256(me.public_hex.encode()).digest() * (size // 32) + b"x" * (size % 32)
+    def payload(self, me: Identity) -> bytes:
+        """A payload of the run's codec for W_2, from `me`'s own random update."""
+        torch.manual_seed(int.from_bytes(bytes.fromhex(me.public_hex)[:4], "big"))
+        delta = {name: torch.randn(t.shape) * 1e-3 for name, t in self.weights.items()}
+        payload, _, _ = codec_for(self.setup.manifest).compress(delta, None, self.weights)
+        assert len(payload) < BODY
+        return payload
+
+    async def push(self, me: Identity, base: str, *, junk: int = 0, codec: str | None = None) -> str | None:
+        """One submission for round `ROUND` from `me` (`junk` bytes of no codec, or a real payload);
+        None if B took it, else its answer."""
+        digest = hashlib.sha256(me.public_hex.encode()).digest()
+        payload = digest * (junk // 32) + b"x" * (junk % 32) if junk else self.payload(me)
         header = SubmissionHeader.for_payload(
             run_id=self.setup.run_id, round_=ROUND, base_hash=base, payload=payload,
             codec=codec or self.setup.manifest.train.codec, sender=me.public_hex,
@@ -107,7 +123,8 @@ def test_a_standby_floods_like_the_active_validator_and_seats_an_established_min
         }
     )
     role.auditor.replica = replica
-    pushers = Pushers(setup, network.join(key("pushers"), tmp_path / "pushers", role="miner"), peer.peer_id)
+    miners = network.join(key("pushers"), tmp_path / "pushers", role="miner")
+    pushers = Pushers(setup, miners, peer.peer_id, replica.weights)
     base = replica.state_hash
 
     async def main() -> dict[str, str | None]:
@@ -115,11 +132,16 @@ def test_a_standby_floods_like_the_active_validator_and_seats_an_established_min
         answers: dict[str, str | None] = {
             "behind": await pushers.push(key("behind"), EARLIER),
             "codec": await pushers.push(key("codec"), base, codec="dense"),
-            "over-budget": await pushers.push(key("big"), base, size=BUDGET + 1),
+            "over-budget": await pushers.push(key("big"), base, junk=BIG),
         }
+        for i in range(FLOOD):  # junk first: it is refused as it lands, and its seat is free again
+            answers[f"junk{i}"] = await pushers.push(key(f"junk{i}"), base, junk=BODY)
+            answers[f"junk{i} again"] = await pushers.push(key(f"junk{i}"), base)
+        seated_after_junk = len(intake.admission.seats)
         for i in range(FLOOD):
             answers[f"flood{i}"] = await pushers.push(key(f"flood{i}"), base)
         answers["established"] = await pushers.push(m, base)
+        answers["seated after junk"] = str(seated_after_junk)
         return answers
 
     answers = asyncio.run(main())
@@ -129,9 +151,16 @@ def test_a_standby_floods_like_the_active_validator_and_seats_an_established_min
     assert "behind: trained from the state of round 0" in str(answers["behind"])
     assert "codec dense" in str(answers["codec"])
     assert "exceeds the round's budget" in str(answers["over-budget"])
+    junk = [answers[f"junk{i}"] for i in range(FLOOD)]
+    assert all("undecodable: UnknownVersion: not a sparseloco payload" in str(a) for a in junk), junk
+    again = [answers[f"junk{i} again"] for i in range(FLOOD)]  # one payload per key and round, as ever
+    assert all("its payload was refused this round" in str(a) for a in again), again
+    assert answers["seated after junk"] == "0"  # each freed its seat as it landed
     flood = [answers[f"flood{i}"] for i in range(FLOOD)]
     assert all(a is None or "not drawn" in a for a in flood), flood
-    assert intake.admission.offered == FLOOD + 2  # behind and codec never reached admission
+    # the first SEATS valid newcomers found every seat free, whatever their tickets
+    assert all(a is None for a in flood[:SEATS])
+    assert intake.admission.offered == 3 * FLOOD + 2  # behind and codec never reached admission
     # the established miner is seated behind the flood; a newcomer made room
     assert answers["established"] is None
     assert m.public_hex in intake.received and len(intake.received) <= SEATS

@@ -3,6 +3,7 @@
     admission = Admission(rules, established, secret)
     verdict = admission.offer(sender, payload_size)   # a header arrived: seated, or refused with a reason
     refusal = admission.arrive(sender)                # its body arrived: kept, or why not any more
+    admission.reject(sender, reason)                  # the body arrived and is not a payload: seat freed
     unseated = admission.expire()                     # seats whose body is overdue, freed with their bytes
     waited = admission.awaited(announced)             # of the keys announced for the round, those to wait for
 
@@ -20,13 +21,18 @@ Seats go by standing:
 - newcomers share the seats established keys leave (never fewer than `newcomer_seats`). Each
   newcomer draws a ticket, a hash of the validator's secret for the round and its key, and the
   seats go to the lowest tickets among every newcomer that offered this round, whatever the order
-  they came in (a bottom-k sample: a uniformly random subset). Keys `earning` standing (earned it
-  in a round of the window, not yet in enough to be established: `gauntlet.earning_of`) draw from
-  the lower half of the range, fresh keys from the upper half: a key that did the work once keeps
-  a newcomer seat against any flood of fresh keys until it is established. Without that, a run
-  that starts under a flood seated each honest newcomer in about one round in five, and the two
-  earning rounds establishment needs took most of a run (0.18 of the clean run's honest miners
-  aggregated under 640 fresh keys a round in `pulse bench attacks`). A later newcomer with a lower ticket
+  they came in (a bottom-k sample: a uniformly random subset). Tickets come in three tiers, each
+  below every ticket of the next: keys `earning` standing (earned it in a round of the window, not
+  yet in enough to be established: `gauntlet.earning_of`), then keys `waited` (their payload was
+  seated and left unexamined in the round before: `Standing.waited`), then fresh keys. A key that
+  did the work once keeps a newcomer seat against any flood of fresh keys until it is established.
+  Without that, a run that starts under a flood seated each honest newcomer in about one round in
+  five, and the two earning rounds establishment needs took most of a run (0.18 of the clean run's
+  honest miners aggregated under 640 fresh keys a round in `pulse bench attacks`). A key that sent
+  a whole payload and was not examined goes before the keys that are new this round, so a flood of
+  fresh keys each round leaves an honest newcomer out of the examinations for one round, not for a
+  run of lotteries; a flood that keeps its keys to wait with them gains one round's place for each
+  payload it sent, which it then loses when examined. A later newcomer with a lower ticket
   takes the seat of the highest seated one. Tickets cannot be predicted (the secret is the
   validator's) and a retry draws the same ticket, so sending again gains nothing. A flood of fresh
   keys thins every newcomer's chance alike and never takes an established key's seat; an
@@ -41,7 +47,11 @@ Newcomers that no longer fit are unseated, highest ticket first.
 Seats whose body has not arrived within `body_deadline` of the first offer (the time an upload at
 `min_body_rate` takes, plus `body_grace_seconds`) are freed with their bytes when another header
 needs them or the caller asks (`expire`), with that reason: a header alone holds nothing for long.
-Its sender cannot take a seat again this round.
+A body that arrives and is no payload of the run's codec (`reject`: random bytes, another layout, a
+truncation, found without decoding it) frees its seat at once. Either way its sender cannot take a
+seat again this round. Without that, 640 fresh keys a round pushing random bytes held all 128 seats
+until the round closed and each honest newcomer was seated in about one round in five (0.58 of the
+clean run's honest miners aggregated in `pulse bench attacks`' flood-x4).
 
 Who a round waits for is decided the same way. Announcements (open DHT heartbeats) cost nothing
 to sign, so `awaited` counts every established key that announced itself but newcomers only up to
@@ -73,11 +83,20 @@ class Established(frozenset[str]):
         return keys
 
 
-def newcomer_ticket(secret: bytes, sender: str, earning: bool) -> int:
-    """`sender`'s ticket for a round whose admission secret is `secret`: lower goes first. Keys earning
-    standing draw from the lower half of the range, fresh keys from the upper half."""
-    draw = int.from_bytes(hashlib.sha256(secret + sender.encode()).digest(), "big") >> 1
-    return draw if earning else draw | 1 << 255
+EARNING, WAITED, FRESH = 0, 1, 2
+"""Newcomer ticket tiers, lowest first: earning standing, waited unexamined last round, new."""
+
+
+def newcomer_ticket(secret: bytes, sender: str, tier: int) -> int:
+    """`sender`'s ticket for a round whose admission secret is `secret`: lower goes first. Each tier
+    (`EARNING`, `WAITED`, `FRESH`) draws from its own quarter of the range, in that order."""
+    draw = int.from_bytes(hashlib.sha256(secret + sender.encode()).digest(), "big") >> 2
+    return draw | tier << 254
+
+
+def ticket_tier(sender: str, earning: frozenset[str], waited: frozenset[str]) -> int:
+    """`sender`'s tier among newcomers: `EARNING` before `WAITED` before `FRESH`."""
+    return EARNING if sender in earning else WAITED if sender in waited else FRESH
 
 
 def standing_of(established: frozenset[str], sender: str) -> float:
@@ -132,11 +151,12 @@ class Admission:
     refused: int = 0
     unseated: int = 0
     clock: Callable[[], float] = time.monotonic
-    overdue: set[str] = field(default_factory=set)  # seats freed this round for a body that never came
-    earning: frozenset[str] = frozenset()  # keys on their way to being established: tickets below any fresh key's
+    barred: dict[str, str] = field(default_factory=dict)  # sender -> why its seat was freed this round
+    earning: frozenset[str] = frozenset()  # keys on their way to being established: the lowest tickets
+    waited: frozenset[str] = frozenset()  # keys left unexamined last round: tickets below any fresh key's
 
     def ticket(self, sender: str) -> int:
-        return newcomer_ticket(self.secret, sender, sender in self.earning)
+        return newcomer_ticket(self.secret, sender, ticket_tier(sender, self.earning, self.waited))
 
     def awaited(self, announced: Iterable[str]) -> set[str]:
         """Of the keys that announced themselves for this round, those the round waits for: every
@@ -173,7 +193,7 @@ class Admission:
             allowed = self.rules.body_deadline(seat.size)
             if not seat.arrived and now - seat.since > allowed:
                 del self.seats[seat.sender]
-                self.overdue.add(seat.sender)
+                self.barred[seat.sender] = "its seat was freed this round: the body did not arrive in time"
                 out.append((seat.sender, f"seat freed: its body did not arrive within {allowed:.0f} s"))
         self.unseated += len(out)
         return tuple(out)
@@ -188,6 +208,14 @@ class Admission:
         seat.arrived = True
         return None
 
+    def reject(self, sender: str, reason: str) -> None:
+        """`sender`'s body arrived and is refused for `reason` (it is not a payload of the run's codec):
+        its seat and bytes go to others at once, and it takes no seat again this round. Such a body
+        costs little to find, but a seat held by it until the round closes is one no honest newcomer
+        gets: a flood of junk from fresh keys would otherwise hold every seat."""
+        self.seats.pop(sender, None)
+        self.barred[sender] = f"its payload was refused this round: {reason}"
+
     def leave(self, sender: str) -> None:
         """Free `sender`'s seat (its body never came, or it was refused for another reason)."""
         self.seats.pop(sender, None)
@@ -198,8 +226,8 @@ class Admission:
         old = self.seats.get(sender)
         if old is not None and old.arrived:
             return Verdict("one submission per miner per round")
-        if sender in self.overdue:
-            return Verdict("its seat was freed this round: the body did not arrive in time")
+        if sender in self.barred:
+            return Verdict(self.barred[sender])
         if size > self.rules.byte_budget:
             return Verdict(f"payload of {size} bytes exceeds the round's budget of {self.rules.byte_budget}")
         if old is not None:  # the same key again before its body came (a retry): same seat, new size

@@ -210,7 +210,7 @@ class Validator:
     def standing(self) -> Standing:
         """The miners' ratings, indicator averages and rounds gained this round starts from."""
         gained = {m: tuple(r) for m, r in self.book.gained.items()}
-        return Standing(self.ratings, self.book.indicators, gained, dict(self.book.since))
+        return Standing(self.ratings, self.book.indicators, gained, dict(self.book.since), frozenset(self.book.waited))
 
     def established(self) -> Established:
         """Miners with a history of earned standing (`gauntlet.established`), each with its standing
@@ -268,6 +268,7 @@ class Validator:
             indicators=dict(standing.indicators),
             gained={m: list(r) for m, r in standing.gained.items()},
             since=dict(standing.since),
+            waited=sorted(standing.waited),
             seen=seen.ids(),
             states=[*self.book.states, new_hash][-(self.cfg.behind_rounds + 1) :],
         )

@@ -154,6 +154,9 @@ class Standing:
     standing (`earned`): who is established (`established`)."""
     since: Mapping[str, int] = field(default_factory=dict)
     """The round each miner in `gained` first earned standing: its seniority (`NormReference`)."""
+    waited: frozenset[str] = frozenset()
+    """Senders of the payloads the round left unexamined (`NewcomerBudget`): next round's tickets
+    come before fresh keys' (admission.py)."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +274,8 @@ class RoundPipeline:
         forget = {m for m in idle if m not in gained}
         kept = {m: v for m, v in indicators.items() if m not in forget}
         since = seniority(standing, earners, round_, self.cfg.established_window)
-        return Standing(ratings.without(forget), kept, gained, since)
+        waited = frozenset(a.sender for a in inspection.assessments if a.unexamined and a.sender is not None)
+        return Standing(ratings.without(forget), kept, gained, since, waited)
 
     def decode(self, payload: bytes) -> StateDict:
         return self.codec.decompress(payload, self.weights, max_bytes=self.cap)
@@ -688,7 +692,7 @@ def seat_standing(standing: Standing, miner: str, round_: int) -> float:
 def newcomer_budget(cfg: GauntletConfig, standing: Standing, round_: int) -> NewcomerBudget:
     """Round `round_`'s bound on newcomers' examinations (newcomers.py), its tickets still unkeyed."""
     earning = earning_of(cfg, standing.gained, round_)
-    return NewcomerBudget(established(cfg, standing, round_), earning, cfg.newcomer_evaluations)
+    return NewcomerBudget(established(cfg, standing, round_), earning, cfg.newcomer_evaluations, waited=standing.waited)
 
 
 def established(cfg: GauntletConfig, standing: Standing, round_: int) -> frozenset[str]:

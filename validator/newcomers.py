@@ -8,7 +8,8 @@ forward passes, seconds each at 0.5B. Up to 128 seats go to newcomers when few e
 send, so a flood of fresh keys sending valid noise at the median norm (no work: `quietnoise`) would
 make every round decode and evaluate all of them. Here every payload an established key sent is
 examined, and newcomers' payloads until `evaluations` of them were decoded, lowest admission
-ticket first (keys earning standing before fresh keys, as for seats). A payload that fails before
+ticket first (keys earning standing, then keys left unexamined the round before, then fresh keys,
+as for seats). A payload that fails before
 its whole body is read (random bytes, another layout, a truncation) costs little and does not
 count, so a flood of junk cannot spend the budget and shut the honest newcomers out. One that fails
 later counts: its streams were being decoded, so it cost about what a decode costs (a valid
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from validator.admission import newcomer_ticket
+from validator.admission import newcomer_ticket, ticket_tier
 
 T = TypeVar("T")
 NOT_EXAMINED = "not examined: "  # how the reason of a payload left unexamined begins
@@ -36,9 +37,10 @@ NOT_EXAMINED = "not examined: "  # how the reason of a payload left unexamined b
 @dataclass(frozen=True)
 class NewcomerBudget:
     established: frozenset[str]
-    earning: frozenset[str]  # keys on their way to being established: tickets before fresh keys'
+    earning: frozenset[str]  # keys on their way to being established: the lowest tickets
     evaluations: int  # newcomer payloads decoded whole per round, at most
     secret: bytes = b""  # the round's admission secret (`RoundSecret.key("admission")`): the tickets
+    waited: frozenset[str] = frozenset()  # keys left unexamined last round: tickets before fresh keys'
 
     def vouched(self, senders: Sequence[str]) -> bool:
         """Whether an established key is among `senders` (the keys that sent one payload)."""
@@ -49,7 +51,7 @@ class NewcomerBudget:
         examined), else their lowest."""
         if self.vouched(senders):
             return None
-        return min(newcomer_ticket(self.secret, s, s in self.earning) for s in senders)
+        return min(newcomer_ticket(self.secret, s, ticket_tier(s, self.earning, self.waited)) for s in senders)
 
 
 def examine_in_passes(

@@ -43,6 +43,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from protocol.errors import CorruptState
+from protocol.messages import MAX_REJECTIONS
 from validator import ledger
 from validator.atomicfile import write_atomic
 from validator.ratings import RatingRecord
@@ -74,6 +75,9 @@ class Book(BaseModel):
     gate's reference), and whose rating is kept while it is away."""
     since: dict[str, int] = Field(default_factory=dict)
     """The round each miner in `gained` first earned standing (its seniority: the norm gate's weights)."""
+    waited: list[str] = Field(default_factory=list, max_length=MAX_REJECTIONS)
+    """Senders whose payload the round before left unexamined, sorted: their newcomer tickets come
+    before fresh keys' (`validator.admission`)."""
     states: list[str] = Field(min_length=1)
     """SHA-256 of recent BF16 states, oldest first; the last is the state of `round`."""
 

@@ -15,7 +15,10 @@ The transfer service calls three methods, on the event loop:
   newcomer it unseats leaves the round (`Dropped`, its payload removed);
 - `favoured(header)`: established keys may use the reserved upload slots;
 - `on_submission(verified, path)`, once the body is stored in the inbox: kept for the round
-  (`Received`, its arrival time noted for the adaptive deadline), or refused with the reason.
+  (`Received`, its arrival time noted for the adaptive deadline), or refused with the reason. A body
+  that is no payload of the run's codec (`Codec.framing_problem`: read to its end, nothing decoded)
+  is refused here and its seat freed at once (`Admission.reject`), so junk from fresh keys holds no
+  seat for the round; a payload that frames but fails once decoded is the Gauntlet's to judge.
 
 The active validator and a standby hold the same object and apply the same rules: a standby opens
 it on the state its auditor verified, with the standing its replica's book records (`terms_of`), and
@@ -26,6 +29,7 @@ in the inbox, one file per distinct body, until the round closes or they are ref
 from __future__ import annotations
 
 import logging
+import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +38,7 @@ from pathlib import Path
 from node.events import Events, mb
 from node.events.models import Dropped, Received
 from node.net.blobstore import BlobStore
+from node.run.manifest import codec_for
 from node.run.setup import RunSetup
 from protocol.codec import default_max_bytes
 from protocol.identity import Identity
@@ -42,7 +47,7 @@ from protocol.signing import Verified
 from protocol.state import State
 from validator.admission import Admission, AdmissionRules
 from validator.core import earning_in, established_in, round_context
-from validator.intake import RoundContext, Submission, check_header
+from validator.intake import RoundContext, Submission, check_header, reason_text
 from validator.scoring import RoundSecret
 from validator.state import Book
 
@@ -58,7 +63,9 @@ class RoundTerms:
     context: RoundContext  # run, round, W_r's hash, the earlier states, codec, payload cap
     established: frozenset[str]  # seated first, and favoured on the upload slots
     secret: bytes  # this validator's secret for the round: the newcomers' tickets
-    earning: frozenset[str] = frozenset()  # newcomers that earned standing once: tickets before fresh keys'
+    earning: frozenset[str] = frozenset()  # newcomers that earned standing once: the lowest tickets
+    waited: frozenset[str] = frozenset()  # newcomers left unexamined last round: tickets before fresh keys'
+    layout: State | None = None  # W_r: the names and shapes a payload must be made for (None: not checked)
 
 
 def terms_of(setup: RunSetup, identity: Identity, book: Book, state_hash: str, weights: State) -> RoundTerms:
@@ -68,7 +75,8 @@ def terms_of(setup: RunSetup, identity: Identity, book: Book, state_hash: str, w
     cap = cfg.max_payload_bytes or default_max_bytes(weights)
     secret = RoundSecret.derive(identity, setup.run_id, book.round).key("admission")
     context = round_context(cfg, setup.run_id, book, state_hash, cap)
-    return RoundTerms(context, established_in(cfg, book), secret, earning_in(cfg, book))
+    earning, waited = earning_in(cfg, book), frozenset(book.waited)
+    return RoundTerms(context, established_in(cfg, book), secret, earning, waited, weights)
 
 
 def admission_rules(setup: RunSetup, max_payload: int) -> AdmissionRules:
@@ -88,6 +96,7 @@ class RoundIntake:
         """`inbox`: the folder pushed payloads land in, owned by this intake and emptied here (a round
         cut off by a restart starts over: its payloads are void)."""
         self.setup, self.events, self.clock = setup, events, clock
+        self.codec = codec_for(setup.manifest)
         self.inbox = BlobStore(inbox)
         self.inbox.clear_partials()
         self.received: dict[str, Submission] = {}  # by sender, this round; payloads are files in the inbox
@@ -108,7 +117,7 @@ class RoundIntake:
         """Take headers for `terms`' round from now on; nothing of an earlier round stays."""
         rules = self.rules or admission_rules(self.setup, terms.context.max_payload_bytes)
         self.terms, self.rules = terms, rules
-        self.admission = Admission(rules, terms.established, terms.secret, earning=terms.earning)
+        self.admission = Admission(rules, terms.established, terms.secret, earning=terms.earning, waited=terms.waited)
         self.arrivals = {}
         self.empty()  # a body may have landed after the last round closed
         self.opened_at = self.clock() if opened_at is None else opened_at
@@ -154,6 +163,10 @@ class RoundIntake:
         """Its body arrived (verified, at `path` in the inbox): None keeps it for the round."""
         header = verified.message
         refusal = self.void(header) or self.admission.arrive(header.sender)
+        if refusal is None and (problem := self._framing_problem(path)) is not None:
+            refusal = problem
+            self.admission.reject(header.sender, problem)
+            log.info("round %d: refused %s...'s payload, its seat freed: %s", self.round, header.sender[:12], problem)
         if refusal is not None:
             self._discard(header.payload_sha256)
             return refusal
@@ -166,6 +179,22 @@ class RoundIntake:
         return None
 
     # -- payloads --------------------------------------------------------------------------------------
+
+    def _framing_problem(self, path: Path) -> str | None:
+        """Why the payload at `path` is no payload of the run's codec for W_r, or None (mapped, not read
+        whole: only its framing is touched)."""
+        if self.terms is None or self.terms.layout is None:
+            return None
+        if path.stat().st_size == 0:
+            return "undecodable: an empty payload"
+        cap = self.terms.context.max_payload_bytes
+        with (
+            path.open("rb") as f,
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+            memoryview(mapped) as view,
+        ):
+            exc = self.codec.framing_problem(view, self.terms.layout, max_bytes=cap)
+        return None if exc is None else reason_text(f"undecodable: {type(exc).__name__}: {exc}")
 
     def _drop(self, sender: str, reason: str) -> None:
         """`sender` lost its seat: a received payload leaves the round (one in flight is refused on arrival)."""
