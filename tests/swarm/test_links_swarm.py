@@ -95,13 +95,15 @@ def test_an_interrupted_join_resumes(lab: LinkLab, run: frozenrun.FrozenRun) -> 
     store = BlobStore(lab.out / "state" / "join-resume" / "blobs")
     first = lab.start_client("join", "joiner", run, "join-resume")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and resumable_bytes(store, sha) < 8 << 20:
+    while time.monotonic() < deadline and resumable_bytes(store, sha) < 12 << 20:
         time.sleep(0.05)
-    kill_group(first)  # the joiner dies with a third of the checkpoint on disk
+    kill_group(first)  # the joiner dies with about half the checkpoint on disk
     kept = resumable_bytes(store, sha)
-    assert kept >= 8 << 20
+    assert kept >= 12 << 20
     figures = lab.run_client("join", "joiner", run, timeout=180, name="join-resume")
     event = loaded(lab, "join-resume")
+    # what is on disk counts its pieces in flight at the kill, half written: only whole, checked
+    # pieces are resumed (8,396,800 bytes on disk gave 7,668,072 resumed once)
     assert event.resumed >= 8 << 20 and event.resumed <= kept, (event, kept)
     assert event.planned_bytes is not None and event.planned_bytes < run.facts["checkpoint"]["size"]
     assert figures["join_seconds"] > 0
