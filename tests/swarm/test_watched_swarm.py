@@ -1,14 +1,14 @@
 """One real swarm watched two ways: `--metrics-port` on live roles, and `pulse dashboard` in a real
 headless browser.
 
-A bootstrap, a validator, two honest miners, a follower and a hostile miner sending NaN payloads run
-3 rounds, every role but the second miner and the hostile one serving metrics, and `pulse dashboard`
-watching them through the DHT. The swarm is started once for both tests (a swarm each cost CI a
+A bootstrap, a validator, two honest miners, a follower and a hostile miner sending payloads that
+repeat a position (they read whole and fail once decoded) run 3 rounds, every role but the second
+miner and the hostile one serving metrics, and `pulse dashboard` watching them through the DHT. The swarm is started once for both tests (a swarm each cost CI a
 minute).
 
 - metrics: each role scraped over HTTP on loopback while it runs; what they say is checked against
   the roles' typed events (every submission received has one outcome; the follower's patches and
-  bytes; the miner's scored rounds); the hostile NaN payloads show up as rejections of class
+  bytes; the miner's scored rounds); the hostile payloads show up as rejections of class
   `undecodable`, and every `reason` label is one of the fixed classes.
 - dashboard: Chromium (the system's, driven by Playwright) must show the swarm's open round, a
   held-out loss plot with one point per finished round, and the hostile submission's rejection with
@@ -83,7 +83,7 @@ def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
         miner = swarm.start_role("miner0", "miner", keys.honest[0], extra=keep_going)
         swarm.start_role("miner1", "miner", keys.honest[1])
         follower = swarm.start_role("follower", "follow", None, extra=keep_going)
-        swarm.start_team(Team("hostile", ("nan",), 1), keys.hostile)
+        swarm.start_team(Team("hostile", ("dup-positions",), 1), keys.hostile)
         served = ("bootstrap", "validator", "miner0", "follower")
         urls = {p.name: metrics_url(p.log) for p in swarm.procs if p.name in served}
         assert all(url.startswith("http://127.0.0.1:") for url in urls.values()), urls  # loopback by default
@@ -119,7 +119,7 @@ def test_live_roles_serve_their_metrics(watched: Watched) -> None:
     validator, miner_samples, follower_samples = (watched.scraped[n] for n in ("validator", "miner0", "follower"))
     bootstrap = watched.scraped["bootstrap"]
 
-    # the validator: one outcome per submission received, the hostile NaN payloads as "undecodable"
+    # the validator: one outcome per submission received, the hostile payloads as "undecodable"
     assert validator[("pulse_node_info", _info("validator", manifest.run_id, keys.validator_hex()))] == 1
     assert validator[("pulse_round", ())] == ROUNDS
     received = validator[("pulse_submissions_received_total", ())]
@@ -178,7 +178,7 @@ def test_dashboard_shows_round_loss_and_a_rejected_hostile_submission(watched: W
             points = page.locator("#loss-plot circle.point")
             assert [points.nth(i).get_attribute("data-round") for i in range(ROUNDS)] == ["0", "1", "2"]
             rejected = page.locator("#submissions tr", has_text=hostile[:16]).first.inner_text()
-            assert "not aggregated: undecodable: NonFiniteValues" in rejected, rejected
+            assert "not aggregated: undecodable: InvalidPositions" in rejected, rejected
             honest = [keys_hex(k)[:16] for k in keys.honest]
             board = page.locator("#leaderboard").inner_text()
             assert all(k in board for k in honest), board
