@@ -3,8 +3,8 @@ headless browser.
 
 A bootstrap, a validator, two honest miners, a follower and a hostile miner sending payloads that
 repeat a position (they read whole and fail once decoded) run 3 rounds, every role but the second
-miner and the hostile one serving metrics, and `pulse dashboard` watching them through the DHT. The swarm is started once for both tests (a swarm each cost CI a
-minute).
+miner and the hostile one serving metrics, and `pulse dashboard` watching them through the DHT.
+The swarm is started once for both tests (a swarm each cost CI a minute).
 
 - metrics: each role scraped over HTTP on loopback while it runs; what they say is checked against
   the roles' typed events (every submission received has one outcome; the follower's patches and
