@@ -15,7 +15,7 @@ from node.bench import newcomerflood
 from node.bench.arena import Arena, RoundRecord
 from node.swarm.fakeminers import FreshNoise, Miner, RoundView, identity_for
 from tests.fakeswarm import CountingEvaluator, make_swarm
-from validator.admission import FRESH, newcomer_ticket
+from validator.admission import newcomer_ticket
 from validator.core import RoundReport
 from validator.intake import Submission
 from validator.newcomers import NOT_EXAMINED, NewcomerBudget, examine_in_passes
@@ -84,7 +84,7 @@ def flooded(tmp_path_factory: pytest.TempPathFactory) -> Flooded:
 
 def _tickets(arena: Arena, record: RoundRecord) -> dict[str, int]:
     secret = RoundSecret.derive(identity_for("validator"), arena.validator.run_id, record.report.round).key("admission")
-    return {s: newcomer_ticket(secret, s, FRESH) for s in record.senders}
+    return {s: newcomer_ticket(secret, s) for s in record.senders}
 
 
 def test_a_flood_of_valid_noise_is_examined_only_up_to_the_budget(

@@ -83,20 +83,15 @@ class Established(frozenset[str]):
         return keys
 
 
-EARNING, WAITED, FRESH = 0, 1, 2
-"""Newcomer ticket tiers, lowest first: earning standing, waited unexamined last round, new."""
-
-
-def newcomer_ticket(secret: bytes, sender: str, tier: int) -> int:
-    """`sender`'s ticket for a round whose admission secret is `secret`: lower goes first. Each tier
-    (`EARNING`, `WAITED`, `FRESH`) draws from its own quarter of the range, in that order."""
+def newcomer_ticket(
+    secret: bytes, sender: str, earning: frozenset[str] = frozenset(), waited: frozenset[str] = frozenset()
+) -> int:
+    """`sender`'s ticket for a round whose admission secret is `secret`: lower goes first. Keys in
+    `earning`, then keys in `waited`, then fresh keys each draw from their own quarter of the range,
+    in that order."""
     draw = int.from_bytes(hashlib.sha256(secret + sender.encode()).digest(), "big") >> 2
+    tier = 0 if sender in earning else 1 if sender in waited else 2
     return draw | tier << 254
-
-
-def ticket_tier(sender: str, earning: frozenset[str], waited: frozenset[str]) -> int:
-    """`sender`'s tier among newcomers: `EARNING` before `WAITED` before `FRESH`."""
-    return EARNING if sender in earning else WAITED if sender in waited else FRESH
 
 
 def standing_of(established: frozenset[str], sender: str) -> float:
@@ -156,7 +151,7 @@ class Admission:
     waited: frozenset[str] = frozenset()  # keys left unexamined last round: tickets below any fresh key's
 
     def ticket(self, sender: str) -> int:
-        return newcomer_ticket(self.secret, sender, ticket_tier(sender, self.earning, self.waited))
+        return newcomer_ticket(self.secret, sender, self.earning, self.waited)
 
     def awaited(self, announced: Iterable[str]) -> set[str]:
         """Of the keys that announced themselves for this round, those the round waits for: every

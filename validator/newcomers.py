@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from validator.admission import newcomer_ticket, ticket_tier
+from validator.admission import newcomer_ticket
 
 T = TypeVar("T")
 NOT_EXAMINED = "not examined: "  # how the reason of a payload left unexamined begins
@@ -51,7 +51,7 @@ class NewcomerBudget:
         examined), else their lowest."""
         if self.vouched(senders):
             return None
-        return min(newcomer_ticket(self.secret, s, ticket_tier(s, self.earning, self.waited)) for s in senders)
+        return min(newcomer_ticket(self.secret, s, self.earning, self.waited) for s in senders)
 
 
 def examine_in_passes(

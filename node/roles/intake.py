@@ -63,9 +63,9 @@ class RoundTerms:
     context: RoundContext  # run, round, W_r's hash, the earlier states, codec, payload cap
     established: frozenset[str]  # seated first, and favoured on the upload slots
     secret: bytes  # this validator's secret for the round: the newcomers' tickets
+    layout: State  # W_r: the names and shapes a payload must be made for
     earning: frozenset[str] = frozenset()  # newcomers that earned standing once: the lowest tickets
     waited: frozenset[str] = frozenset()  # newcomers left unexamined last round: tickets before fresh keys'
-    layout: State | None = None  # W_r: the names and shapes a payload must be made for (None: not checked)
 
 
 def terms_of(setup: RunSetup, identity: Identity, book: Book, state_hash: str, weights: State) -> RoundTerms:
@@ -76,7 +76,7 @@ def terms_of(setup: RunSetup, identity: Identity, book: Book, state_hash: str, w
     secret = RoundSecret.derive(identity, setup.run_id, book.round).key("admission")
     context = round_context(cfg, setup.run_id, book, state_hash, cap)
     earning, waited = earning_in(cfg, book), frozenset(book.waited)
-    return RoundTerms(context, established_in(cfg, book), secret, earning, waited, weights)
+    return RoundTerms(context, established_in(cfg, book), secret, weights, earning, waited)
 
 
 def admission_rules(setup: RunSetup, max_payload: int) -> AdmissionRules:
@@ -164,9 +164,8 @@ class RoundIntake:
         header = verified.message
         refusal = self.void(header) or self.admission.arrive(header.sender)
         if refusal is None and (problem := self._framing_problem(path)) is not None:
-            refusal = problem
+            refusal = problem  # the transfer service logs it and answers it on the stream
             self.admission.reject(header.sender, problem)
-            log.info("round %d: refused %s...'s payload, its seat freed: %s", self.round, header.sender[:12], problem)
         if refusal is not None:
             self._discard(header.payload_sha256)
             return refusal
@@ -183,17 +182,18 @@ class RoundIntake:
     def _framing_problem(self, path: Path) -> str | None:
         """Why the payload at `path` is no payload of the run's codec for W_r, or None (mapped, not read
         whole: only its framing is touched)."""
-        if self.terms is None or self.terms.layout is None:
+        if self.terms is None:
             return None
-        if path.stat().st_size == 0:
-            return "undecodable: an empty payload"
-        cap = self.terms.context.max_payload_bytes
-        with (
-            path.open("rb") as f,
-            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
-            memoryview(mapped) as view,
-        ):
-            exc = self.codec.framing_problem(view, self.terms.layout, max_bytes=cap)
+        layout, cap = self.terms.layout, self.terms.context.max_payload_bytes
+        if path.stat().st_size == 0:  # mmap cannot map an empty file
+            exc = self.codec.framing_problem(b"", layout, max_bytes=cap)
+        else:
+            with (
+                path.open("rb") as f,
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+                memoryview(mapped) as view,
+            ):
+                exc = self.codec.framing_problem(view, layout, max_bytes=cap)
         return None if exc is None else reason_text(f"undecodable: {type(exc).__name__}: {exc}")
 
     def _drop(self, sender: str, reason: str) -> None:
