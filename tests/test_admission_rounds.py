@@ -35,7 +35,7 @@ import pytest
 import torch
 
 from node.events import EventLog, Events, read_events
-from node.events.models import Dropped, RoundClosed
+from node.events.models import Dropped, Missed, RoundClosed
 from node.net.memory import MemoryNetwork, MemoryPeer
 from node.roles.intake import RoundIntake
 from node.roles.miner import Miner, RoundInputs
@@ -59,6 +59,7 @@ from tests.rounds import (
     lm_manifest,
 )
 from validator.admission import AdmissionRules
+from validator.newcomers import NOT_EXAMINED
 
 ROUNDS = 3
 FLOOD = 140  # more fresh keys than the round's 128 seats
@@ -259,12 +260,24 @@ def closed(seen: Observed, r: int) -> RoundClosed:
 
 def test_established_miners_are_seated_behind_a_flood_of_fresh_keys(observed: Observed) -> None:
     r2 = closed(observed, 2)
-    for miner in observed.honest:
-        assert miner in r2.scores or miner in r2.rejections, "an honest miner was silently ignored"
-        assert "full" not in r2.rejections.get(miner, "")
-    assert set(r2.scores) & set(observed.honest), "no honest miner aggregated"
     assert observed.established and observed.established <= set(observed.honest)
     assert r2.established == len(observed.established)
+    for miner in observed.established:
+        assert miner in r2.scores or miner in r2.rejections, "an established miner was silently ignored"
+        why = r2.rejections.get(miner, "")
+        assert "full" not in why and not why.startswith(NOT_EXAMINED), f"an established miner was not examined: {why}"
+
+
+def test_an_honest_newcomer_behind_the_flood_is_told_why(observed: Observed) -> None:
+    """A miner that earned no standing yet draws for a newcomer seat with the flood's fresh keys (it
+    is seated in about one round in four here); either way it hears the outcome."""
+    r2 = closed(observed, 2)
+    for miner in set(observed.honest) - observed.established:
+        if miner in r2.scores or miner in r2.rejections:
+            continue
+        name = f"miner{[key(f'miner{i}').public_hex for i in range(2)].index(miner)}"
+        missed = [e for e in observed.log.events(Missed, name) if e.round == 2]
+        assert missed and "not drawn" in missed[0].reason, "an honest newcomer was silently ignored"
 
 
 def test_every_flood_push_has_one_outcome_with_a_reason(observed: Observed) -> None:
