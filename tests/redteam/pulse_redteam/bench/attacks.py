@@ -5,11 +5,12 @@ the same honest miners with 30% and with 45% hostile miners (each hostile key pl
 attack every round, so every attack is met; their processes start once the honest miners have, as
 on a real network their start-up would not take the honest miners' cores), then one swarm per
 scenario (`SCENARIO_RUNS`, hostile and honest processes started together: a run that starts under a
-flood is what the floods measure; the network attacks, which play on a running swarm, and the
-tiny-dense payloads start once the honest miners have, as the hostile runs do): the honest miners
-beside one attack alone, so that the run's figures say what it costs (the flood of fresh keys, the
-same flood from 4 times the keys, a flood of valid noise, the same noise made to fail once decoded,
-the network attacks all at once every round, fabricated rollouts, tiny dense payloads); then one
+flood is what the floods measure; the network attacks, which play on a running swarm, the
+tiny-dense payloads and the attacks on standing start once the honest miners have, as the hostile
+runs do): the honest miners beside one attack alone, so that the run's figures say what it costs
+(the flood of fresh keys, the same flood from 4 times the keys, a flood of valid noise, the same
+noise made to fail once decoded, the network attacks all at once every round, fabricated rollouts,
+tiny dense payloads, slices of the public step then whispers from the same keys); then one
 swarm with every fault. Scenarios on the RL preset (PULSELoCo, rollout workers) are measured
 against a clean RL run. The campaign's code (hostile processes, payload crafting, the ledger) is
 `tests/redteam/pulse_redteam/campaign/`.
@@ -84,6 +85,7 @@ class Scenario:
     does: str = ""  # what the run plays, when it is not one attack of `ATTACKS` by its name
     standby: bool = False  # a second validator in the manifest, running as a standby
     after_honest: bool = False  # hostile processes start once the honest miners have (`attack_run`)
+    hostile_nice: int | None = None  # the hostile processes' nice, if not the campaign's (`Options.hostile_nice`)
 
     @property
     def keys(self) -> int:
@@ -121,6 +123,17 @@ SCENARIO_RUNS = (
     # delayed theirs past round 0 (0 honest miners aggregated there, 0.87 of the clean run), which
     # an attacker on its own machines does not cause
     Scenario("tiny-dense", "rl", (swarms.Team("tiny-dense", ("tiny-dense",), 2),), after_honest=True),
+    # slices of the public step in one round, whispers from the same keys in the next. Each round's
+    # 40 payloads cost about 2 s of one core: at the campaign's nice every one landed after its round
+    # had closed (15 s after the open; the round closed at 5 s) and the attack was never judged
+    Scenario(
+        "standing",
+        "lm",
+        (swarms.Team("standing", ("public-slice", "median-whisper"), 1, rotate=True),),
+        does="40 keys send slices of the public step in one round, random updates at 1/100 of its norm in the next",
+        after_honest=True,
+        hostile_nice=0,
+    ),
 )
 RL_MINERS, RL_WORKERS = 4, 2
 
@@ -277,7 +290,7 @@ def _scenario_run(out: Path, keys: swarms.Keys, scenario: Scenario, options: Opt
         workers=RL_WORKERS,
         min_indicator_average=options.min_indicator_average,
         standby=scenario.standby,
-        hostile_nice=options.hostile_nice,
+        hostile_nice=options.hostile_nice if scenario.hostile_nice is None else scenario.hostile_nice,
         min_seconds=options.min_seconds,
         hostile_after_honest=scenario.after_honest,
     )

@@ -54,7 +54,7 @@ from protocol.messages import Heartbeat, SubmissionHeader
 from protocol.signing import SignedMessage
 from protocol.state import State
 from pulse_redteam.campaign import budgetattacks, crafting, netattacks, standing
-from pulse_redteam.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, NOISE_FLOOD, STANDING, TRAINED
+from pulse_redteam.campaign.attacks import ATTACKS, FLOOD, NEEDS_HONEST, NETWORK, NOISE_FLOOD, TRAINED
 from pulse_redteam.campaign.crafting import Forge
 from pulse_redteam.campaign.push import Answer, Trickle, push
 from validator.intake import Submission
@@ -70,6 +70,7 @@ STREAMS = 3
 # is sent again after these pauses, as an honest miner's is: the attack then meets its own defence,
 # not the upload budget; the sybil and the flood, whose point is the budget, take the first answer
 BUSY_PAUSES = (0.5, 1.0, 2.0, 4.0)
+STREAMED = ("public-slice", "median-whisper")  # a payload per derived key, each pushed once made
 
 
 class Hostile:
@@ -127,6 +128,9 @@ class Hostile:
         if attack in NETWORK or attack in budgetattacks.PLAYS:
             await self._network(attack, me, forge)
             return
+        if attack in STREAMED:
+            await self._stream(attack, me, forge)
+            return
         try:
             sends = await self._craft(attack, me, forge)
         except (TransferError, ProtocolError) as exc:
@@ -138,6 +142,23 @@ class Hostile:
         answers = await asyncio.gather(*(self._gated(attack, forge.round, *send) for send in sends))
         for (sub, _), answer in zip(sends, answers, strict=True):
             if answer.stored:
+                self.history.append((forge.round, sub))
+
+    async def _stream(self, attack: str, me: Identity, forge: Forge) -> None:
+        """An attack of many payloads (`standing.py`), each pushed as soon as it is made."""
+        if self.previous is None:  # no public step yet (the first round, or a round skipped)
+            return
+        step = self.previous[0]
+        made = (
+            standing.public_slices(forge, me, step)
+            if attack == "public-slice"
+            else standing.whispers(forge, me, step, _seed(me, forge.round))
+        )
+        sends: list[tuple[Submission, asyncio.Future[Answer]]] = []
+        while (sub := await self._cpu(lambda: next(made, None))) is not None:
+            sends.append((sub, asyncio.ensure_future(self._gated(attack, forge.round, sub, {}))))
+        for sub, answer in sends:
+            if (await answer).stored:
                 self.history.append((forge.round, sub))
 
     async def _network(self, attack: str, me: Identity, forge: Forge) -> None:
@@ -218,7 +239,7 @@ class Hostile:
 
     async def _craft(self, attack: str, me: Identity, forge: Forge) -> list[tuple[Submission, dict[str, object]]]:
         """(submission, how to push it) for each push this attack makes this round."""
-        seed = int.from_bytes(hashlib.sha256(f"{me.public_hex}/{forge.round}".encode()).digest()[:4], "big")
+        seed = _seed(me, forge.round)
         if attack == "standby-flood" and await self._standby(forge.round) is None:
             raise TransferError("no standby validator announced the round")
         if attack in ("noise-flood", "late-flood"):
@@ -227,8 +248,8 @@ class Hostile:
             n = SYBILS if attack == "sybil" else FLOOD
             flood = [Identity.from_seed(hashlib.sha256(f"{attack}/{seed}/{i}".encode()).digest()) for i in range(n)]
             return [(forge.submission(s, crafting.junk(seed + i)), {}) for i, s in enumerate(flood)]
-        if attack in STANDING:
-            return await self._cpu(lambda: _standing(attack, forge, me, self.previous, seed))
+        if attack == "header-only":
+            return [(forge.submission(me, forge.compress(forge.small_update(seed))), {"cut_at": 0})]
         if attack == "replay":
             old = [sub for r, sub in self.history if r < forge.round]
             return [(old[-1], {})] if old else []
@@ -332,16 +353,8 @@ def _from_honest(attack: str, forge: Forge, honest: list[bytes], seed: int) -> b
     return crafting.inner_product_manipulation(forge, honest)
 
 
-def _standing(
-    attack: str, forge: Forge, me: Identity, previous: tuple[State, str] | None, seed: int
-) -> list[tuple[Submission, dict[str, object]]]:
-    if attack == "header-only":
-        return [(forge.submission(me, forge.compress(forge.small_update(seed))), {"cut_at": 0})]
-    if previous is None:  # no public step yet (the first round, or a round skipped)
-        return []
-    if attack == "public-slice":
-        return [(sub, {}) for sub in standing.public_slices(forge, me, previous[0])]
-    return [(sub, {}) for sub in standing.whispers(forge, me, previous[0], seed)]
+def _seed(me: Identity, round_: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{me.public_hex}/{round_}".encode()).digest()[:4], "big")
 
 
 def _malformed(attack: str, forge: Forge, me: Identity, seed: int) -> tuple[Submission, dict[str, object]]:

@@ -10,12 +10,15 @@
 
 The keys are derived from the attacking key, the same every round, so that a rotation which plays
 `public-slice` in one round and `median-whisper` in the next speaks with the keys that would have
-earned standing.
+earned standing. Each key's payload is made when it is asked for (the functions are generators):
+the hostile process pushes each as soon as it is made, as an attacker would, rather than all of
+them once the last is compressed (after the round had closed, when its CPU is shared).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 import torch
 
@@ -40,30 +43,26 @@ def public_step(forge: Forge, previous: State) -> State:
     return {n: previous[n].float() - forge.weights[n].float() for n in forge.weights}
 
 
-def public_slices(forge: Forge, me: Identity, previous: State) -> list[Submission]:
+def public_slices(forge: Forge, me: Identity, previous: State) -> Iterator[Submission]:
     """One submission per derived key: slice i of the public step (flat index i mod n), at the step's norm."""
     step = public_step(forge, previous)
     norm = global_norm(step)
     if norm == 0:
-        return []
-    out = []
+        return
     for i, key in enumerate(slice_keys(me)):
         part = {n: _slice(t, i, SLICE_KEYS) for n, t in step.items()}
-        out.append(forge.submission(key, forge.compress(_at_norm(forge, part, norm))))
-    return out
+        yield forge.submission(key, forge.compress(_at_norm(forge, part, norm)))
 
 
-def whispers(forge: Forge, me: Identity, previous: State, seed: int) -> list[Submission]:
+def whispers(forge: Forge, me: Identity, previous: State, seed: int) -> Iterator[Submission]:
     """One random update per derived key at 1/100 of the public step's norm."""
     norm = global_norm(public_step(forge, previous)) / 100
     if norm == 0:
-        return []
+        return
     gen = torch.Generator().manual_seed(seed)
-    out = []
     for key in slice_keys(me):
         noise = {n: torch.randn(t.shape, generator=gen) for n, t in forge.weights.items()}
-        out.append(forge.submission(key, forge.compress(_at_norm(forge, noise, norm))))
-    return out
+        yield forge.submission(key, forge.compress(_at_norm(forge, noise, norm)))
 
 
 def _slice(t: torch.Tensor, part: int, parts: int) -> torch.Tensor:
