@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from node.bench.report import BenchResult, table
 from protocol.parsing import STRICT
+from protocol.warmup import warm_up
 from pulse_redteam.campaign import attacks, ledger, netns, swarms
 from validator.config import GauntletConfig
 
@@ -221,6 +222,9 @@ def run(options: Options) -> BenchResult:
     fractions = options.hostile_fractions
     hostile = [max(1, math.ceil(f * options.honest / (1 - f) - 1e-9)) for f in fractions]
     out = options.out or Path(tempfile.mkdtemp(prefix="pulse-bench-attacks-"))
+    # the codec kernels compiled here, once: on a cold cache every process of the first swarm compiled
+    # them at once, and the clean run's start took 50 s of the 2 cores (round 0 closed with no miner)
+    _say(f"codec kernels ready ({warm_up():.1f} s)")
     team_keys = max((sc.keys for sc in SCENARIO_RUNS), default=1)
     keys = swarms.Keys.make(out / "keys", max(options.honest, RL_MINERS), max(*hostile, team_keys, 1))
     # the LM runs play every attack but those that need an RL run (played in their own swarms): a
