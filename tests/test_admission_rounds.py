@@ -275,7 +275,7 @@ def test_an_honest_newcomer_behind_the_flood_is_told_why(observed: Observed) -> 
     for miner in set(observed.honest) - observed.established:
         if miner in r2.scores or miner in r2.rejections:
             continue
-        name = f"miner{[key(f'miner{i}').public_hex for i in range(2)].index(miner)}"
+        name = f"miner{observed.honest.index(miner)}"  # honest[i] is miner i's key
         missed = [e for e in observed.log.events(Missed, name) if e.round == 2]
         assert missed and "not drawn" in missed[0].reason, "an honest newcomer was silently ignored"
 
